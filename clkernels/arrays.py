@@ -1,0 +1,87 @@
+"""Argument checking and host/device movement shared by every launcher.
+
+The rule: numpy in, numpy out; ``pyopencl.array.Array`` in, device array out with no copy.
+Nothing is converted silently: a dtype the kernel does not take is an error that names
+the argument and the fix.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Optional, Sequence, Tuple
+
+import numpy as np
+import pyopencl as cl
+import pyopencl.array as cla
+
+from .runtime import Runtime
+
+__all__ = ["is_device_array", "check_array", "to_device", "to_host_like", "empty",
+           "work_group_size", "round_up"]
+
+
+def is_device_array(a) -> bool:
+    return isinstance(a, cla.Array)
+
+
+def check_array(a, name: str, dtypes: Iterable, ndim: Optional[int] = None,
+                shape: Optional[Sequence[Optional[int]]] = None):
+    """Validate an argument; returns it unchanged (numpy or device array).
+
+    ``dtypes``: allowed dtypes; ``shape``: expected sizes, None for "any". Lists and
+    scalars are turned into numpy arrays (that is not a silent copy of user data).
+    """
+    if not is_device_array(a) and not isinstance(a, np.ndarray):
+        try:
+            a = np.asarray(a)
+        except Exception:
+            raise TypeError(f"{name} must be a numpy array or pyopencl.array.Array, "
+                            f"not {type(a).__name__}") from None
+    allowed = [np.dtype(d) for d in dtypes]
+    if a.dtype not in allowed:
+        names = " or ".join(str(d) for d in allowed)
+        raise TypeError(f"{name} has dtype {a.dtype}, expected {names}; "
+                        f"convert it with {name}.astype(np.{allowed[0]})")
+    if ndim is not None and a.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(a.shape)}")
+    if shape is not None:
+        if len(shape) != a.ndim or any(s is not None and s != t for s, t in zip(shape, a.shape)):
+            want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+            raise ValueError(f"{name} has shape {tuple(a.shape)}, expected {want}")
+    return a
+
+
+def to_device(runtime: Runtime, a, name: str = "array") -> cla.Array:
+    """A device array for ``a``: device arrays pass through (must be contiguous and on
+    the runtime's context), numpy arrays are copied over once."""
+    if is_device_array(a):
+        if a.context != runtime.context:
+            raise ValueError(f"{name} lives on another OpenCL context than the selected device "
+                             f"({runtime.info.name}); pass device=... to match, or copy it")
+        if not a.flags.c_contiguous:
+            raise ValueError(f"{name} must be C-contiguous on the device")
+        return a
+    return cla.to_device(runtime.queue, np.ascontiguousarray(a))
+
+
+def to_host_like(result: cla.Array, like_device: bool):
+    """Return ``result`` as a device array if the caller gave device arrays, else numpy."""
+    return result if like_device else result.get()
+
+
+def empty(runtime: Runtime, shape, dtype) -> cla.Array:
+    return cla.empty(runtime.queue, tuple(int(s) for s in shape), np.dtype(dtype))
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-int(n) // multiple) * multiple
+
+
+def work_group_size(runtime: Runtime, kernel: cl.Kernel = None, wanted: int = 256) -> int:
+    """A work-group size within the device's and the kernel's limits (never a fixed 1024)."""
+    limit = runtime.info.max_work_group_size
+    if kernel is not None:
+        limit = min(limit, kernel.get_work_group_info(
+            cl.kernel_work_group_info.WORK_GROUP_SIZE, runtime.device))
+    size = 1
+    while size * 2 <= min(wanted, limit):
+        size *= 2
+    return size

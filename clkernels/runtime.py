@@ -1,0 +1,267 @@
+"""OpenCL devices: discovery, selection, capabilities, and one cached context + queue each.
+
+Selection order (first that applies wins):
+  1. an explicit ``device=`` argument (a ``pyopencl.Device`` or a spec string),
+  2. a device chosen in code with :func:`use_device`,
+  3. the environment variable ``PYCLAD_DEVICE``,
+  4. pyopencl's own ``PYOPENCL_CTX``,
+  5. the default: the first GPU, else the first CPU device that is not a simulator.
+
+Spec grammar (case-insensitive): ``[platform][:device]`` where each part is a substring
+of the name (platform name/vendor, device name) or an index, plus the type words ``cpu``,
+``gpu`` and ``accelerator`` in either part. Examples: ``nvidia``, ``pocl``, ``pocl:0``,
+``gpu``, ``oclgrind``, ``0:1``, ``:cpu``.
+"""
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import os
+from typing import List, Optional, Tuple, Union
+
+import pyopencl as cl
+
+__all__ = [
+    "DeviceNotFoundError", "NoPlatformError", "DeviceInfo", "Runtime",
+    "list_devices", "match_devices", "select_device", "get_runtime", "use_device",
+    "describe_devices",
+]
+
+_TYPE_WORDS = {
+    "cpu": cl.device_type.CPU,
+    "gpu": cl.device_type.GPU,
+    "accelerator": cl.device_type.ACCELERATOR,
+}
+
+NO_PLATFORM_HELP = (
+    "No OpenCL platform found. Install a driver (ICD) for your hardware, or get a CPU "
+    "device with:  pip install pocl-binary-distribution  (Linux x86-64), or Debian's "
+    "pocl-opencl-icd package."
+)
+
+
+class NoPlatformError(RuntimeError):
+    """No OpenCL platform (ICD) is installed."""
+
+
+class DeviceNotFoundError(LookupError):
+    """A device spec matched nothing; the message lists every device found."""
+
+
+def list_devices() -> List[cl.Device]:
+    """Every device of every OpenCL platform, in platform order."""
+    try:
+        platforms = cl.get_platforms()
+    except (cl.LogicError, cl.RuntimeError) as exc:  # PLATFORM_NOT_FOUND_KHR
+        raise NoPlatformError(f"{NO_PLATFORM_HELP} ({exc})") from None
+    devices = []
+    for platform in platforms:
+        try:
+            devices.extend(platform.get_devices())
+        except (cl.LogicError, cl.RuntimeError):
+            continue  # a platform with no usable device: skip it, keep the others
+    if not devices:
+        raise NoPlatformError(NO_PLATFORM_HELP)
+    return devices
+
+
+def _is_simulator(device: cl.Device) -> bool:
+    return "oclgrind" in device.platform.name.lower()
+
+
+def _match_part(part: str, devices, names) -> List[cl.Device]:
+    if part in _TYPE_WORDS:
+        return [d for d in devices if d.type & _TYPE_WORDS[part]]
+    return [d for d, name in zip(devices, names) if part in name]
+
+
+def match_devices(spec: str, devices: Optional[List[cl.Device]] = None) -> List[cl.Device]:
+    """All devices matching a ``[platform][:device]`` spec (see the module docstring)."""
+    devices = list_devices() if devices is None else devices
+    spec = spec.strip().lower()
+    plat_part, sep, dev_part = spec.partition(":")
+    plat_part, dev_part = plat_part.strip(), dev_part.strip()
+
+    platforms = []
+    for d in devices:
+        if d.platform not in platforms:
+            platforms.append(d.platform)
+    if plat_part.isdigit():
+        index = int(plat_part)
+        chosen = [d for d in devices if index < len(platforms) and d.platform == platforms[index]]
+    elif plat_part:
+        chosen = _match_part(
+            plat_part, devices,
+            [f"{d.platform.name} {d.platform.vendor}".lower() for d in devices])
+        if not chosen and not sep:
+            # "h200" or "xeon": a bare word may name the device rather than the platform.
+            chosen = _match_part(plat_part, devices, [d.name.lower() for d in devices])
+    else:
+        chosen = list(devices)
+    if dev_part.isdigit():
+        # Index within each matched platform, as PYOPENCL_CTX does.
+        index = int(dev_part)
+        per_platform = {}
+        for d in chosen:
+            per_platform.setdefault(d.platform.int_ptr, []).append(d)
+        chosen = [ds[index] for ds in per_platform.values() if index < len(ds)]
+    elif dev_part:
+        chosen = _match_part(dev_part, chosen, [d.name.lower() for d in chosen])
+    return chosen
+
+
+def describe_devices(devices: Optional[List[cl.Device]] = None, mark=None) -> str:
+    """A table of devices; ``mark`` (a device) gets an arrow."""
+    devices = list_devices() if devices is None else devices
+    lines = []
+    platforms = []
+    for d in devices:
+        if d.platform not in platforms:
+            platforms.append(d.platform)
+    for p_index, platform in enumerate(platforms):
+        lines.append(f"platform {p_index}: {platform.name} ({platform.vendor}, {platform.version})")
+        for d_index, d in enumerate([d for d in devices if d.platform == platform]):
+            info = DeviceInfo.of(d)
+            arrow = "->" if mark is not None and d == mark else "  "
+            lines.append(
+                f" {arrow} {p_index}:{d_index}  {info.name}  [{info.type_name}]  "
+                f"{info.compute_units} CUs, {info.global_mem_bytes / 2**30:.1f} GiB global, "
+                f"{info.local_mem_bytes // 1024} KiB local, max work-group {info.max_work_group_size}, "
+                f"fp64 {'yes' if info.fp64 else 'no'}")
+    return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceInfo:
+    """What kernels and launchers need to know about a device, read once."""
+    name: str
+    platform: str
+    vendor: str  # one of nvidia, amd, intel, apple, pocl, oclgrind, other
+    type_name: str
+    compute_units: int
+    global_mem_bytes: int
+    max_alloc_bytes: int
+    local_mem_bytes: int
+    max_work_group_size: int
+    fp64: bool
+    int64_atomics: bool
+    is_simulator: bool
+    is_cpu: bool
+
+    @classmethod
+    def of(cls, device: cl.Device) -> "DeviceInfo":
+        text = f"{device.platform.name} {device.platform.vendor} {device.vendor}".lower()
+        for vendor in ("oclgrind", "pocl", "portable computing", "nvidia", "amd",
+                       "advanced micro", "intel", "apple"):
+            if vendor in text:
+                break
+        else:
+            vendor = "other"
+        vendor = {"portable computing": "pocl", "advanced micro": "amd"}.get(vendor, vendor)
+        types = [word for word, bit in _TYPE_WORDS.items() if device.type & bit] or ["other"]
+        ext = device.extensions.split()
+        return cls(
+            name=device.name.strip(), platform=device.platform.name.strip(), vendor=vendor,
+            type_name="/".join(types), compute_units=device.max_compute_units,
+            global_mem_bytes=device.global_mem_size, max_alloc_bytes=device.max_mem_alloc_size,
+            local_mem_bytes=device.local_mem_size,
+            max_work_group_size=device.max_work_group_size,
+            fp64="cl_khr_fp64" in ext or device.double_fp_config != 0,
+            int64_atomics="cl_khr_int64_base_atomics" in ext,
+            is_simulator=_is_simulator(device),
+            is_cpu=bool(device.type & cl.device_type.CPU))
+
+
+_chosen_in_code: contextvars.ContextVar = contextvars.ContextVar("pyclad_device", default=None)
+
+
+def _default_device(devices) -> cl.Device:
+    for kind in (cl.device_type.GPU, cl.device_type.CPU):
+        for d in devices:
+            if d.type & kind and not _is_simulator(d):
+                return d
+    return devices[0]
+
+
+def _resolve_spec(spec: str, devices, origin: str) -> cl.Device:
+    matches = match_devices(spec, devices)
+    if not matches:
+        raise DeviceNotFoundError(
+            f"{origin} = {spec!r} matches no OpenCL device. Devices found:\n"
+            f"{describe_devices(devices)}\n"
+            "Spec grammar: [platform][:device], substrings or indices, or cpu/gpu/accelerator "
+            "(for example 'pocl', 'nvidia', 'gpu', 'pocl:0').")
+    return matches[0]
+
+
+DeviceLike = Union[None, str, cl.Device]
+
+
+def select_device(device: DeviceLike = None) -> Tuple[cl.Device, str]:
+    """The device to use and the reason it was chosen."""
+    if isinstance(device, cl.Device):
+        return device, "explicit argument"
+    devices = list_devices()
+    if isinstance(device, str):
+        return _resolve_spec(device, devices, "device argument"), f"explicit argument {device!r}"
+    if device is not None:
+        raise TypeError(f"device must be None, a spec string or a pyopencl.Device, "
+                        f"not {type(device).__name__}")
+    in_code = _chosen_in_code.get()
+    if in_code is not None:
+        if isinstance(in_code, cl.Device):
+            return in_code, "clkernels.use_device()"
+        return _resolve_spec(in_code, devices, "use_device"), f"clkernels.use_device({in_code!r})"
+    for var in ("PYCLAD_DEVICE", "PYOPENCL_CTX"):
+        spec = os.environ.get(var, "").strip()
+        if spec:
+            return _resolve_spec(spec, devices, var), f"environment {var}={spec!r}"
+    return _default_device(devices), "default (first GPU, else first CPU)"
+
+
+class Runtime:
+    """A device with its context, in-order profiling queue and capabilities."""
+
+    def __init__(self, device: cl.Device):
+        self.device = device
+        self.context = cl.Context([device])
+        # Profiling costs next to nothing and gives benchmarks exact kernel times.
+        self.queue = cl.CommandQueue(
+            self.context, properties=cl.command_queue_properties.PROFILING_ENABLE)
+        self.info = DeviceInfo.of(device)
+
+    def __repr__(self):
+        return f"<Runtime {self.info.name!r} on {self.info.platform!r}>"
+
+
+_runtimes: dict = {}
+
+
+def get_runtime(device: DeviceLike = None) -> Runtime:
+    """The cached :class:`Runtime` for the selected device (see module docstring)."""
+    if isinstance(device, Runtime):
+        return device
+    chosen, _ = select_device(device)
+    key = chosen.int_ptr
+    if key not in _runtimes:
+        _runtimes[key] = Runtime(chosen)
+    return _runtimes[key]
+
+
+class use_device:
+    """Choose the device in code: ``use_device("pocl")`` sets it until changed;
+    ``with use_device("nvidia"): ...`` sets it for the block only."""
+
+    def __init__(self, device: DeviceLike):
+        if device is not None and not isinstance(device, (str, cl.Device)):
+            raise TypeError("use_device() takes a spec string, a pyopencl.Device or None")
+        if isinstance(device, str):
+            _resolve_spec(device, list_devices(), "use_device")  # fail now, not at first launch
+        self._token = _chosen_in_code.set(device)
+
+    def __enter__(self):
+        return get_runtime()
+
+    def __exit__(self, *exc):
+        _chosen_in_code.reset(self._token)
+        return False

@@ -1,0 +1,184 @@
+"""Mako rendering and OpenCL program building, each cached.
+
+Templates are named by their path from the directory that holds the packages, e.g.
+``"clkernels/common.cl.mako"`` or ``"pyclad/codegen.cl.mako"``, so that any template can
+include the shared one with ``<%namespace name="common" file="/clkernels/common.cl.mako"/>``.
+A program is built once per (source, options, device) and kept for the process.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from typing import Dict, Iterable, Tuple
+
+import numpy as np
+import pyopencl as cl
+from mako.lookup import TemplateLookup
+
+from .runtime import Runtime, get_runtime
+
+__all__ = ["render", "render_string", "build", "get_program", "BuildError", "ctype", "storage",
+           "Storage", "FP64Error"]
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_lookup = TemplateLookup(directories=[_ROOT], strict_undefined=True,
+                         input_encoding="utf-8")
+
+
+class BuildError(RuntimeError):
+    """An OpenCL program failed to build; carries the device, log and numbered source."""
+
+    def __init__(self, device_name: str, log: str, source: str, options: Tuple[str, ...]):
+        self.device_name, self.log, self.source, self.options = device_name, log, source, options
+        super().__init__(
+            f"OpenCL build failed on {device_name!r} (options {' '.join(options) or 'none'}).\n"
+            f"--- build log ---\n{log.strip()}\n"
+            f"--- source around the errors ---\n{numbered_excerpt(source, log)}")
+
+
+def numbered_excerpt(source: str, log: str, context: int = 3) -> str:
+    """Source lines with numbers, around each line the log names (all of it if none)."""
+    lines = source.splitlines()
+    # clang style "<source>:12:5: error: ..." (NVIDIA, Intel, Oclgrind) or PoCL's
+    # "error: /path/file.cl:12:5: ...": any log line that says error and has a :line:col:.
+    wanted = sorted({int(m.group(1)) for line in log.splitlines() if "error" in line
+                     for m in [re.search(r":(\d+):\d+:", line)] if m})
+    keep = set()
+    for n in wanted:
+        keep.update(range(max(1, n - context), min(len(lines), n + context) + 1))
+    if not keep:
+        keep = set(range(1, len(lines) + 1))
+    out, last = [], 0
+    for n in sorted(keep):
+        if n != last + 1:
+            out.append("   ...")
+        mark = ">>" if n in wanted else "  "
+        out.append(f"{mark}{n:5d} | {lines[n - 1]}")
+        last = n
+    return "\n".join(out)
+
+
+def render(template: str, **params) -> str:
+    """Render a template by its package path with explicit parameters."""
+    return _lookup.get_template(template).render(**params)
+
+
+def render_string(text: str, **params) -> str:
+    """Render template text given inline (it may include package templates)."""
+    from mako.template import Template
+    return Template(text, lookup=_lookup, strict_undefined=True).render(**params)
+
+
+_programs: Dict[tuple, cl.Program] = {}
+
+
+def build(source: str, runtime: Runtime = None, options: Iterable[str] = ()) -> cl.Program:
+    """Build (or fetch from the cache) ``source`` for the runtime's device."""
+    runtime = get_runtime(runtime)
+    options = tuple(options)
+    key = (hashlib.sha256(source.encode()).hexdigest(), options, runtime.device.int_ptr)
+    program = _programs.get(key)
+    if program is None:
+        program = cl.Program(runtime.context, source)
+        try:
+            program.build(options=list(options))
+        except cl.RuntimeError as exc:
+            try:
+                log = program.get_build_info(runtime.device, cl.program_build_info.LOG)
+            except cl.Error:
+                log = str(exc)
+            raise BuildError(runtime.info.name, log or str(exc), source, options) from None
+        _programs[key] = program
+    return program
+
+
+_rendered: Dict[tuple, str] = {}
+
+
+def get_program(template: str, runtime: Runtime = None, options: Iterable[str] = (),
+                **params) -> cl.Program:
+    """Render ``template`` with ``params`` (hashable values) and build it, both cached."""
+    runtime = get_runtime(runtime)
+    key = (template, tuple(sorted(params.items())))
+    try:
+        source = _rendered.get(key)
+    except TypeError:  # unhashable parameter: render every time, the build is still cached
+        key, source = None, None
+    if source is None:
+        source = render(template, **params)
+        if key is not None:
+            _rendered[key] = source
+    return build(source, runtime, options)
+
+
+# ---------------------------------------------------------------- dtypes in templates
+
+class FP64Error(RuntimeError):
+    """float64 asked for on a device without cl_khr_fp64."""
+
+
+_CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double",
+           np.dtype(np.float16): "half", np.dtype(np.int32): "int",
+           np.dtype(np.uint32): "uint", np.dtype(np.int64): "long",
+           np.dtype(np.uint8): "uchar", np.dtype(np.int8): "char"}
+
+
+def ctype(dtype) -> str:
+    """The OpenCL C type name of a numpy dtype."""
+    try:
+        return _CTYPES[np.dtype(dtype)]
+    except KeyError:
+        raise TypeError(f"no OpenCL type for dtype {np.dtype(dtype)}") from None
+
+
+class Storage:
+    """How a floating-point array is stored and read in a kernel.
+
+    Computation is always in ``compute`` (float, or double for float64 storage); half
+    storage goes through the core ``vload_half``/``vstore_half`` so no device needs
+    ``cl_khr_fp16``. Use in templates: ``${st.load('p', 'i')}``, ``${st.store('v', 'p', 'i')}``,
+    ``${st.loadn(4, 'p', 'i')}`` (the i-th group of 4), ``${st.ptr}`` for the pointer type.
+    """
+
+    def __init__(self, dtype):
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in (np.float16, np.float32, np.float64):
+            raise TypeError(f"storage dtype must be float16, float32 or float64, not {self.dtype}")
+        self.is_half = self.dtype == np.float16
+        self.ptr = "half" if self.is_half else ctype(self.dtype)  # element type of the buffer
+        self.compute = "double" if self.dtype == np.float64 else "float"
+
+    def vec(self, n: int) -> str:
+        return self.compute if n == 1 else f"{self.compute}{n}"
+
+    def load(self, ptr: str, index: str) -> str:
+        return f"vload_half({index}, {ptr})" if self.is_half else f"{ptr}[{index}]"
+
+    def store(self, value: str, ptr: str, index: str) -> str:
+        if self.is_half:
+            return f"vstore_half_rte({value}, {index}, {ptr})"
+        return f"{ptr}[{index}] = {value}"
+
+    def loadn(self, n: int, ptr: str, index: str) -> str:
+        if n == 1:
+            return self.load(ptr, index)
+        return f"vload_half{n}({index}, {ptr})" if self.is_half else f"vload{n}({index}, {ptr})"
+
+    def storen(self, n: int, value: str, ptr: str, index: str) -> str:
+        if n == 1:
+            return self.store(value, ptr, index)
+        if self.is_half:
+            return f"vstore_half{n}_rte({value}, {index}, {ptr})"
+        return f"vstore{n}({value}, {index}, {ptr})"
+
+
+def storage(dtype, runtime: Runtime = None) -> Storage:
+    """A :class:`Storage` for ``dtype``, refusing float64 where the device lacks it."""
+    st = Storage(dtype)
+    runtime = get_runtime(runtime)
+    if st.dtype == np.float64 and not runtime.info.fp64:
+        raise FP64Error(
+            f"device {runtime.info.name!r} has no double precision (cl_khr_fp64); "
+            "use dtype=np.float32, or pick another device with PYCLAD_DEVICE")
+    return st

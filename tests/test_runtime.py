@@ -1,0 +1,125 @@
+"""Device discovery and selection, the CLI listing, the build cache and build errors."""
+import os
+import subprocess
+import sys
+
+import pyopencl as cl
+import pytest
+
+import clkernels
+from clkernels import templates
+from clkernels.runtime import DeviceNotFoundError, select_device
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _cli(*args, **env):
+    full_env = {**os.environ, **env}
+    full_env.pop("PYCLAD_DEVICE", None) if "PYCLAD_DEVICE" not in env else None
+    return subprocess.run([sys.executable, "-m", "clkernels", *args], capture_output=True,
+                          text=True, env=full_env, cwd=ROOT, timeout=120)
+
+
+def test_every_device_matches_its_own_platform_and_index():
+    devices = clkernels.list_devices()
+    platforms = []
+    for d in devices:
+        if d.platform not in platforms:
+            platforms.append(d.platform)
+    for d in devices:
+        p = platforms.index(d.platform)
+        i = [x for x in devices if x.platform == d.platform].index(d)
+        assert clkernels.match_devices(f"{p}:{i}", devices) == [d]
+        word = d.platform.name.split()[0]
+        assert d in clkernels.match_devices(word.upper(), devices)  # case-insensitive
+        assert d in clkernels.match_devices(f":{d.name.split()[0]}", devices)
+
+
+def test_type_words_filter_by_type():
+    devices = clkernels.list_devices()
+    for word, bit in (("cpu", cl.device_type.CPU), ("gpu", cl.device_type.GPU)):
+        assert clkernels.match_devices(word, devices) == [d for d in devices if d.type & bit]
+
+
+def test_unknown_spec_lists_every_device():
+    with pytest.raises(DeviceNotFoundError) as err:
+        select_device("no-such-device-anywhere")
+    for d in clkernels.list_devices():
+        assert d.name.strip() in str(err.value)
+
+
+def test_selection_order(monkeypatch):
+    devices = clkernels.list_devices()
+    first, last = devices[0], devices[-1]
+    monkeypatch.setenv("PYOPENCL_CTX", "0:0")
+    monkeypatch.delenv("PYCLAD_DEVICE", raising=False)
+    assert select_device()[0] == first and "PYOPENCL_CTX" in select_device()[1]
+    n_platforms = len({d.platform.int_ptr for d in devices})
+    last_spec = f"{n_platforms - 1}:{[d for d in devices if d.platform == last.platform].index(last)}"
+    monkeypatch.setenv("PYCLAD_DEVICE", last_spec)
+    assert select_device()[0] == last and "PYCLAD_DEVICE" in select_device()[1]
+    with clkernels.use_device("0:0") as rt:  # code beats the environment
+        assert rt.device == first
+        assert select_device()[0] == first
+        assert select_device(last)[0] == last  # an explicit argument beats everything
+    assert select_device()[0] == last
+    monkeypatch.setenv("PYCLAD_DEVICE", "nonsense")
+    with pytest.raises(DeviceNotFoundError, match="PYCLAD_DEVICE"):
+        select_device()
+
+
+def test_default_skips_the_simulator(monkeypatch):
+    monkeypatch.delenv("PYCLAD_DEVICE", raising=False)
+    monkeypatch.delenv("PYOPENCL_CTX", raising=False)
+    device, reason = select_device()
+    assert "default" in reason
+    if any("oclgrind" not in d.platform.name.lower() for d in clkernels.list_devices()):
+        assert "oclgrind" not in device.platform.name.lower()
+
+
+def test_cli_lists_devices_and_marks_choice():
+    out = _cli()
+    assert out.returncode == 0, out.stderr
+    for d in clkernels.list_devices():
+        assert d.name.strip() in out.stdout
+    assert "->" in out.stdout and "chosen:" in out.stdout and "default" in out.stdout
+
+
+def test_cli_rejects_nonsense_with_device_list():
+    out = _cli(PYCLAD_DEVICE="nonsense")
+    assert out.returncode != 0
+    assert "nonsense" in out.stderr
+    assert clkernels.list_devices()[0].name.strip() in out.stderr
+
+
+def test_runtime_is_cached_and_reports_capabilities(device):
+    assert clkernels.get_runtime(device.device) is device
+    info = device.info
+    assert info.max_work_group_size >= 1 and info.local_mem_bytes > 0 and info.compute_units >= 1
+    assert info.fp64 == ("cl_khr_fp64" in device.device.extensions or device.device.double_fp_config != 0)
+
+
+def test_build_is_cached(device):
+    src = "__kernel void k(__global float *a) { a[get_global_id(0)] += 1.0f; }"
+    assert clkernels.build(src, device) is clkernels.build(src, device)
+
+
+def test_build_error_shows_log_and_numbered_source(device):
+    text = "\n".join(["// line %d" % i for i in range(1, 10)] +
+                     ["__kernel void broken(__global float *a) {", "  a[0] = undefined_name;", "}"])
+    with pytest.raises(clkernels.BuildError) as err:
+        clkernels.build(text, device)
+    msg = str(err.value)
+    assert device.info.name in msg
+    assert "undefined_name" in msg           # from the build log
+    assert ">>   11 |   a[0] = undefined_name;" in msg   # the numbered source line
+    assert err.value.source == text
+
+
+def test_fp64_refused_clearly_when_missing(device, monkeypatch):
+    import dataclasses
+    import numpy as np
+    fake = dataclasses.replace(device.info, fp64=False)
+    monkeypatch.setattr(device, "info", fake)
+    with pytest.raises(clkernels.FP64Error, match="float32"):
+        templates.storage(np.float64, device)
