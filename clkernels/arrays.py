@@ -15,7 +15,7 @@ import pyopencl.array as cla
 from .runtime import Runtime
 
 __all__ = ["is_device_array", "check_array", "to_device", "to_host_like", "empty",
-           "work_group_size", "round_up"]
+           "zeros", "work_group_size", "round_up"]
 
 
 def is_device_array(a) -> bool:
@@ -68,7 +68,20 @@ def to_host_like(result: cla.Array, like_device: bool):
 
 
 def empty(runtime: Runtime, shape, dtype) -> cla.Array:
+    shape = (shape,) if np.isscalar(shape) else shape
     return cla.empty(runtime.queue, tuple(int(s) for s in shape), np.dtype(dtype))
+
+
+def zeros(runtime: Runtime, shape, dtype) -> cla.Array:
+    """A zero-filled device array, filled by a kernel. (pyopencl's ``zeros`` may use
+    clEnqueueFillBuffer, whose result Oclgrind's checks do not count as initialised.)"""
+    from .templates import build, ctype
+    out = empty(runtime, shape, dtype)
+    if out.size:
+        t = ctype(dtype)
+        src = f"__kernel void zero_fill(__global {t} *a) {{ a[get_global_id(0)] = ({t})0; }}"
+        out.add_event(build(src, runtime).zero_fill(runtime.queue, (out.size,), None, out.data))
+    return out
 
 
 def round_up(n: int, multiple: int) -> int:

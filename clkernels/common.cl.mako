@@ -25,14 +25,15 @@ void atomic_add_${real}(volatile __global ${real} *p, ${real} v)
     asm volatile("red.global.add.${'f64' if real == 'double' else 'f32'} [%0], %1;"
                  :: "l"(p), "${'d' if real == 'double' else 'f'}"(v) : "memory");
 %else:
-    union { ${uint} u; ${real} f; } seen, next;
     volatile __global ${uint} *bits = (volatile __global ${uint} *)p;
-    seen.u = *bits;
+    // Start from a guess of 0 instead of a plain read: the first exchange returns the real
+    // value when the guess is wrong, and a plain read beside atomics would be a data race.
+    ${uint} seen = 0;
     for (;;) {
-        next.f = seen.f + v;
-        const ${uint} was = ${cmpxchg}(bits, seen.u, next.u);
-        if (was == seen.u) break;
-        seen.u = was;  // lost a race: retry on the value that won
+        const ${uint} next = as_${uint}(as_${real}(seen) + v);
+        const ${uint} was = ${cmpxchg}(bits, seen, next);
+        if (was == seen) break;
+        seen = was;  // lost a race: retry on the value that won
     }
 %endif
 }

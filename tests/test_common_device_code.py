@@ -3,7 +3,7 @@ import numpy as np
 import pyopencl.array as cla
 import pytest
 
-from clkernels import templates
+from clkernels import arrays, templates
 
 COMMON = '<%namespace name="common" file="/clkernels/common.cl.mako"/>\n'
 
@@ -28,7 +28,7 @@ __kernel void scatter(__global const ${real} *v, __global const int *bin, __glob
     # Small integers: every order of summation gives the exact same result.
     v = rng.integers(-8, 9, n).astype(dtype)
     b = rng.integers(0, bins, n).astype(np.int32)
-    out = cla.zeros(device.queue, bins, dtype)
+    out = arrays.zeros(device, bins, dtype)
     kernel(device.queue, (n,), None, cla.to_device(device.queue, v).data,
            cla.to_device(device.queue, b).data, out.data)
     np.testing.assert_array_equal(out.get(), np.bincount(b, weights=v, minlength=bins).astype(dtype))
