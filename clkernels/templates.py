@@ -18,7 +18,7 @@ from mako.lookup import TemplateLookup
 
 from .runtime import Runtime, get_runtime
 
-__all__ = ["render", "render_string", "build", "get_program", "BuildError", "ctype", "storage",
+__all__ = ["render", "render_string", "build", "get_program", "kernel", "BuildError", "ctype", "storage",
            "Storage", "FP64Error"]
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -91,6 +91,19 @@ def build(source: str, runtime: Runtime = None, options: Iterable[str] = ()) -> 
             raise BuildError(runtime.info.name, log or str(exc), source, options) from None
         _programs[key] = program
     return program
+
+
+_kernels: Dict[tuple, cl.Kernel] = {}
+
+
+def kernel(program: cl.Program, name: str) -> cl.Kernel:
+    """One kernel object per (program, name), reused: pyopencl creates a new one (and
+    warns) on every attribute lookup. Programs live as long as the process, so ids are stable."""
+    key = (id(program), name)
+    k = _kernels.get(key)
+    if k is None:
+        k = _kernels[key] = cl.Kernel(program, name)
+    return k
 
 
 _rendered: Dict[tuple, str] = {}

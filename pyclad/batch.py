@@ -1,0 +1,317 @@
+"""``BatchFunction``: a traced function evaluated with its Jacobians for millions of
+tuples at once.
+
+    f = BatchFunction(reprojection, params=(9, 3), data=2)
+    r = f.values([cameras, points], index, data=observed)                       # (N, m)
+    r, (J_cam, J_pt) = f.values_and_jacobians([cameras, points], index, data=observed)
+
+``params``: one array ``(n_g, d_g)`` per parameter group; ``index``: ``(N, G)`` (or one
+1-D array per group) giving the row of each group tuple k uses; ``data``: ``(N, d)``
+per-tuple input that is not differentiated. Numpy in, numpy out (evaluated in chunks that
+fit the device); ``pyopencl.array.Array`` in, device arrays out with no copy.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+import pyopencl as cl
+import pyopencl.array as cla
+
+from clkernels import arrays, get_runtime, templates
+from clkernels.runtime import Runtime
+
+from . import codegen, interpreter, tape
+from .trace import trace
+
+BACKENDS = ("codegen", "tape", "numpy")
+
+# Past this many nodes a straight-line kernel takes the OpenCL compiler too long (and
+# spills registers on GPUs); the tape interpreter needs no compilation per graph.
+CODEGEN_NODE_LIMIT = 20000
+
+
+class BatchFunction:
+    """A Python function traced once into a graph and compiled for batched evaluation.
+
+    Parameters
+    ----------
+    fn : callable
+        ``fn(group_0, ..., group_{G-1}[, data]) -> scalar | Vector | list``, written with
+        pyclad operations (see :mod:`pyclad`). Called once, at construction.
+    params : tuple of int
+        The size of each parameter group (the differentiated inputs).
+    data : int
+        The size of the per-tuple, non-differentiated input (0 for none).
+    dtype : numpy float dtype
+        float64 (default) or float32, for inputs, computation and outputs.
+    backend : ``"codegen"`` (straight-line kernel), ``"tape"`` (generic interpreter
+        kernel) or ``"numpy"`` (host reference, no device).
+    device : a device spec, ``pyopencl.Device`` or ``clkernels.Runtime``; default per
+        ``clkernels`` selection rules, resolved at each call.
+    chunk_size : int, optional
+        Tuples per launch for host inputs; default from the device's memory.
+    """
+
+    def __init__(self, fn, params: Sequence[int], data: int = 0, dtype=np.float64,
+                 backend: str = "codegen", device=None, chunk_size: Optional[int] = None):
+        if isinstance(params, (int, np.integer)):
+            params = (int(params),)
+        self.traced = trace(fn, params, data)
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in (np.float32, np.float64):
+            raise TypeError(f"dtype must be float32 or float64, not {self.dtype}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
+        if backend == "codegen" and len(self.traced.order) > CODEGEN_NODE_LIMIT:
+            warnings.warn(f"graph has {len(self.traced.order)} nodes (> {CODEGEN_NODE_LIMIT}): "
+                          "using the tape backend, which needs no per-graph compilation",
+                          stacklevel=2)
+            backend = "tape"
+        self.backend, self.device, self.chunk_size = backend, device, chunk_size
+        self.name = getattr(fn, "__name__", "function")
+        self._real = "double" if self.dtype == np.float64 else "float"
+        self._sources = {}
+        self._tables = tape.Tables(self.traced, self.dtype) if backend == "tape" else None
+
+    # -- public API --------------------------------------------------------------------
+    @property
+    def n_outputs(self) -> int:
+        return self.traced.n_outputs
+
+    @property
+    def group_sizes(self) -> Tuple[int, ...]:
+        return self.traced.group_sizes
+
+    def source(self, jacobians: bool = True) -> str:
+        """The OpenCL source this function runs (values and Jacobians by default)."""
+        if self.backend == "numpy":
+            raise ValueError("the numpy backend runs no OpenCL source")
+        key = jacobians
+        if key not in self._sources:
+            t = self.traced
+            if self.backend == "codegen":
+                self._sources[key] = codegen.render(t, self._real, jacobians)
+            else:
+                self._sources[key] = tape.render(t.group_sizes, t.data_size, t.n_outputs,
+                                                 self._real, jacobians)
+        return self._sources[key]
+
+    def values(self, params, index, data=None, device=None):
+        """Outputs ``(N, m)`` for every tuple."""
+        return self._run(params, index, data, False, device)[0]
+
+    def values_and_jacobians(self, params, index, data=None, device=None):
+        """Outputs ``(N, m)`` and, per parameter group, the Jacobian ``(N, m, d_g)``."""
+        out, jacs = self._run(params, index, data, True, device)
+        return out, tuple(jacs)
+
+    def __repr__(self):
+        return f"<BatchFunction {self.name}: {self.traced.summary()}; {self.backend}, {self.dtype}>"
+
+    # -- argument checking ------------------------------------------------------------------
+    def _check(self, params, index, data):
+        t = self.traced
+        if not isinstance(params, (list, tuple)):
+            params = [params] if len(t.group_sizes) == 1 else params
+        if not isinstance(params, (list, tuple)) or len(params) != len(t.group_sizes):
+            raise ValueError(f"params must be a list of {len(t.group_sizes)} arrays "
+                             f"(one per group, sizes {t.group_sizes})")
+        params = [arrays.check_array(p, f"params[{g}]", [self.dtype], shape=(None, d))
+                  for g, (p, d) in enumerate(zip(params, t.group_sizes))]
+        index = self._check_index(index)
+        n = index.shape[0]
+        if t.data_size:
+            if data is None:
+                raise ValueError(f"data is required: an (N, {t.data_size}) array")
+            data = arrays.check_array(data, "data", [self.dtype], shape=(n, t.data_size))
+        elif data is not None:
+            raise ValueError("data given, but the function was traced with data=0")
+        for g, p in enumerate(params):
+            if p.shape[0] == 0 and n:
+                raise IndexError(f"params[{g}] has no rows, but {n} tuples index it")
+        return params, index, data
+
+    def _check_index(self, index):
+        G = len(self.traced.group_sizes)
+        if isinstance(index, (list, tuple)):
+            if len(index) != G:
+                raise ValueError(f"index must be an (N, {G}) array or {G} 1-D arrays")
+            if any(arrays.is_device_array(i) for i in index):
+                raise TypeError("device index arrays must be one (N, G) int32 array")
+            cols = [np.asarray(i) for i in index]
+            if any(c.ndim != 1 or c.shape != cols[0].shape for c in cols):
+                raise ValueError("index arrays must be 1-D and all of the same length")
+            index = np.stack(cols, axis=1) if cols[0].size else np.zeros((0, G), np.int64)
+        if arrays.is_device_array(index):
+            return arrays.check_array(index, "index", [np.int32], shape=(None, G))
+        index = np.asarray(index)
+        if index.ndim == 1 and G == 1:
+            index = index[:, None]
+        if index.dtype.kind not in "iu":
+            raise TypeError(f"index must hold integers, not {index.dtype}")
+        return arrays.check_array(index, "index", [index.dtype], shape=(None, G))
+
+    def _validate_range(self, runtime, params, index):
+        """Every index in range, checked before any launch (an out-of-range index in a
+        kernel is a memory corruption, not an exception)."""
+        rows = np.array([p.shape[0] for p in params], np.int64)
+        if arrays.is_device_array(index):
+            if index.shape[0] == 0:
+                return
+            bad = _count_bad(runtime, index, rows)
+            if bad == 0:
+                return
+            index = index.get()
+        bad = (index < 0) | (index >= rows)
+        if bad.any():
+            t, g = np.argwhere(bad)[0]
+            raise IndexError(f"index of group {g} out of range: tuple {t} uses row {index[t, g]}, "
+                             f"but params[{g}] has {rows[g]} rows ({int(bad[:, g].sum())} tuples "
+                             f"out of range in that group)")
+
+    # -- evaluation ---------------------------------------------------------------------------
+    def _run(self, params, index, data, jacobians, device):
+        params, index, data = self._check(params, index, data)
+        device_args = any(arrays.is_device_array(a) for a in [*params, index, data] if a is not None)
+        if self.backend == "numpy":
+            host = [a.get() if arrays.is_device_array(a) else a for a in [*params, index, data] if a is not None]
+            self._validate_range(None, host[:len(params)], host[len(params)])
+            out, jacs = interpreter.run(self.traced, host[:len(params)], host[len(params)],
+                                        host[-1] if data is not None else None, jacobians, self.dtype)
+            return out, jacs
+        runtime = get_runtime(device if device is not None else self.device)
+        templates.storage(self.dtype, runtime)  # refuses float64 on a device without fp64
+        self._validate_range(runtime, params, index)
+        kernel = templates.kernel(templates.build(self.source(jacobians), runtime), _kernel_name(self.backend))
+        if device_args:
+            return self._run_device(runtime, kernel, params, index, data, jacobians)
+        return self._run_host(runtime, kernel, params, index, data, jacobians)
+
+    def _output_shapes(self, n):
+        m = self.n_outputs
+        return (n, m), [(n, m, d) for d in self.traced.group_sizes]
+
+    def _per_tuple_bytes(self, jacobians):
+        t, item = self.traced, self.dtype.itemsize
+        b = 4 * len(t.group_sizes) + item * (t.data_size + t.n_outputs)
+        if jacobians:
+            b += item * t.n_outputs * sum(t.group_sizes)
+        if self.backend == "tape":
+            b += 2 * item * self._tables.n_nodes
+        return b
+
+    def _chunk(self, runtime: Runtime, n, jacobians) -> int:
+        if self.chunk_size:
+            return int(self.chunk_size)
+        info = runtime.info
+        budget = min(info.max_alloc_bytes, info.global_mem_bytes // 4, 512 << 20)
+        return max(256, min(n, budget // self._per_tuple_bytes(jacobians)))
+
+    def _run_host(self, runtime, kernel, params, index, data, jacobians):
+        queue, n = runtime.queue, index.shape[0]
+        out_shape, jac_shapes = self._output_shapes(n)
+        out = np.empty(out_shape, self.dtype)
+        jacs = [np.empty(s, self.dtype) for s in jac_shapes] if jacobians else []
+        if n == 0:
+            return out, jacs
+        dev_params = [arrays.to_device(runtime, p, f"params[{g}]") for g, p in enumerate(params)]
+        chunk = min(n, self._chunk(runtime, n, jacobians))
+        bufs = _ChunkBuffers(runtime, self, chunk, jacobians)
+        for start in range(0, n, chunk):
+            stop = min(n, start + chunk)
+            idx = np.ascontiguousarray(index[start:stop], dtype=np.int32)
+            cl.enqueue_copy(queue, bufs.index.data, idx)
+            if data is not None:
+                cl.enqueue_copy(queue, bufs.data.data, np.ascontiguousarray(data[start:stop]))
+            self._launch(runtime, kernel, dev_params, bufs.index, bufs.data, bufs.out, bufs.jacs,
+                         stop - start, jacobians)
+            cl.enqueue_copy(queue, out[start:stop], bufs.out.data)
+            for host, dev in zip(jacs, bufs.jacs):
+                cl.enqueue_copy(queue, host[start:stop], dev.data)
+        queue.finish()
+        return out, jacs
+
+    def _run_device(self, runtime, kernel, params, index, data, jacobians):
+        n = index.shape[0]
+        dev = [arrays.to_device(runtime, a, name) for a, name in
+               zip([*params, index], [f"params[{g}]" for g in range(len(params))] + ["index"])]
+        dev_params, dev_index = dev[:-1], dev[-1]
+        if dev_index.dtype != np.int32:
+            raise TypeError("index must be int32 when it is a device array")
+        dev_data = arrays.to_device(runtime, data, "data") if data is not None else None
+        out_shape, jac_shapes = self._output_shapes(n)
+        out = arrays.empty(runtime, out_shape, self.dtype)
+        jacs = [arrays.empty(runtime, s, self.dtype) for s in jac_shapes] if jacobians else []
+        if n:
+            self._launch(runtime, kernel, dev_params, dev_index, dev_data, out, jacs, n, jacobians)
+        return out, jacs
+
+    def _launch(self, runtime, kernel, params, index, data, out, jacs, n, jacobians):
+        args: List = [p.data for p in params] + [index.data]
+        if self.traced.data_size:
+            args.append(data.data)
+        args.append(out.data)
+        args += [j.data for j in jacs]
+        queue = runtime.queue
+        if self.backend == "codegen":
+            wg = arrays.work_group_size(runtime, kernel, 64)
+            return kernel(queue, (arrays.round_up(n, wg),), (wg,), *args, np.int32(n))
+        tables = _device_tables(runtime, self)
+        stride = min(n, self._chunk(runtime, n, jacobians))
+        scratch = _scratch(runtime, self, stride)
+        wg = arrays.work_group_size(runtime, kernel, 64)
+        event = None
+        for base in range(0, n, stride):
+            event = kernel(queue, (arrays.round_up(min(stride, n - base), wg),), (wg,), *args,
+                           *tables, scratch[0].data, scratch[1].data, np.int32(stride),
+                           np.int32(base), np.int32(n))
+        return event
+
+
+def _kernel_name(backend):
+    return "pyclad_eval" if backend == "codegen" else "pyclad_tape"
+
+
+class _ChunkBuffers:
+    def __init__(self, runtime, f: BatchFunction, chunk, jacobians):
+        t = f.traced
+        self.index = arrays.empty(runtime, (chunk, len(t.group_sizes)), np.int32)
+        self.data = arrays.empty(runtime, (chunk, t.data_size), f.dtype) if t.data_size else None
+        out_shape, jac_shapes = f._output_shapes(chunk)
+        self.out = arrays.empty(runtime, out_shape, f.dtype)
+        self.jacs = [arrays.empty(runtime, s, f.dtype) for s in jac_shapes] if jacobians else []
+
+
+def _device_tables(runtime, f: BatchFunction):
+    cache = f.__dict__.setdefault("_device_tables_cache", {})
+    key = runtime.device.int_ptr
+    if key not in cache:
+        tb = f._tables
+        up = lambda a: cla.to_device(runtime.queue, a).data  # noqa: E731
+        cache[key] = [up(tb.nodes), up(tb.consts), up(tb.fwd), np.int32(tb.n_nodes),
+                      up(tb.rev), np.int32(tb.n_rev), up(tb.seeds), up(tb.outputs), up(tb.leaves)]
+    return cache[key]
+
+
+def _scratch(runtime, f: BatchFunction, stride):
+    n_nodes = f._tables.n_nodes
+    return [arrays.empty(runtime, (n_nodes, stride), f.dtype) for _ in range(2)]
+
+
+_bad_index_kernels = {}
+
+
+def _count_bad(runtime, index: cla.Array, rows: np.ndarray) -> int:
+    """How many entries of a device (N, G) index array are out of range (one reduction)."""
+    from pyopencl.reduction import ReductionKernel
+    G = index.shape[1]
+    key = (runtime.context.int_ptr, G)
+    if key not in _bad_index_kernels:
+        _bad_index_kernels[key] = ReductionKernel(
+            runtime.context, np.int64, neutral="0", reduce_expr="a+b",
+            map_expr="(idx[i] < 0 || idx[i] >= rows[i % %d]) ? 1 : 0" % G,
+            arguments="__global const int *idx, __global const long *rows")
+    rows_dev = cla.to_device(runtime.queue, rows.astype(np.int64))
+    return int(_bad_index_kernels[key](index, rows_dev, queue=runtime.queue).get())

@@ -1,0 +1,108 @@
+"""The one table of operations: each op's forward expression and its vector-Jacobian
+products, written once and used by every backend (the OpenCL code generator, the OpenCL
+tape interpreter, the numpy interpreter and constant folding).
+
+Expressions are in a small language that is valid both as OpenCL C and as Python over
+numpy arrays: operands ``a``, ``b``, ``c``; the op's result ``r``; the incoming adjoint
+``g``; numbers; ``+ - * /``, comparisons, and the functions of :data:`PY_FUNCTIONS`
+(OpenCL builtins plus the ``pc_*`` helpers the kernels define in their preamble).
+
+A vjp of ``None`` means the derivative with respect to that operand is structurally zero
+(comparisons, a ``where`` condition): no adjoint code is emitted for it. A ``where``
+passes ``g`` to the taken branch and exactly 0 (not ``g * 0``) to the other, so that an
+infinite partial in the untaken branch cannot turn into NaN.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    name: str
+    arity: int
+    forward: str
+    vjps: Tuple[Optional[str], ...]  # one per operand
+    code: int = -1                   # op code for the tape kernel, set below
+
+    @property
+    def differentiable(self) -> bool:
+        return any(v is not None for v in self.vjps)
+
+
+_TABLE = [
+    # name      arity  forward                 vjp per operand
+    ("add",     2, "a + b",                 ("g", "g")),
+    ("sub",     2, "a - b",                 ("g", "-g")),
+    ("mul",     2, "a * b",                 ("g * b", "g * a")),
+    ("div",     2, "a / b",                 ("g / b", "-g * r / b")),
+    ("neg",     1, "-a",                    ("-g",)),
+    ("square",  1, "a * a",                 ("g * 2 * a",)),
+    ("pow",     2, "pow(a, b)",             ("g * b * pow(a, b - 1)", "g * r * log(a)")),
+    ("sqrt",    1, "sqrt(a)",               ("g * 0.5 / r",)),
+    ("exp",     1, "exp(a)",                ("g * r",)),
+    ("log",     1, "log(a)",                ("g / a",)),
+    ("sin",     1, "sin(a)",                ("g * cos(a)",)),
+    ("cos",     1, "cos(a)",                ("-g * sin(a)",)),
+    ("tan",     1, "tan(a)",                ("g * (1 + r * r)",)),
+    ("asin",    1, "asin(a)",               ("g / sqrt(1 - a * a)",)),
+    ("acos",    1, "acos(a)",               ("-g / sqrt(1 - a * a)",)),
+    ("atan",    1, "atan(a)",               ("g / (1 + a * a)",)),
+    ("atan2",   2, "atan2(a, b)",           ("g * b / (a * a + b * b)", "-g * a / (a * a + b * b)")),
+    ("tanh",    1, "tanh(a)",               ("g * (1 - r * r)",)),
+    # |a| as Ceres' Jet does it: slope +1 at exactly 0.
+    ("abs",     1, "fabs(a)",               ("pc_where(a < 0, -g, g)",)),
+    # Ties go to the first operand; NaN in either operand gives NaN.
+    ("minimum", 2, "pc_min(a, b)",          ("pc_where(a <= b, g, 0)", "pc_where(a <= b, 0, g)")),
+    ("maximum", 2, "pc_max(a, b)",          ("pc_where(a >= b, g, 0)", "pc_where(a >= b, 0, g)")),
+    ("where",   3, "pc_where(a != 0, b, c)", (None, "pc_where(a != 0, g, 0)", "pc_where(a != 0, 0, g)")),
+    ("lt",      2, "pc_where(a < b, 1, 0)",  (None, None)),
+    ("le",      2, "pc_where(a <= b, 1, 0)", (None, None)),
+    ("gt",      2, "pc_where(a > b, 1, 0)",  (None, None)),
+    ("ge",      2, "pc_where(a >= b, 1, 0)", (None, None)),
+    ("eq",      2, "pc_where(a == b, 1, 0)", (None, None)),
+    ("ne",      2, "pc_where(a != b, 1, 0)", (None, None)),
+    ("and",     2, "pc_where(a != 0, pc_where(b != 0, 1, 0), 0)", (None, None)),
+    ("or",      2, "pc_where(a != 0, 1, pc_where(b != 0, 1, 0))", (None, None)),
+    ("not",     1, "pc_where(a != 0, 0, 1)", (None,)),
+]
+
+OPS: Dict[str, Op] = {name: Op(name, arity, fwd, vjps, code)
+                      for code, (name, arity, fwd, vjps) in enumerate(_TABLE)}
+
+# Leaves of a graph are not in the table: they have no expression of their own.
+LEAVES = ("input", "data", "const")
+
+# OpenCL C helpers every kernel defines (pyclad/preamble.cl.mako), and the same in numpy.
+PY_FUNCTIONS = {
+    "sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos,
+    "atan": np.arctan, "atan2": np.arctan2, "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
+    "pow": np.power, "tanh": np.tanh, "fabs": np.abs,
+    "pc_where": lambda c, x, y: np.where(c, x, y),
+    "pc_min": lambda x, y: np.where(np.isnan(x) | (x < y), x, y),
+    "pc_max": lambda x, y: np.where(np.isnan(x) | (x > y), x, y),
+}
+
+_OPERAND = re.compile(r"\b([abcrg])\b")
+_FLOAT_LITERAL = re.compile(r"(?<![\w.])(\d+\.\d*|\d*\.\d+)(?![\w.])")
+
+
+def to_c(expr: str, names: Dict[str, str], real: str = "double") -> str:
+    """Render an expression as OpenCL C with operands renamed (``names`` maps a/b/c/r/g).
+
+    Float literals get an ``f`` suffix in float kernels, so no float kernel computes in
+    double by accident (and none needs cl_khr_fp64)."""
+    out = _OPERAND.sub(lambda m: names[m.group(1)], expr)
+    if real == "float":
+        out = _FLOAT_LITERAL.sub(lambda m: m.group(1) + "f", out)
+    return out
+
+
+def evaluate(expr: str, **values):
+    """Evaluate an expression over numpy values (a, b, c, r, g as keywords)."""
+    with np.errstate(all="ignore"):  # NaN/Inf propagate per element, as on the device
+        return eval(expr, {"__builtins__": {}}, {**PY_FUNCTIONS, **values})  # noqa: S307

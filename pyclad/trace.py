@@ -1,0 +1,81 @@
+"""Tracing: run a plain Python function once on symbolic vectors and keep its graph."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Dict, List, Sequence, Set, Tuple
+
+import numpy as np
+
+from .graph import Graph, Node
+from .vector import Vector
+
+
+@dataclasses.dataclass
+class Traced:
+    """A traced function: its graph, outputs and the orders the backends walk.
+
+    ``order``: every needed node, operands first (topological). ``active``: nodes that
+    carry derivatives. ``inputs[g][j]``: node id of component j of parameter group g, or
+    -1 when the function does not use it (its Jacobian column is then zero)."""
+    graph: Graph
+    group_sizes: Tuple[int, ...]
+    data_size: int
+    outputs: List[int]
+    order: List[int]
+    active: Set[int]
+    inputs: List[List[int]]
+    data: List[int]
+
+    @property
+    def n_outputs(self) -> int:
+        return len(self.outputs)
+
+    def reverse_order(self) -> List[int]:
+        """Active nodes, users before operands: the order of every reverse sweep."""
+        return [n for n in reversed(self.order) if n in self.active]
+
+    def summary(self) -> str:
+        ops: Dict[str, int] = {}
+        for n in self.order:
+            ops[self.graph.ops[n]] = ops.get(self.graph.ops[n], 0) + 1
+        return (f"{len(self.order)} nodes ({len(self.active)} active), "
+                f"{self.n_outputs} outputs, groups {self.group_sizes}, data {self.data_size}: "
+                + ", ".join(f"{k} {v}" for k, v in sorted(ops.items())))
+
+
+def _flatten_outputs(result) -> List:
+    if isinstance(result, (Node, int, float, np.floating, np.integer)):
+        return [result]
+    if isinstance(result, Vector):
+        return list(result.items)
+    if isinstance(result, (list, tuple)):
+        out = []
+        for item in result:
+            out.extend(_flatten_outputs(item))
+        return out
+    if isinstance(result, np.ndarray):
+        return _flatten_outputs(list(result.ravel()))
+    raise TypeError(f"a pyclad function must return a scalar, a Vector or a list of them, "
+                    f"not {type(result).__name__}")
+
+
+def trace(fn: Callable, group_sizes: Sequence[int], data_size: int = 0) -> Traced:
+    """Call ``fn(group_0, ..., group_{G-1}[, data])`` on symbolic vectors once."""
+    group_sizes = tuple(int(d) for d in group_sizes)
+    if not group_sizes or any(d < 1 for d in group_sizes):
+        raise ValueError(f"params must be a tuple of positive group sizes, got {group_sizes}")
+    if data_size < 0:
+        raise ValueError(f"data must be a non-negative size, got {data_size}")
+    graph = Graph()
+    args = [Vector(graph.input(g, j) for j in range(d)) for g, d in enumerate(group_sizes)]
+    if data_size:
+        args.append(Vector(graph.data(j) for j in range(data_size)))
+    outputs = [graph.as_node(o).id for o in _flatten_outputs(fn(*args))]
+    if not outputs:
+        raise ValueError("the traced function returned no outputs")
+    order = graph.forward_order(outputs)
+    needed = set(order)
+    inputs = [[args[g][j].id if args[g][j].id in needed else -1 for j in range(d)]
+              for g, d in enumerate(group_sizes)]
+    data = [args[-1][j].id if args[-1][j].id in needed else -1 for j in range(data_size)] if data_size else []
+    return Traced(graph, group_sizes, data_size, outputs, order, graph.active(order), inputs, data)

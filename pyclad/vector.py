@@ -1,0 +1,190 @@
+"""What a traced function works with: :class:`Vector` (a short vector of scalar nodes),
+the math functions (on nodes, vectors or plain numbers), and the geometry helpers
+(``dot``, ``cross``, ``norm``, ``rotate_angle_axis``)."""
+from __future__ import annotations
+
+import numbers
+from typing import Iterable, List, Union
+
+import numpy as np
+
+from .graph import Graph, Node
+from .ops import PY_FUNCTIONS
+
+Scalar = Union[Node, float, int]
+
+# Ceres compares theta^2 with the double epsilon; using the same threshold makes the
+# Jacobian at and near w = 0 match Ceres' exactly.
+ANGLE_AXIS_EPSILON = float(np.finfo(np.float64).eps)
+
+
+class Vector:
+    """A fixed-length vector of traced scalars: indexing, slicing, elementwise arithmetic
+    (with vectors of the same length, scalars or numbers), ``len`` and iteration."""
+    __array_priority__ = 1000
+
+    def __init__(self, items: Iterable[Scalar]):
+        self.items: List[Scalar] = list(items)
+
+    def __len__(self):
+        return len(self.items)
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            return Vector(self.items[key])
+        return self.items[key]
+
+    def __repr__(self):
+        return f"Vector({self.items!r})"
+
+    def _zip(self, other, fn):
+        if isinstance(other, Vector):
+            if len(other) != len(self):
+                raise ValueError(f"vector lengths differ: {len(self)} and {len(other)}")
+            return Vector(fn(a, b) for a, b in zip(self.items, other.items))
+        if isinstance(other, (list, tuple, np.ndarray)):
+            return self._zip(Vector(other), fn)
+        return Vector(fn(a, other) for a in self.items)
+
+    def __add__(self, o): return self._zip(o, lambda a, b: a + b)
+    def __radd__(self, o): return self._zip(o, lambda a, b: b + a)
+    def __sub__(self, o): return self._zip(o, lambda a, b: a - b)
+    def __rsub__(self, o): return self._zip(o, lambda a, b: b - a)
+    def __mul__(self, o): return self._zip(o, lambda a, b: a * b)
+    def __rmul__(self, o): return self._zip(o, lambda a, b: b * a)
+    def __truediv__(self, o): return self._zip(o, lambda a, b: a / b)
+    def __rtruediv__(self, o): return self._zip(o, lambda a, b: b / a)
+    def __pow__(self, o): return self._zip(o, lambda a, b: a ** b)
+    def __neg__(self): return Vector(-a for a in self.items)
+    def __pos__(self): return self
+    def __abs__(self): return Vector(abs(a) for a in self.items)
+
+    def __bool__(self):
+        raise TypeError("a pyclad Vector has no truth value; compare its elements and "
+                        "use pyclad.where")
+
+
+def vector(items: Iterable[Scalar]) -> Vector:
+    """Build a :class:`Vector` from scalars (nodes or numbers)."""
+    return Vector(items)
+
+
+def _graph_of(*values):
+    for v in values:
+        if isinstance(v, Node):
+            return v.graph
+        if isinstance(v, Vector):
+            g = _graph_of(*v.items)
+            if g is not None:
+                return g
+    return None
+
+
+def _elementwise(name: str, *args):
+    """Apply a table op to scalars or vectors (broadcasting scalars over vectors)."""
+    length = next((len(a) for a in args if isinstance(a, Vector)), None)
+    if length is not None:
+        parts = [a if isinstance(a, Vector) else Vector([a] * length) for a in args]
+        if any(len(p) != length for p in parts):
+            raise ValueError(f"{name}: vector lengths differ")
+        return Vector(_elementwise(name, *items) for items in zip(*(p.items for p in parts)))
+    graph = _graph_of(*args)
+    if graph is None:  # plain numbers: evaluate with the same table the kernels use
+        from .ops import OPS, evaluate
+        return float(evaluate(OPS[name].forward, **dict(zip("abc", map(np.float64, args)))))
+    return graph.apply(name, *args)
+
+
+def _unary(name):
+    def fn(x):
+        return _elementwise(name, x)
+    fn.__name__ = name
+    fn.__doc__ = f"Elementwise {name} of a traced scalar, vector or number."
+    return fn
+
+
+sin, cos, tan = _unary("sin"), _unary("cos"), _unary("tan")
+asin, acos, atan = _unary("asin"), _unary("acos"), _unary("atan")
+exp, log, sqrt, tanh = _unary("exp"), _unary("log"), _unary("sqrt"), _unary("tanh")
+abs_ = _unary("abs")
+
+
+def atan2(y, x):
+    """Elementwise atan2(y, x)."""
+    return _elementwise("atan2", y, x)
+
+
+def pow(x, y):  # noqa: A001 - the math name users expect
+    """Elementwise x ** y."""
+    return x ** y if isinstance(x, (Node, Vector)) else _elementwise("pow", x, y)
+
+
+def minimum(a, b):
+    """Elementwise minimum; the derivative follows the smaller operand (the first on ties)."""
+    return _elementwise("minimum", a, b)
+
+
+def maximum(a, b):
+    """Elementwise maximum; the derivative follows the larger operand (the first on ties)."""
+    return _elementwise("maximum", a, b)
+
+
+def where(cond, a, b):
+    """``a`` where ``cond`` is non-zero, else ``b``: a select with no branch in the kernel.
+
+    The derivative flows through the taken branch only; the other branch receives exactly
+    zero. Both branches are evaluated, so keep the untaken one finite (for example
+    ``where(x > 0, sqrt(where(x > 0, x, 1)), 0)``) if its derivative could be infinite."""
+    return _elementwise("where", cond, a, b)
+
+
+def dot(a: Vector, b: Vector) -> Scalar:
+    """Inner product of two vectors of the same length."""
+    a, b = Vector(a), Vector(b)
+    if len(a) != len(b):
+        raise ValueError(f"dot: vector lengths differ: {len(a)} and {len(b)}")
+    total = a[0] * b[0]
+    for x, y in zip(a.items[1:], b.items[1:]):
+        total = total + x * y
+    return total
+
+
+def cross(a: Vector, b: Vector) -> Vector:
+    """Cross product of two 3-vectors."""
+    a, b = Vector(a), Vector(b)
+    if len(a) != 3 or len(b) != 3:
+        raise ValueError("cross needs two 3-vectors")
+    return Vector([a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0]])
+
+
+def norm(a: Vector) -> Scalar:
+    """Euclidean norm."""
+    return sqrt(dot(a, a))
+
+
+def rotate_angle_axis(w: Vector, x: Vector) -> Vector:
+    """Rotate ``x`` by the angle-axis vector ``w`` (Rodrigues), as Ceres'
+    ``AngleAxisRotatePoint``: for theta^2 > DBL_EPSILON the closed form, otherwise the
+    first-order ``x + w x x``, so values and Jacobians match Ceres', at w = 0 too.
+
+    Both forms are traced and selected with :func:`where`; the closed form is fed a safe
+    theta^2 of 1 when it is not taken, so its (unused) derivative stays finite."""
+    w, x = Vector(w), Vector(x)
+    if len(w) != 3 or len(x) != 3:
+        raise ValueError("rotate_angle_axis needs two 3-vectors")
+    theta2 = dot(w, w)
+    big = theta2 > ANGLE_AXIS_EPSILON
+    theta = sqrt(where(big, theta2, 1.0))
+    cos_t, sin_t = cos(theta), sin(theta)
+    unit = w * (1.0 / theta)
+    full = x * cos_t + cross(unit, x) * sin_t + unit * (dot(unit, x) * (1.0 - cos_t))
+    small = x + cross(w, x)
+    return Vector(where(big, f, s) for f, s in zip(full, small))
+
+
+__all__ = ["Vector", "vector", "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "exp",
+           "log", "sqrt", "pow", "tanh", "abs_", "minimum", "maximum", "where", "dot",
+           "cross", "norm", "rotate_angle_axis", "ANGLE_AXIS_EPSILON"]
