@@ -16,7 +16,7 @@ Where the programs come from, in this order:
    (programs plus every shared library they load, glibc's loader included): used as is, nothing
    is compiled. This is how the peer runs on a machine without Ceres (the GPU machine).
 2. Otherwise they are built with cmake into ``benchmarks/peers/build/`` (cached; rebuilt when a
-   source is newer). Needs ``apt-get install libceres-dev cmake``.
+   source is newer). Needs ``apt-get install libceres-dev cmake make g++``.
 3. Otherwise, if a bundle exists at ``<repo>/.peers``, that one.
 
 ``.bz2`` BAL files are decompressed into a temporary file first (Python's bz2 module), so the
@@ -49,7 +49,7 @@ BUILD_DIR = os.path.join(SOURCE_DIR, "build")
 DEFAULT_BUNDLE = os.path.join(ROOT, ".peers")
 PROGRAMS = ("ceres_jacobian", "ceres_bundle_adjuster")
 LOADER = "ld-linux-x86-64.so.2"
-INSTALL_HINT = "install Ceres and cmake (Debian/Ubuntu: apt-get install libceres-dev cmake)"
+INSTALL_HINT = "install Ceres and a C++ toolchain (Debian/Ubuntu: apt-get install libceres-dev cmake make g++)"
 
 LINEAR_SOLVERS = ("sparse_schur", "iterative_schur", "dense_schur")
 PRECONDITIONERS = ("schur_jacobi", "jacobi", "identity")
@@ -101,6 +101,13 @@ def _bundle_ok(path: str) -> bool:
     return all(os.path.isfile(os.path.join(path, "bin", p)) for p in PROGRAMS)
 
 
+def _missing_build_tools() -> List[str]:
+    needs = (("cmake", shutil.which("cmake")), ("make", shutil.which("make")),
+             ("a C++ compiler", shutil.which("c++") or shutil.which("g++")),
+             ("Ceres (CeresConfig.cmake)", _ceres_config()))
+    return [what for what, ok in needs if not ok]
+
+
 def unavailable_reason() -> Optional[str]:
     """None when the peer can run here, else why not (and how to fix it)."""
     try:
@@ -110,8 +117,7 @@ def unavailable_reason() -> Optional[str]:
         return str(e)
     if _built() or _bundle_ok(DEFAULT_BUNDLE):
         return None
-    missing = [what for what, ok in (("cmake", shutil.which("cmake")), ("a C++ compiler", shutil.which("c++")),
-                                     ("Ceres (CeresConfig.cmake)", _ceres_config())) if not ok]
+    missing = _missing_build_tools()
     if missing:
         return f"the Ceres peer needs {', '.join(missing)}: {INSTALL_HINT}"
     return None
@@ -140,10 +146,11 @@ def build(force: bool = False) -> str:
         return os.path.join(bundle, "bin")
     if not force and not _stale():
         return BUILD_DIR
-    if not (shutil.which("cmake") and _ceres_config()):
+    missing = _missing_build_tools()
+    if missing:
         if not force and _bundle_ok(DEFAULT_BUNDLE):
             return os.path.join(DEFAULT_BUNDLE, "bin")
-        raise CeresPeerError(unavailable_reason() or f"cannot build the Ceres peer: {INSTALL_HINT}")
+        raise CeresPeerError(f"cannot build the Ceres peer without {', '.join(missing)}: {INSTALL_HINT}")
     steps = [["cmake", "-S", SOURCE_DIR, "-B", BUILD_DIR, "-DCMAKE_BUILD_TYPE=Release"],
              ["cmake", "--build", BUILD_DIR, "--parallel", "2"] + (["--clean-first"] if force else [])]
     for cmd in steps:
