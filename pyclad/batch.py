@@ -135,7 +135,7 @@ class BatchFunction:
 
     def _check_index(self, index):
         G = len(self.traced.group_sizes)
-        if isinstance(index, (list, tuple)):
+        if isinstance(index, (list, tuple)) and any(np.ndim(i) >= 1 or arrays.is_device_array(i) for i in index):
             if len(index) != G:
                 raise ValueError(f"index must be an (N, {G}) array or {G} 1-D arrays")
             if any(arrays.is_device_array(i) for i in index):

@@ -8,9 +8,13 @@ numpy arrays: operands ``a``, ``b``, ``c``; the op's result ``r``; the incoming 
 (OpenCL builtins plus the ``pc_*`` helpers the kernels define in their preamble).
 
 A vjp of ``None`` means the derivative with respect to that operand is structurally zero
-(comparisons, a ``where`` condition): no adjoint code is emitted for it. A ``where``
-passes ``g`` to the taken branch and exactly 0 (not ``g * 0``) to the other, so that an
-infinite partial in the untaken branch cannot turn into NaN.
+(comparisons, a ``where`` condition): no adjoint code is emitted for it.
+
+Zero adjoints contribute exactly zero: a ``where`` passes ``g`` to the taken branch and 0
+to the other, and every op whose partial can be infinite or NaN (``sqrt`` at 0, ``log``
+at 0, a division, ...) guards its vjp with ``g != 0`` (:attr:`Op.vjp_exprs`). So
+``where(x > 0, sqrt(x), 0)`` has derivative 0 at x = 0, not ``0 * inf = NaN``, and the
+derivative really flows through the taken branch only.
 """
 from __future__ import annotations
 
@@ -32,6 +36,13 @@ class Op:
     @property
     def differentiable(self) -> bool:
         return any(v is not None for v in self.vjps)
+
+    @property
+    def vjp_exprs(self) -> Tuple[Optional[str], ...]:
+        """The vjps as every backend evaluates them (guarded where a partial can blow up)."""
+        if self.name in _PASS_THROUGH:
+            return self.vjps
+        return tuple(None if v is None else f"pc_where(g != 0, {v}, 0)" for v in self.vjps)
 
 
 _TABLE = [
@@ -70,6 +81,9 @@ _TABLE = [
     ("or",      2, "pc_where(a != 0, 1, pc_where(b != 0, 1, 0))", (None, None)),
     ("not",     1, "pc_where(a != 0, 0, 1)", (None,)),
 ]
+
+# Ops whose vjps only pass g on (with a sign or a select): a zero g already gives zero.
+_PASS_THROUGH = {"add", "sub", "neg", "abs", "minimum", "maximum", "where"}
 
 OPS: Dict[str, Op] = {name: Op(name, arity, fwd, vjps, code)
                       for code, (name, arity, fwd, vjps) in enumerate(_TABLE)}

@@ -36,7 +36,7 @@ def reverse_cases(real: str) -> List[str]:
         if not op.differentiable:
             continue
         adds = " ".join(f"A(nd.{f}) += {to_c(vjp, names, real)};"
-                        for f, vjp in zip("yzw", op.vjps) if vjp is not None)
+                        for f, vjp in zip("yzw", op.vjp_exprs) if vjp is not None)
         cases.append(f"case OP_{op.name.upper()}: {{ {_operand_loads(op.arity)}{adds} break; }}")
     return cases
 
