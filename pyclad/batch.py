@@ -135,9 +135,9 @@ class BatchFunction:
 
     def _check_index(self, index):
         G = len(self.traced.group_sizes)
-        if isinstance(index, (list, tuple)) and any(np.ndim(i) >= 1 or arrays.is_device_array(i) for i in index):
-            if len(index) != G:
-                raise ValueError(f"index must be an (N, {G}) array or {G} 1-D arrays")
+        # A list of G 1-D arrays is one index array per group; any other list is an array.
+        if isinstance(index, (list, tuple)) and len(index) == G and \
+                all(np.ndim(i) == 1 or arrays.is_device_array(i) for i in index):
             if any(arrays.is_device_array(i) for i in index):
                 raise TypeError("device index arrays must be one (N, G) int32 array")
             cols = [np.asarray(i) for i in index]
@@ -311,7 +311,7 @@ def _count_bad(runtime, index: cla.Array, rows: np.ndarray) -> int:
     if key not in _bad_index_kernels:
         _bad_index_kernels[key] = ReductionKernel(
             runtime.context, np.int64, neutral="0", reduce_expr="a+b",
-            map_expr="(idx[i] < 0 || idx[i] >= rows[i % %d]) ? 1 : 0" % G,
+            map_expr=f"(idx[i] < 0 || idx[i] >= rows[i % {G}]) ? 1 : 0",
             arguments="__global const int *idx, __global const long *rows")
     rows_dev = cla.to_device(runtime.queue, rows.astype(np.int64))
     return int(_bad_index_kernels[key](index, rows_dev, queue=runtime.queue).get())
