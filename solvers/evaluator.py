@@ -1,0 +1,94 @@
+"""Cost, residuals and Jacobians of a BAL problem through a camera model and a robust loss.
+
+The model sees the observations sorted by point (what the Schur solvers need); the state vector
+``x`` is the cameras (9 per camera) then the points (3 per point), as in a BAL file.
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import numpy as np
+
+from .loss import Loss, correct
+
+
+def default_model_class():
+    """``solvers.snavely.SnavelyModel`` (pyclad); a clear ImportError when it cannot be loaded."""
+    try:
+        from .snavely import SnavelyModel
+    except ImportError as e:  # pyclad or pyopencl missing
+        raise ImportError(f"the default camera model (solvers.snavely.SnavelyModel, built on pyclad) "
+                          f"cannot be imported: {e}. Install pyclad's requirements or pass model=") from e
+    return SnavelyModel
+
+
+class Evaluator:
+    """Evaluates the problem at a state vector; counts and times the evaluations."""
+
+    def __init__(self, problem, loss: Loss, model=None, dtype=np.float64, device=None, backend=None):
+        self.problem, self.loss = problem, loss
+        self.nc, self.npt = problem.num_cameras, problem.num_points
+        self.order = np.argsort(problem.point_index, kind="stable")
+        self.cam = problem.camera_index[self.order]
+        self.pt = problem.point_index[self.order]
+        observed = problem.observations[self.order]
+        if model is None:
+            model = default_model_class()
+        if isinstance(model, type) or (callable(model) and not hasattr(model, "residuals_and_jacobians")):
+            kwargs = {"dtype": dtype, "device": device}
+            if backend is not None:
+                kwargs["backend"] = backend
+            self.model = model(self.cam, self.pt, observed, **kwargs)
+            self.permute = None
+        else:
+            # An instance built on the problem's own observation order: reorder its outputs.
+            if getattr(model, "n_obs", problem.num_observations) != problem.num_observations:
+                raise ValueError("model= was built for a different number of observations than the problem")
+            self.model = model
+            self.permute = self.order
+        self.num_residual_evaluations = 0
+        self.num_jacobian_evaluations = 0
+        self.residual_time = 0.0
+        self.jacobian_time = 0.0
+
+    def split(self, x):
+        return x[:9 * self.nc].reshape(self.nc, 9), x[9 * self.nc:].reshape(self.npt, 3)
+
+    def cost(self, x) -> Optional[float]:
+        """Cost at ``x``; None when a residual is not finite (Ceres: the evaluation failed)."""
+        t0 = time.perf_counter()
+        try:
+            r = self.model.residuals(*self.split(x))
+            if self.permute is not None:
+                r = r[self.permute]
+            r = np.asarray(r, dtype=np.float64)
+            if not np.all(np.isfinite(r)):
+                return None
+            s = np.einsum("ij,ij->i", r, r)
+            c = self.loss.cost(s)
+            return c if np.isfinite(c) else None
+        finally:
+            self.num_residual_evaluations += 1
+            self.residual_time += time.perf_counter() - t0
+
+    def evaluate(self, x):
+        """``(cost, r, Jc, Jp)`` with Ceres' loss correction applied, observations in point order;
+        None when anything is not finite."""
+        t0 = time.perf_counter()
+        try:
+            r, jc, jp = self.model.residuals_and_jacobians(*self.split(x))
+            if self.permute is not None:
+                r, jc, jp = r[self.permute], jc[self.permute], jp[self.permute]
+            r = np.asarray(r, dtype=np.float64)
+            jc = np.asarray(jc, dtype=np.float64)
+            jp = np.asarray(jp, dtype=np.float64)
+            if not (np.all(np.isfinite(r)) and np.all(np.isfinite(jc)) and np.all(np.isfinite(jp))):
+                return None
+            cost, r, (jc, jp) = correct(self.loss, r, [jc, jp])
+            if not np.isfinite(cost):
+                return None
+            return cost, r, jc, jp
+        finally:
+            self.num_jacobian_evaluations += 1
+            self.jacobian_time += time.perf_counter() - t0

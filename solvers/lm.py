@@ -1,0 +1,384 @@
+"""Levenberg-Marquardt with the semantics of Ceres Solver's trust-region minimizer.
+
+What this follows (Ceres 2.x ``TrustRegionMinimizer``, ``LevenbergMarquardtStrategy``,
+``TrustRegionStepEvaluator``, monotonic steps, no inner iterations):
+
+- Jacobi scaling: at iteration 0, ``s = 1 / (1 + sqrt(diag(J^T J)))`` per parameter; every Jacobian
+  is then solved for in the scaled variables ``J diag(s)``.
+- The step solves ``(J^T J + D^T D) y = J^T f`` with ``D = sqrt(clamp(diag(J^T J), 1e-6, 1e32) / radius)``
+  (the diagonal is recomputed only after an accepted step), ``step = -y``; the model cost change is
+  ``-(J step) . (f + J step / 2)`` and a step is valid only when it is positive (otherwise the radius
+  shrinks and the step is retried, at most 5 times in a row).
+- ``relative_decrease = (cost - candidate_cost) / model_cost_change``; the step is accepted when it
+  exceeds ``min_relative_decrease`` (1e-3). Accepted: ``radius /= max(1/3, 1 - (2 rho - 1)^3)``
+  (Nielsen), capped at 1e16; rejected: ``radius /= decrease_factor`` and the factor doubles.
+- Termination, in Ceres' order: parameter tolerance ``|dx| <= tol (|x| + tol)`` and function
+  tolerance ``|cost_change| <= tol cost`` (checked on every candidate, before acceptance), then
+  after each iteration: time, iteration count, gradient tolerance ``max|g| <= tol`` (after accepted
+  steps), minimum radius 1e-32.
+- A candidate whose residuals are not finite has infinite cost and is rejected; a non-finite
+  Jacobian at an accepted point ends the solve with FAILURE. The parameters returned are always the
+  best ones evaluated successfully.
+"""
+from __future__ import annotations
+
+import dataclasses
+import signal
+import threading
+import time
+from typing import Callable, Optional
+
+import numpy as np
+
+from .schur import NormalEquations, Structure, LINEAR_SOLVERS
+from .summary import IterationSummary, SolverSummary
+
+DBL_MAX = np.finfo(np.float64).max
+
+
+@dataclasses.dataclass
+class Options:
+    """Solver options; defaults are Ceres' ``Solver::Options`` defaults."""
+    max_iterations: int = 50
+    function_tolerance: float = 1e-6
+    gradient_tolerance: float = 1e-10
+    parameter_tolerance: float = 1e-8
+    initial_trust_region_radius: float = 1e4
+    max_trust_region_radius: float = 1e16
+    min_trust_region_radius: float = 1e-32
+    min_lm_diagonal: float = 1e-6
+    max_lm_diagonal: float = 1e32
+    min_relative_decrease: float = 1e-3
+    max_num_consecutive_invalid_steps: int = 5
+    jacobi_scaling: bool = True
+    linear_solver: str = "sparse_schur"
+    eta: float = 0.1
+    max_linear_solver_iterations: int = 500
+    max_solver_time_in_seconds: float = 1e9
+
+    def check(self):
+        if self.linear_solver not in LINEAR_SOLVERS:
+            raise ValueError(f"linear_solver={self.linear_solver!r} is not one of {LINEAR_SOLVERS}")
+        if int(self.max_iterations) < 0:
+            raise ValueError(f"max_iterations must be >= 0, got {self.max_iterations}")
+        for name in ("function_tolerance", "gradient_tolerance", "parameter_tolerance",
+                     "initial_trust_region_radius", "eta"):
+            v = getattr(self, name)
+            if not (np.isfinite(v) and v >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {v}")
+        if not (0 < self.min_lm_diagonal <= self.max_lm_diagonal):
+            raise ValueError("need 0 < min_lm_diagonal <= max_lm_diagonal")
+
+
+class _LMStrategy:
+    """Ceres' ``LevenbergMarquardtStrategy``."""
+
+    def __init__(self, o: Options):
+        self.radius = o.initial_trust_region_radius
+        self.max_radius = o.max_trust_region_radius
+        self.min_diag, self.max_diag = o.min_lm_diagonal, o.max_lm_diagonal
+        self.decrease_factor = 2.0
+        self.reuse_diagonal = False
+        self.diagonal = None
+
+    def compute_step(self, neq: NormalEquations, o: Options):
+        if not self.reuse_diagonal:
+            self.diagonal = np.clip(neq.column_norms2(), self.min_diag, self.max_diag)
+        D = np.sqrt(self.diagonal / self.radius)
+        sol = neq.solve(D, o.linear_solver, eta=o.eta, max_iterations=o.max_linear_solver_iterations)
+        self.reuse_diagonal = True
+        return sol
+
+    def step_accepted(self, quality):
+        self.radius = self.radius / max(1.0 / 3.0, 1.0 - (2.0 * quality - 1.0) ** 3)
+        self.radius = min(self.max_radius, self.radius)
+        self.decrease_factor = 2.0
+        self.reuse_diagonal = False
+
+    def step_rejected(self):
+        self.radius = self.radius / self.decrease_factor
+        self.decrease_factor *= 2.0
+        self.reuse_diagonal = True
+
+
+class StopFlag:
+    """Set by Ctrl-C (or by the caller) to stop after the current iteration."""
+
+    def __init__(self):
+        self.is_set = False
+
+    def set(self):
+        self.is_set = True
+
+
+class _SigintHandler:
+    """First Ctrl-C sets the flag (the solve stops after the iteration in progress); a second one
+    interrupts at once. Only installed from the main thread."""
+
+    def __init__(self, flag: StopFlag):
+        self.flag, self.previous = flag, None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.getsignal(signal.SIGINT)
+
+            def handler(signum, frame):
+                self.flag.set()
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+
+            signal.signal(signal.SIGINT, handler)
+        return self
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+        return False
+
+
+class Minimizer:
+    """One Levenberg-Marquardt solve (use :func:`minimize`)."""
+
+    def __init__(self, evaluator, options: Options, callback=None, stop: Optional[StopFlag] = None):
+        self.ev, self.o, self.callback = evaluator, options, callback
+        self.stop = stop or StopFlag()
+        self.st = Structure(evaluator.cam, evaluator.pt, evaluator.nc, evaluator.npt)
+        self.strategy = _LMStrategy(options)
+        self.summary = SolverSummary(options=options)
+        self.linear_solver_time = 0.0
+        self.num_linear_solves = 0
+
+    # ------------------------------------------------------------------ evaluation
+    def _evaluate_gradient_and_jacobian(self, it: IterationSummary) -> bool:
+        res = self.ev.evaluate(self.x)
+        if res is None:
+            self.summary.message = "Residual and Jacobian evaluation failed."
+            self.summary.termination_type = "FAILURE"
+            return False
+        self.x_cost, r, jc, jp = res
+        it.cost = self.x_cost
+        st = self.st
+        if it.iteration == 0:
+            if self.o.jacobi_scaling:
+                col2 = np.concatenate([st.camera_sum(np.einsum("nki,nki->ni", jc, jc)).ravel(),
+                                       st.point_sum(np.einsum("nkj,nkj->nj", jp, jp)).ravel()])
+                self.scale = 1.0 / (1.0 + np.sqrt(col2))
+            else:
+                self.scale = np.ones(self.x.size)
+        nc9 = 9 * self.ev.nc
+        sc, sp = self.scale[:nc9].reshape(-1, 9), self.scale[nc9:].reshape(-1, 3)
+        if self.o.jacobi_scaling:
+            jc = jc * sc[st.cam][:, None, :]
+            jp = jp * sp[st.pt][:, None, :]
+        t0 = time.perf_counter()
+        self.neq = NormalEquations(st, r, jc, jp)
+        self.linear_solver_time += time.perf_counter() - t0
+        # The gradient of the unscaled problem; its norms as Ceres measures them, |x - Plus(x, -g)|.
+        g = np.concatenate([self.neq.gc.ravel(), self.neq.gp.ravel()]) / self.scale
+        projected = self.x - (self.x + (-g))
+        it.gradient_max_norm = float(np.max(np.abs(projected))) if projected.size else 0.0
+        it.gradient_norm = float(np.linalg.norm(projected))
+        return True
+
+    def _model_residuals(self, step):
+        st, nc9 = self.st, 9 * self.ev.nc
+        sc, sp = step[:nc9].reshape(-1, 9), step[nc9:].reshape(-1, 3)
+        return (np.einsum("nki,ni->nk", self.neq.Jc, sc[st.cam]) +
+                np.einsum("nkj,nj->nk", self.neq.Jp, sp[st.pt]))
+
+    # ------------------------------------------------------------------ the loop
+    def run(self, x0):
+        o, s = self.o, self.summary
+        self.start = time.perf_counter()
+        self.iteration_start = self.start
+        self.x = np.array(x0, dtype=np.float64)
+        self.best_x = self.x.copy()
+        # Ceres leaves |x| at an invalid -1 until the first accepted step (the parameter tolerance
+        # test therefore cannot trigger before it); kept for identical termination.
+        self.x_norm = -1.0
+        self.minimum_cost = np.inf
+        self.num_consecutive_invalid_steps = 0
+        s.termination_type, s.message = "NO_CONVERGENCE", ""
+
+        it = IterationSummary(iteration=0, eta=o.eta)
+        if not self._evaluate_gradient_and_jacobian(it):
+            return self._finish()
+        s.initial_cost = self.x_cost
+        it.step_is_valid = it.step_is_successful = True
+        self.it = it
+        # TrustRegionStepEvaluator with monotonic steps reduces to the plain relative decrease.
+        self.current_cost = self.x_cost
+
+        while self._finalize_iteration_and_check_if_can_continue():
+            self.iteration_start = time.perf_counter()
+            it = self.it = IterationSummary(iteration=s.iterations[-1].iteration + 1)
+            self._compute_trust_region_step()
+            if not it.step_is_valid:
+                if not self._handle_invalid_step():
+                    return self._finish()
+                continue
+            self._compute_candidate_point_and_evaluate_cost()
+            if self._parameter_tolerance_reached() or self._function_tolerance_reached():
+                return self._finish()
+            if self._is_step_successful():
+                if not self._handle_successful_step():
+                    return self._finish()
+                continue
+            self._handle_unsuccessful_step()
+        return self._finish()
+
+    def _finalize_iteration_and_check_if_can_continue(self) -> bool:
+        it, s, o = self.it, self.summary, self.o
+        if it.step_is_successful:
+            s.num_successful_steps += 1
+            if self.x_cost < self.minimum_cost:
+                self.minimum_cost = self.x_cost
+                self.best_x = self.x.copy()
+        else:
+            s.num_unsuccessful_steps += 1
+        it.trust_region_radius = self.strategy.radius
+        now = time.perf_counter()
+        it.iteration_time = now - self.iteration_start
+        it.cumulative_time = now - self.start
+        s.iterations.append(it)
+        if self.callback is not None:
+            self.callback(it)
+        if self.stop.is_set:
+            s.message = (f"Interrupted (Ctrl-C) after iteration {it.iteration}; "
+                         "the best state found is returned.")
+            s.termination_type = "USER_SUCCESS"
+            return False
+        total = now - self.start
+        if total >= o.max_solver_time_in_seconds:
+            s.message = f"Maximum solver time reached. Total solver time: {total:e} >= {o.max_solver_time_in_seconds:e}."
+            s.termination_type = "NO_CONVERGENCE"
+            return False
+        if it.iteration >= o.max_iterations:
+            s.message = f"Maximum number of iterations reached. Number of iterations: {it.iteration}."
+            s.termination_type = "NO_CONVERGENCE"
+            return False
+        if it.step_is_successful and it.gradient_max_norm <= o.gradient_tolerance:
+            s.message = (f"Gradient tolerance reached. Gradient max norm: {it.gradient_max_norm:e} "
+                         f"<= {o.gradient_tolerance:e}")
+            s.termination_type = "CONVERGENCE"
+            return False
+        if it.trust_region_radius <= o.min_trust_region_radius:
+            s.message = (f"Minimum trust region radius reached. Trust region radius: "
+                         f"{it.trust_region_radius:e} <= {o.min_trust_region_radius:e}")
+            s.termination_type = "CONVERGENCE"
+            return False
+        return True
+
+    def _compute_trust_region_step(self):
+        it = self.it
+        t0 = time.perf_counter()
+        sol = self.strategy.compute_step(self.neq, self.o)
+        dt = time.perf_counter() - t0
+        self.linear_solver_time += dt
+        self.num_linear_solves += 1
+        it.step_solver_time = dt
+        it.linear_solver_iterations = sol.iterations
+        it.linear_solver_message = sol.message
+        it.step_is_valid = False
+        if not sol.ok:
+            return
+        step = -sol.y
+        m = self._model_residuals(step)
+        self.model_cost_change = float(-np.sum(m * (self.neq.r + m / 2.0)))
+        it.step_is_valid = self.model_cost_change > 0.0
+        if it.step_is_valid:
+            self.delta = step * self.scale
+            self.num_consecutive_invalid_steps = 0
+
+    def _handle_invalid_step(self) -> bool:
+        o, s, it = self.o, self.summary, self.it
+        self.num_consecutive_invalid_steps += 1
+        if self.num_consecutive_invalid_steps >= o.max_num_consecutive_invalid_steps:
+            s.message = ("Number of consecutive invalid steps more than "
+                         f"max_num_consecutive_invalid_steps: {o.max_num_consecutive_invalid_steps}"
+                         f" (last linear solver message: {it.linear_solver_message})")
+            s.termination_type = "FAILURE"
+            return False
+        self.strategy.step_rejected()
+        it.cost = self.x_cost
+        it.cost_change = 0.0
+        it.gradient_max_norm = s.iterations[-1].gradient_max_norm
+        it.gradient_norm = s.iterations[-1].gradient_norm
+        it.step_norm = 0.0
+        it.relative_decrease = 0.0
+        it.eta = o.eta
+        return True
+
+    def _compute_candidate_point_and_evaluate_cost(self):
+        self.candidate_x = self.x + self.delta
+        c = self.ev.cost(self.candidate_x)
+        self.candidate_cost = DBL_MAX if c is None else c
+
+    def _parameter_tolerance_reached(self) -> bool:
+        it, o, s = self.it, self.o, self.summary
+        it.step_norm = float(np.linalg.norm(self.x - self.candidate_x))
+        tol = o.parameter_tolerance * (self.x_norm + o.parameter_tolerance)
+        if it.step_norm > tol:
+            return False
+        s.message = (f"Parameter tolerance reached. Relative step_norm: "
+                     f"{it.step_norm / (self.x_norm + o.parameter_tolerance):e} <= {o.parameter_tolerance:e}.")
+        s.termination_type = "CONVERGENCE"
+        return True
+
+    def _function_tolerance_reached(self) -> bool:
+        it, o, s = self.it, self.o, self.summary
+        it.cost_change = self.x_cost - self.candidate_cost
+        if abs(it.cost_change) > o.function_tolerance * self.x_cost:
+            return False
+        s.message = (f"Function tolerance reached. |cost_change|/cost: "
+                     f"{abs(it.cost_change) / self.x_cost:e} <= {o.function_tolerance:e}")
+        s.termination_type = "CONVERGENCE"
+        return True
+
+    def _is_step_successful(self) -> bool:
+        it = self.it
+        if self.candidate_cost >= DBL_MAX:
+            it.relative_decrease = -DBL_MAX
+        else:
+            it.relative_decrease = (self.current_cost - self.candidate_cost) / self.model_cost_change
+        return it.relative_decrease > self.o.min_relative_decrease
+
+    def _handle_successful_step(self) -> bool:
+        self.x = self.candidate_x
+        self.x_norm = float(np.linalg.norm(self.x))
+        if not self._evaluate_gradient_and_jacobian(self.it):
+            return False
+        self.it.step_is_successful = True
+        self.strategy.step_accepted(self.it.relative_decrease)
+        self.current_cost = self.candidate_cost
+        return True
+
+    def _handle_unsuccessful_step(self):
+        self.it.step_is_successful = False
+        self.strategy.step_rejected()
+        self.it.cost = self.candidate_cost
+
+    def _finish(self) -> SolverSummary:
+        s = self.summary
+        s.x = self.best_x
+        s.final_cost = self.minimum_cost if np.isfinite(self.minimum_cost) else s.initial_cost
+        s.total_time = time.perf_counter() - self.start
+        s.linear_solver_time = self.linear_solver_time
+        s.num_linear_solves = self.num_linear_solves
+        s.jacobian_time = self.ev.jacobian_time
+        s.num_jacobian_evaluations = self.ev.num_jacobian_evaluations
+        s.residual_time = self.ev.residual_time
+        s.num_residual_evaluations = self.ev.num_residual_evaluations
+        return s
+
+
+def minimize(evaluator, x0, options: Options, callback: Optional[Callable] = None,
+             stop: Optional[StopFlag] = None, handle_sigint: bool = True) -> SolverSummary:
+    """Run Levenberg-Marquardt from ``x0``; ``callback(iteration_summary)`` after each iteration.
+    With ``handle_sigint`` (main thread only), Ctrl-C stops after the current iteration."""
+    options.check()
+    stop = stop or StopFlag()
+    m = Minimizer(evaluator, options, callback, stop)
+    if handle_sigint:
+        with _SigintHandler(stop):
+            return m.run(x0)
+    return m.run(x0)

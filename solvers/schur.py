@@ -1,0 +1,354 @@
+"""Linear solvers for the Levenberg-Marquardt step of bundle adjustment, by the Schur complement.
+
+The step solves ``(J^T J + D^2) y = J^T f`` for a Jacobian ``J = [F E]`` whose rows are observations,
+``F`` the camera blocks (2x9 per observation) and ``E`` the point blocks (2x3). With
+``B = F^T F + Dc^2`` (block diagonal 9x9 per camera), ``V = E^T E + Dp^2`` (block diagonal 3x3 per
+point) and ``W = F^T E`` (a 9x3 block per observation), eliminating the points gives the reduced
+camera system ``S yc = gc - W V^-1 gp`` with ``S = B - W V^-1 W^T``; then ``yp = V^-1 (gp - W^T yc)``.
+
+- ``sparse_schur``: ``S`` is assembled explicitly: one 9x9 product per pair of observations of the
+  same point (pairs enumerated once per solve, sorted by their block of ``S``, summed with
+  ``numpy.add.reduceat``), the block matrix built on a fixed pattern, then factorised by Cholesky
+  (dense LAPACK while ``S`` is small, SuperLU on a symmetric ordering otherwise).
+- ``iterative_schur``: preconditioned conjugate gradients on ``S`` applied implicitly
+  (``S x = F^T (F x - E V^-1 E^T F x) + Dc^2 x`` with sparse matrix-vector products), with the
+  Schur-Jacobi preconditioner (the inverse of the 9x9 diagonal blocks of ``S``); Ceres' CG with its
+  Nash-Sofer quadratic-model termination.
+
+Every block operation is batched over observations, points or pairs: no Python loop per point or
+per observation (only a loop over chunks of pairs, to keep temporaries in cache).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import numpy as np
+import scipy.linalg
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
+
+LINEAR_SOLVERS = ("sparse_schur", "iterative_schur")
+PAIR_CHUNK = 1 << 14
+# Dense Cholesky of the reduced camera matrix up to this size (LAPACK is fastest there); SuperLU above.
+DENSE_MAX = 1800
+
+
+def inv3_sym(m):
+    """Inverses of symmetric 3x3 matrices (n, 3, 3) by cofactors (what Eigen's 3x3 inverse does);
+    a singular block gives inf/NaN, which the caller detects as a failed step."""
+    a, b, c = m[:, 0, 0], m[:, 0, 1], m[:, 0, 2]
+    d, e, f = m[:, 1, 1], m[:, 1, 2], m[:, 2, 2]
+    A = d * f - e * e
+    B = c * e - b * f
+    C = b * e - c * d
+    det = a * A + b * B + c * C
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv_det = 1.0 / det
+    out = np.empty_like(m)
+    out[:, 0, 0] = A * inv_det
+    out[:, 0, 1] = out[:, 1, 0] = B * inv_det
+    out[:, 0, 2] = out[:, 2, 0] = C * inv_det
+    out[:, 1, 1] = (a * f - c * c) * inv_det
+    out[:, 1, 2] = out[:, 2, 1] = (b * c - a * e) * inv_det
+    out[:, 2, 2] = (a * d - b * b) * inv_det
+    return out
+
+
+class Structure:
+    """What depends only on which camera and point each observation involves: computed once per
+    solve. Observations must be sorted by point."""
+
+    def __init__(self, cam_idx, pt_idx, num_cameras, num_points):
+        cam = np.ascontiguousarray(cam_idx, dtype=np.int64)
+        pt = np.ascontiguousarray(pt_idx, dtype=np.int64)
+        if pt.size and np.any(pt[1:] < pt[:-1]):
+            raise ValueError("observations must be sorted by point index")
+        n, nc, npt = cam.size, int(num_cameras), int(num_points)
+        self.cam, self.pt, self.n, self.nc, self.npt = cam, pt, n, nc, npt
+        # Sums over the observations of each camera: a sparse (nc x n) matrix of ones.
+        self.cam_sum = sp.csr_matrix((np.ones(n), (cam, np.arange(n))), shape=(nc, n))
+        # Sums over the observations of each point: reduceat over the observed points' segments.
+        counts = np.bincount(pt, minlength=npt)
+        self.pt_counts = counts
+        self.observed_pts = np.flatnonzero(counts)
+        self.pt_starts = np.concatenate(([0], np.cumsum(counts)[:-1]))[self.observed_pts]
+        self.all_points_observed = self.observed_pts.size == npt
+        self._pairs = None
+        self._diag_pairs = None
+        # Fixed CSR patterns of F (2n x 9nc) and E (2n x 3npt): row (o, k) holds its 9 (3) entries.
+        self.F_indices = (np.repeat(cam * 9, 18).reshape(n, 2, 9) + np.arange(9)).ravel().astype(np.int32 if 9 * nc < 2**31 else np.int64)
+        self.F_indptr = np.arange(0, 18 * n + 1, 9, dtype=np.int64)
+        self.E_indices = (np.repeat(pt * 3, 6).reshape(n, 2, 3) + np.arange(3)).ravel().astype(np.int32 if 3 * npt < 2**31 else np.int64)
+        self.E_indptr = np.arange(0, 6 * n + 1, 3, dtype=np.int64)
+
+    def point_sum(self, x):
+        """Sum of per-observation rows ``x`` (n, ...) over each point's observations -> (npt, ...)."""
+        if self.n == 0:
+            return np.zeros((self.npt,) + x.shape[1:])
+        s = np.add.reduceat(x, self.pt_starts, axis=0)
+        if self.all_points_observed:
+            return s
+        out = np.zeros((self.npt,) + x.shape[1:])
+        out[self.observed_pts] = s
+        return out
+
+    def camera_sum(self, x):
+        """Sum of per-observation rows ``x`` (n, ...) over each camera's observations -> (nc, ...)."""
+        flat = x.reshape(self.n, -1)
+        return np.asarray(self.cam_sum @ flat).reshape((self.nc,) + x.shape[1:])
+
+    def pairs(self):
+        """Pairs (o1, o2) of observations of the same point whose 9x9 product lands in the upper
+        block triangle of S (camera o1 <= camera o2; both orders when the cameras are equal),
+        sorted by block; with the blocks' (row, col) cameras and each block's first pair."""
+        if self._pairs is None:
+            self._pairs = _enumerate_pairs(self.cam, self.pt, self.pt_counts, self.nc, diagonal_only=False)
+        return self._pairs
+
+    def diag_pairs(self):
+        """As :meth:`pairs`, only the pairs that land on diagonal blocks (the preconditioner's)."""
+        if self._diag_pairs is None:
+            self._diag_pairs = _enumerate_pairs(self.cam, self.pt, self.pt_counts, self.nc, diagonal_only=True)
+        return self._diag_pairs
+
+
+@dataclasses.dataclass
+class Pairs:
+    o1: np.ndarray
+    o2: np.ndarray
+    block_row: np.ndarray   # camera of each block's rows
+    block_col: np.ndarray   # camera of each block's columns
+    chunks: list            # (start, stop, local segment starts, block ids) per chunk of pairs
+
+
+def _enumerate_pairs(cam, pt, counts, nc, diagonal_only):
+    n = cam.size
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    k = counts[pt]                                  # observations of each observation's point
+    o1 = np.repeat(np.arange(n), k)
+    first = np.repeat(starts[pt], k)
+    within = np.arange(o1.size) - np.repeat(np.cumsum(k) - k, k)
+    o2 = first + within
+    c1, c2 = cam[o1], cam[o2]
+    keep = (c1 == c2) if diagonal_only else (c1 <= c2)
+    o1, o2, c1, c2 = o1[keep], o2[keep], c1[keep], c2[keep]
+    block = c1 * nc + c2
+    order = np.argsort(block, kind="stable")
+    o1, o2, block = o1[order], o2[order], block[order]
+    seg = np.flatnonzero(np.concatenate(([True], block[1:] != block[:-1]))) if block.size else np.zeros(0, np.int64)
+    ublocks = block[seg]
+    chunks = []
+    for s in range(0, o1.size, PAIR_CHUNK):
+        e = min(o1.size, s + PAIR_CHUNK)
+        lo, hi = np.searchsorted(seg, s, side="right") - 1, np.searchsorted(seg, e, side="left")
+        local = np.maximum(seg[lo:hi], s) - s
+        chunks.append((s, e, local, np.arange(lo, hi)))
+    return Pairs(o1, o2, ublocks // nc, ublocks % nc, chunks)
+
+
+def sum_pair_products(pairs: Pairs, Z, W):
+    """``sum over pairs in each block of Z[o1] W[o2]^T`` -> (num_blocks, 9, 9)."""
+    out = np.zeros((pairs.block_row.size, 9, 9))
+    for s, e, local, blocks in pairs.chunks:
+        a, b = pairs.o1[s:e], pairs.o2[s:e]
+        prod = np.matmul(Z[a], W[b].transpose(0, 2, 1))
+        out[blocks] += np.add.reduceat(prod, local, axis=0)
+    return out
+
+
+class NormalEquations:
+    """The blocks of ``J^T J`` and ``J^T f`` for one (scaled, corrected) Jacobian, kept across the
+    linear solves of rejected steps (only ``D`` changes between them)."""
+
+    def __init__(self, st: Structure, r, Jc, Jp):
+        self.st, self.r, self.Jc, self.Jp = st, r, Jc, Jp
+        self.B = st.camera_sum(np.einsum("nki,nkj->nij", Jc, Jc))          # (nc, 9, 9)
+        self.V = st.point_sum(np.einsum("nki,nkj->nij", Jp, Jp))           # (npt, 3, 3)
+        self.W = np.einsum("nki,nkj->nij", Jc, Jp)                         # (n, 9, 3)
+        self.gc = st.camera_sum(np.einsum("nki,nk->ni", Jc, r))            # (nc, 9)
+        self.gp = st.point_sum(np.einsum("nkj,nk->nj", Jp, r))             # (npt, 3)
+
+    def column_norms2(self):
+        """Squared column norms of J: the diagonal of J^T J, cameras then points."""
+        return np.concatenate([np.einsum("cii->ci", self.B).ravel(), np.einsum("pii->pi", self.V).ravel()])
+
+    def _v_inverse(self, Dp2):
+        Vd = self.V.copy()
+        Vd[:, [0, 1, 2], [0, 1, 2]] += Dp2
+        return inv3_sym(Vd)
+
+    def _back_substitute(self, Vinv, yc):
+        st = self.st
+        t = self.gp - st.point_sum(np.einsum("nij,ni->nj", self.W, yc[st.cam]))
+        return np.einsum("pij,pj->pi", Vinv, t)
+
+    def solve(self, D, method="sparse_schur", eta=0.1, max_iterations=500):
+        """Solve ``(J^T J + diag(D)^2) y = J^T f``; returns :class:`LinearSolution`."""
+        st = self.st
+        D2 = np.asarray(D, dtype=np.float64) ** 2
+        Dc2, Dp2 = D2[:9 * st.nc].reshape(st.nc, 9), D2[9 * st.nc:].reshape(st.npt, 3)
+        Vinv = self._v_inverse(Dp2)
+        if method == "sparse_schur":
+            yc, ok, its, msg = self._solve_explicit(Vinv, Dc2)
+        elif method == "iterative_schur":
+            yc, ok, its, msg = self._solve_pcg(Vinv, Dc2, eta, max_iterations)
+        else:
+            raise ValueError(f"linear_solver={method!r} is not one of {LINEAR_SOLVERS}")
+        if not ok:
+            return LinearSolution(None, False, its, msg)
+        yp = self._back_substitute(Vinv, yc)
+        y = np.concatenate([yc.ravel(), yp.ravel()])
+        if not np.all(np.isfinite(y)):
+            return LinearSolution(None, False, its, "Linear solver failure. Failed to compute a finite step.")
+        return LinearSolution(y, True, its, msg)
+
+    # ------------------------------------------------------------------ sparse_schur
+    def _reduced_rhs(self, Z):
+        st = self.st
+        return self.gc - st.camera_sum(np.einsum("nij,nj->ni", Z, self.gp[st.pt]))
+
+    def _solve_explicit(self, Vinv, Dc2):
+        st = self.st
+        Z = np.matmul(self.W, Vinv[st.pt])                                 # (n, 9, 3) = W V^-1
+        pairs = st.pairs()
+        blocks = -sum_pair_products(pairs, Z, self.W)
+        rhs = self._reduced_rhs(Z).ravel()
+        nc = st.nc
+        diag = self.B.copy()
+        diag[:, np.arange(9), np.arange(9)] += Dc2
+        if not np.all(np.isfinite(blocks)) or not np.all(np.isfinite(diag)) or not np.all(np.isfinite(rhs)):
+            return None, False, 1, "Linear solver failure: non-finite reduced camera matrix."
+        if 9 * nc <= DENSE_MAX:
+            S = np.zeros((nc, 9, nc, 9))
+            ci = np.arange(nc)
+            S[ci, :, ci, :] = diag
+            off = pairs.block_row != pairs.block_col
+            S[pairs.block_row, :, pairs.block_col, :] += blocks
+            S[pairs.block_col[off], :, pairs.block_row[off], :] += blocks[off].transpose(0, 2, 1)
+            S = S.reshape(9 * nc, 9 * nc)
+            try:
+                factor = scipy.linalg.cho_factor(S, lower=False, check_finite=False)
+            except np.linalg.LinAlgError:
+                return None, False, 1, "Linear solver failure: the reduced camera matrix is not positive definite."
+            return scipy.linalg.cho_solve(factor, rhs, check_finite=False).reshape(nc, 9), True, 1, "Success."
+        return self._solve_sparse(pairs, blocks, diag, rhs)
+
+    def _solve_sparse(self, pairs, blocks, diag, rhs):
+        nc = self.st.nc
+        off = pairs.block_row != pairs.block_col
+        rows = np.concatenate([np.arange(nc), pairs.block_row, pairs.block_col[off]])
+        cols = np.concatenate([np.arange(nc), pairs.block_col, pairs.block_row[off]])
+        data = np.concatenate([diag, blocks, blocks[off].transpose(0, 2, 1)])
+        # Expand the blocks to COO entries and let one COO->CSC conversion sum the duplicates.
+        r = (rows[:, None, None] * 9 + np.arange(9)[None, :, None]).repeat(9, axis=2)
+        c = (cols[:, None, None] * 9 + np.arange(9)[None, None, :]).repeat(9, axis=1)
+        S = sp.csc_matrix((data.ravel(), (r.ravel(), c.ravel())), shape=(9 * nc, 9 * nc))
+        try:
+            lu = spla.splu(S, permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.0,
+                           options={"SymmetricMode": True})
+        except RuntimeError as e:
+            return None, False, 1, f"Linear solver failure: {e}"
+        # With a symmetric ordering and no pivoting, U's diagonal holds the pivots of an LDL^T
+        # factorisation: all positive iff S is positive definite (what a Cholesky would check).
+        if not np.all(lu.U.diagonal() > 0):
+            return None, False, 1, "Linear solver failure: the reduced camera matrix is not positive definite."
+        return lu.solve(rhs).reshape(nc, 9), True, 1, "Success."
+
+    # ------------------------------------------------------------------ iterative_schur
+    def _solve_pcg(self, Vinv, Dc2, eta, max_iterations):
+        st = self.st
+        n = st.n
+        F = sp.csr_matrix((self.Jc.ravel(), st.F_indices, st.F_indptr), shape=(2 * n, 9 * st.nc))
+        E = sp.csr_matrix((self.Jp.ravel(), st.E_indices, st.E_indptr), shape=(2 * n, 3 * st.npt))
+        Ft, Et = F.T.tocsr(), E.T.tocsr()
+        Vi = sp.bsr_matrix((Vinv, np.arange(st.npt), np.arange(st.npt + 1)), shape=(3 * st.npt, 3 * st.npt))
+        Vi = Vi.tocsr()
+        dc2 = Dc2.ravel()
+
+        def apply_S(x):
+            t = F @ x
+            return Ft @ (t - E @ (Vi @ (Et @ t))) + dc2 * x
+
+        # Reduced right-hand side F^T (f - E V^-1 E^T f).
+        f = self.r.ravel()
+        b = Ft @ (f - E @ (Vi @ (Et @ f)))
+        # Schur-Jacobi preconditioner: inverse of the diagonal 9x9 blocks of S.
+        Z = np.matmul(self.W, Vinv[st.pt])
+        dp = st.diag_pairs()
+        Sd = self.B.copy()
+        Sd[:, np.arange(9), np.arange(9)] += Dc2
+        Sd[dp.block_row] -= sum_pair_products(dp, Z, self.W)
+        with np.errstate(all="ignore"):
+            try:
+                L = np.linalg.cholesky(Sd)
+                Pinv = np.linalg.inv(L)
+                Pinv = np.matmul(Pinv.transpose(0, 2, 1), Pinv)
+            except np.linalg.LinAlgError:
+                Pinv = np.linalg.pinv(Sd, hermitian=True)
+        P = sp.bsr_matrix((Pinv, np.arange(st.nc), np.arange(st.nc + 1)), shape=(9 * st.nc, 9 * st.nc)).tocsr()
+        x, ok, its, msg = conjugate_gradients(apply_S, b, lambda v: P @ v, q_tolerance=eta,
+                                              max_iterations=max_iterations)
+        return (x.reshape(st.nc, 9) if x is not None else None), ok, its, msg
+
+
+@dataclasses.dataclass
+class LinearSolution:
+    y: Optional[np.ndarray]
+    ok: bool
+    iterations: int
+    message: str
+
+
+def conjugate_gradients(A, b, M=None, q_tolerance=0.1, r_tolerance=-1.0, min_iterations=0,
+                        max_iterations=500, residual_reset_period=10):
+    """Preconditioned CG from ``x = 0`` as Ceres' ``ConjugateGradientsSolver``: terminates when
+    ``i (Q_i - Q_{i-1}) / Q_i < q_tolerance`` with ``Q(x) = x^T A x - 2 b^T x`` (Nash and Sofer), or
+    ``|r| <= r_tolerance |b|``, or after ``max_iterations``. Returns ``(x, ok, iterations, message)``;
+    ``ok`` is False on a numerical failure (x is then None)."""
+    x = np.zeros_like(b)
+    norm_b = np.linalg.norm(b)
+    if norm_b == 0.0:
+        return x, True, 0, "Convergence. |b| = 0."
+    tol_r = r_tolerance * norm_b
+    r = b.copy()
+    if min_iterations == 0 and np.linalg.norm(r) <= tol_r:
+        return x, True, 0, "Convergence. |r| <= tol_r."
+    rho = 1.0
+    Q0 = -x.dot(b + r)
+    p = None
+    it = 1
+    while True:
+        z = M(r) if M is not None else r.copy()
+        last_rho, rho = rho, r.dot(z)
+        if rho == 0.0 or not np.isfinite(rho):
+            return None, False, it, f"Numerical failure. rho = r'z = {rho:e}."
+        if it == 1:
+            p = z
+        else:
+            beta = rho / last_rho
+            if beta == 0.0 or not np.isfinite(beta):
+                return None, False, it, f"Numerical failure. beta = rho_n / rho_(n-1) = {beta:e}."
+            p = z + beta * p
+        q = A(p)
+        pq = p.dot(q)
+        if pq <= 0 or np.isinf(pq):
+            return x, True, it, f"Matrix is indefinite, no more progress can be made. p'q = {pq:e}."
+        alpha = rho / pq
+        if not np.isfinite(alpha):
+            return None, False, it, f"Numerical failure. alpha = rho / pq = {alpha:e}."
+        x = x + alpha * p
+        if it % residual_reset_period == 0:
+            r = b - A(x)
+        else:
+            r = r - alpha * q
+        Q1 = -x.dot(b + r)
+        zeta = it * (Q1 - Q0) / Q1
+        if zeta < q_tolerance and it >= min_iterations:
+            return x, True, it, f"Iteration: {it} Convergence: zeta = {zeta:e} < {q_tolerance:e}."
+        Q0 = Q1
+        if np.linalg.norm(r) <= tol_r and it >= min_iterations:
+            return x, True, it, "Convergence. |r| <= tol_r."
+        if it >= max_iterations:
+            return x, True, it, "Maximum number of iterations reached."
+        it += 1

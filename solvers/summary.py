@@ -1,0 +1,128 @@
+"""Per-iteration records, the Ceres-style iteration log and the final report."""
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional
+
+import numpy as np
+
+LOG_HEADER = ("iter      cost      cost_change  |gradient|   |step|    tr_ratio  tr_radius  ls_iter  "
+              "iter_time  total_time")
+
+
+def _c(fmt, v):
+    """C printf formatting (Ceres' log uses flags like '% 3.2e')."""
+    return fmt % v
+
+
+@dataclasses.dataclass
+class IterationSummary:
+    """One minimizer iteration, with the fields of Ceres' ``IterationSummary``."""
+    iteration: int = 0
+    cost: float = 0.0
+    cost_change: float = 0.0
+    gradient_max_norm: float = 0.0
+    gradient_norm: float = 0.0
+    step_norm: float = 0.0
+    relative_decrease: float = 0.0
+    trust_region_radius: float = 0.0
+    eta: float = 0.0
+    linear_solver_iterations: int = 0
+    linear_solver_message: str = ""
+    step_is_valid: bool = False
+    step_is_successful: bool = False
+    step_solver_time: float = 0.0
+    iteration_time: float = 0.0
+    cumulative_time: float = 0.0
+
+    def log_line(self) -> str:
+        """The row Ceres prints for this iteration (same columns and printf formats)."""
+        return (_c("% 4d", self.iteration) + " " + _c("% 8e", self.cost) + "   " +
+                _c("% 3.2e", self.cost_change) + "   " + _c("% 3.2e", self.gradient_max_norm) + "  " +
+                _c("% 3.2e", self.step_norm) + "  " + _c("% 3.2e", self.relative_decrease) + " " +
+                _c("% 3.2e", self.trust_region_radius) + "     " + _c("% 4d", self.linear_solver_iterations) +
+                "   " + _c("% 3.2e", self.iteration_time) + "   " + _c("% 3.2e", self.cumulative_time))
+
+    def as_dict(self):
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class SolverSummary:
+    """What the minimizer reports (see :class:`solvers.BundleAdjustResult` for the user's view)."""
+    options: object = None
+    iterations: List[IterationSummary] = dataclasses.field(default_factory=list)
+    initial_cost: float = float("nan")
+    final_cost: float = float("nan")
+    termination_type: str = "NO_CONVERGENCE"
+    message: str = ""
+    num_successful_steps: int = 0
+    num_unsuccessful_steps: int = 0
+    x: Optional[np.ndarray] = None
+    total_time: float = 0.0
+    linear_solver_time: float = 0.0
+    num_linear_solves: int = 0
+    jacobian_time: float = 0.0
+    num_jacobian_evaluations: int = 0
+    residual_time: float = 0.0
+    num_residual_evaluations: int = 0
+
+
+def full_report(result) -> str:
+    """A report in the spirit of Ceres' ``Solver::Summary::FullReport()`` for a
+    :class:`solvers.BundleAdjustResult`."""
+    r = result
+    o = r.options
+    lines = [f"Solver Summary (pyclad bundle adjuster; model {r.model_name}, {r.dtype}, device {r.device})", ""]
+    w = 36
+
+    def row(label, a, b=None):
+        if b is None:
+            lines.append(f"{label:<{w - 10}}{a:>20}")
+        else:
+            lines.append(f"{label:<{w - 10}}{a:>20}{b:>25}")
+
+    lines.append(" " * (w - 10) + f"{'Original':>20}{'Reduced':>25}")
+    nblocks = r.num_cameras + r.num_points
+    nparams = 9 * r.num_cameras + 3 * r.num_points
+    row("Parameter blocks", nblocks, nblocks)
+    row("Parameters", nparams, nparams)
+    row("Residual blocks", r.num_observations, r.num_observations)
+    row("Residuals", 2 * r.num_observations, 2 * r.num_observations)
+    lines.append("")
+    row("Minimizer", "TRUST_REGION")
+    lines.append("")
+    row("Sparse linear algebra library", "SCIPY")
+    row("Trust region strategy", "LEVENBERG_MARQUARDT")
+    lines.append("")
+    lines.append(" " * (w - 10) + f"{'Given':>20}{'Used':>25}")
+    row("Linear solver", o.linear_solver.upper(), o.linear_solver.upper())
+    if o.linear_solver == "iterative_schur":
+        row("Preconditioner", "SCHUR_JACOBI", "SCHUR_JACOBI")
+    row("Linear solver ordering", "AUTOMATIC", f"{r.num_points},{r.num_cameras}")
+    row("Schur structure", "2,3,9", "2,3,9")
+    row("Loss", r.loss_name, r.loss_name)
+    lines.append("")
+    lines.append("Cost:")
+    row("Initial", f"{r.initial_cost:e}")
+    row("Final", f"{r.final_cost:e}")
+    row("Change", f"{r.initial_cost - r.final_cost:e}")
+    lines.append("")
+    row("Minimizer iterations", len(r.history))
+    row("Successful steps", r.num_successful_steps)
+    row("Unsuccessful steps", r.num_unsuccessful_steps)
+    lines.append("")
+    t = r.times
+    lines.append("Time (in seconds):")
+    row("Preprocessor", f"{t['preprocessor']:.6f}")
+    lines.append("")
+    row("  Residual only evaluation", f"{t['residual_evaluation']:.6f} ({r.num_residual_evaluations})")
+    row("  Jacobian & residual evaluation", f"{t['jacobian_evaluation']:.6f} ({r.num_jacobian_evaluations})")
+    row("  Linear solver", f"{t['linear_solver']:.6f} ({r.num_linear_solves})")
+    row("  Other", f"{t['other']:.6f}")
+    row("Minimizer", f"{t['minimizer']:.6f}")
+    lines.append("")
+    row("Total", f"{t['total']:.6f}")
+    lines.append("")
+    lines.append(f"Termination:{r.termination_type:>{w - 2}} ({r.message})")
+    return "\n".join(lines)

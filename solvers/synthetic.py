@@ -1,0 +1,71 @@
+"""Seeded synthetic BAL problems of any size, for tests and scaling runs.
+
+Cameras stand on a circle looking at the origin-centred scene (the BAL convention: a camera looks
+down its -z axis, the image point is ``f r(p) p`` with ``p = -P.xy / P.z``); points fill a ball;
+each point is observed by ``obs_per_point`` cameras chosen among the ones nearest along the circle
+(a banded reduced camera matrix, like a real sequence). Observations are the exact projections plus
+Gaussian pixel noise; the initial cameras and points are perturbed, so the problem needs solving.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .bal import BALProblem
+from .rotation import rotate
+
+
+def _look_at_angle_axis(centers):
+    """Angle-axis rotations of cameras at ``centers`` looking at the origin (camera -z towards it)."""
+    z = centers / np.linalg.norm(centers, axis=1, keepdims=True)       # camera +z points away
+    up = np.array([0.0, 0.0, 1.0])
+    x = np.cross(up, z)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    y = np.cross(z, x)
+    R = np.stack([x, y, z], axis=1)                                    # rows: world -> camera
+    # log map of rotation matrices (angles well inside (0, pi) here)
+    cos = np.clip((np.trace(R, axis1=1, axis2=2) - 1.0) / 2.0, -1.0, 1.0)
+    theta = np.arccos(cos)
+    v = np.stack([R[:, 2, 1] - R[:, 1, 2], R[:, 0, 2] - R[:, 2, 0], R[:, 1, 0] - R[:, 0, 1]], axis=1)
+    s = np.sin(theta)
+    scale = np.where(s > 1e-12, theta / (2.0 * np.where(s > 1e-12, s, 1.0)), 0.5)
+    return v * scale[:, None]
+
+
+def synthetic_problem(num_cameras: int = 20, num_points: int = 2000, obs_per_point: int = 4,
+                      noise_px: float = 0.5, perturb_rotation: float = 1e-3, perturb_translation: float = 1e-2,
+                      perturb_point: float = 2e-2, seed: int = 0, name: str = None) -> BALProblem:
+    """A seeded random BAL problem with ``num_points * obs_per_point`` observations."""
+    nc, npt, k = int(num_cameras), int(num_points), int(obs_per_point)
+    if nc < 2 or npt < 1 or not (2 <= k <= nc):
+        raise ValueError(f"need num_cameras >= 2, num_points >= 1 and 2 <= obs_per_point <= num_cameras; "
+                         f"got {nc}, {npt}, {k}")
+    rng = np.random.default_rng(seed)
+    angles = 2 * np.pi * np.arange(nc) / nc
+    centers = np.stack([10 * np.cos(angles), 10 * np.sin(angles), 0.5 * rng.standard_normal(nc)], axis=1)
+    w = _look_at_angle_axis(centers)
+    t = -rotate(w, centers)
+    f = 500.0 + 20.0 * rng.standard_normal(nc)
+    k1 = 1e-2 * rng.standard_normal(nc)
+    k2 = 1e-3 * rng.standard_normal(nc)
+    cameras = np.column_stack([w, t, f, k1, k2])
+    points = rng.uniform(-1, 1, size=(npt, 3)) * 2.5
+    # Each point is seen by k consecutive cameras around the circle (start at a random camera).
+    first = rng.integers(0, nc, size=npt)
+    cam_idx = ((first[:, None] + np.arange(k)[None, :]) % nc).ravel()
+    pt_idx = np.repeat(np.arange(npt), k)
+    P = rotate(cameras[cam_idx, 0:3], points[pt_idx]) + cameras[cam_idx, 3:6]
+    p = -P[:, :2] / P[:, 2:3]
+    r2 = np.sum(p * p, axis=1)
+    c = cameras[cam_idx]
+    obs = (c[:, 6] * (1 + c[:, 7] * r2 + c[:, 8] * r2 * r2))[:, None] * p
+    obs = obs + noise_px * rng.standard_normal(obs.shape)
+    # Observations in BAL files are grouped by point, as here; shuffle a little within the file
+    # order as real files are sorted by camera: sort by camera to match.
+    order = np.lexsort((pt_idx, cam_idx))
+    cam_idx, pt_idx, obs = cam_idx[order], pt_idx[order], obs[order]
+    init_cams = cameras.copy()
+    init_cams[:, 0:3] += perturb_rotation * rng.standard_normal((nc, 3))
+    init_cams[:, 3:6] += perturb_translation * rng.standard_normal((nc, 3))
+    init_pts = points + perturb_point * rng.standard_normal(points.shape)
+    return BALProblem(init_cams, init_pts, cam_idx, pt_idx, obs,
+                      name=name or f"synthetic-{nc}-{npt}-{k}-seed{seed}")
