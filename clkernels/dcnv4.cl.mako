@@ -1,0 +1,386 @@
+## DCNv4 deformable convolution (Xiong et al., CVPR 2024): forward, backward, and the
+## float -> storage conversion of the input gradient. Rendered by clkernels/dcnv4.py.
+##
+## Parameters:
+##   direction      'forward', 'backward' (scatter with float atomics: GPUs) or 'backward_owner'
+##                  (each work-item owns a slice of the input gradient: CPUs, no atomics)
+##   info           DeviceInfo (atomics and vendor-specific loads)
+##   st             Storage of input, offset_mask, output and gradients (float or half)
+##   group, channels, kernel_h, kernel_w, remove_center: the operator's shape (compile time,
+##                  so the tap loop and the channel loop are fully known to the compiler)
+##   cpw            channels per work-item;  vw: vector width of loads/stores (divides cpw)
+##   reuse          forward only: bilinear coefficients computed once per tap and used for
+##                  all cpw channels (True), or recomputed for every vw-chunk (False, the
+##                  "DCNv3 work-item body in a loop" rung of the paper's ablation)
+##   slots_p2       'backward': work-items per (pixel, group), channels/cpw rounded up to a
+##                  power of two; > 1 means a work-group reduction of the offset gradients
+##   ptx            NVIDIA only: half <-> float conversions and the float atomic add through
+##                  inline PTX, so that half loads stay 16-byte vector loads
+<%namespace name="common" file="/clkernels/common.cl.mako"/>
+<%
+    G, C, CPW, VW = group, channels, cpw, vw
+    GC = G * C
+    SLOTS = C // CPW
+    NCH = CPW // VW
+    K = kernel_h * kernel_w - (1 if remove_center else 0)
+    T = st.ptr
+    vec = 'float' if VW == 1 else 'float%d' % VW
+    comps = [''] if VW == 1 else ['.s%x' % e for e in range(VW)]
+    raw = {2: 'uint', 4: 'uint2', 8: 'uint4', 16: 'uint8'}.get(VW)
+    ptx_half = ptx and st.is_half and VW > 1
+%>
+${common.bilinear_taps('float')}
+
+## ------------------------------------------------------------------ vector access
+## ldv(p): the VW channels at p as float(VW); stv(v, p) stores them. p is VW-aligned (the
+## launcher checks C % VW == 0 and the buffer alignment), so float storage casts to a
+## vector pointer, which compilers turn into vector loads; vload_half<n> only promises
+## 2-byte alignment, hence the raw-bits path through PTX on NVIDIA.
+%if ptx_half:
+inline float2 halves_to_float2(uint bits)
+{
+    float lo, hi;
+    asm("{ .reg .b16 t0, t1;\n\t mov.b32 {t0, t1}, %2;\n\t"
+        " cvt.f32.f16 %0, t0;\n\t cvt.f32.f16 %1, t1; }" : "=f"(lo), "=f"(hi) : "r"(bits));
+    return (float2)(lo, hi);
+}
+inline uint float2_to_halves(float lo, float hi)  // round to nearest even, as vstore_half_rte
+{
+    uint bits;
+    asm("{ .reg .b16 t0, t1;\n\t cvt.rn.f16.f32 t0, %1;\n\t cvt.rn.f16.f32 t1, %2;\n\t"
+        " mov.b32 %0, {t0, t1}; }" : "=r"(bits) : "f"(lo), "f"(hi));
+    return bits;
+}
+<% words = [''] if VW == 2 else ['.s%x' % e for e in range(VW // 2)] %>
+inline ${vec} ldv(const __global ${T} *p)
+{
+    const ${raw} r = *(const __global ${raw} *)p;
+    return (${vec})(${', '.join('halves_to_float2(r%s)' % w for w in words)});
+}
+inline void stv(${vec} v, __global ${T} *p)
+{
+    *(__global ${raw} *)p = (${raw})(${', '.join(
+        'float2_to_halves(v.s%x, v.s%x)' % (2 * e, 2 * e + 1) for e in range(VW // 2))});
+}
+%elif st.is_half:
+inline ${vec} ldv(const __global ${T} *p) { return vload_half${'' if VW == 1 else VW}(0, p); }
+inline void stv(${vec} v, __global ${T} *p) { vstore_half${'' if VW == 1 else VW}_rte(v, 0, p); }
+%else:
+inline ${vec} ldv(const __global ${T} *p) { return *(const __global ${vec} *)p; }
+inline void stv(${vec} v, __global ${T} *p) { *(__global ${vec} *)p = v; }
+%endif
+
+inline float hsum(${vec} v) { return ${' + '.join('v' + c for c in comps)}; }
+
+## ------------------------------------------------------------------ sampling positions
+## The tap loop, in the official operator's order: i along the width outer, j along the
+## height inner, the centre skipped under remove_center; k counts the taps that remain.
+## Positions are computed as the official operator does, p0 - half*scale + (i*dil + dx)*scale,
+## so float results agree with it to the rounding of each step.
+<%def name="kernel_args()">
+    const int H, const int W, const int H_out, const int W_out, const int P,
+    const int stride_h, const int stride_w, const int pad_h, const int pad_w,
+    const int dil_h, const int dil_w, const float offset_scale
+</%def>
+<%def name="position_setup()">
+    const int Q = H_out * W_out;
+    const int n = pix / Q, q = pix - n * Q;
+    const int y = q / W_out, x = q - y * W_out;
+    const int half_w = (dil_w * (${kernel_w} - 1)) >> 1, half_h = (dil_h * (${kernel_h} - 1)) >> 1;
+    const float p0_w = (float)(half_w - pad_w + x * stride_w) - (float)half_w * offset_scale;
+    const float p0_h = (float)(half_h - pad_h + y * stride_h) - (float)half_h * offset_scale;
+    // This (pixel, group)'s block of offset_mask: K (dx, dy) pairs, then K masks.
+    const __global ${T} *om = offset_mask + pix * P + g * ${3 * K};
+</%def>
+<%def name="tap_loop_open()">
+    int k = 0;
+    for (int i = 0; i < ${kernel_w}; ++i) {
+        for (int j = 0; j < ${kernel_h}; ++j) {
+%if remove_center:
+            if (i == ${kernel_w // 2} && j == ${kernel_h // 2}) continue;
+%endif
+</%def>
+<%def name="tap_loop_close()">
+            ++k;
+        }
+    }
+</%def>
+<%def name="tap_position()">
+            const float dx = ${st.load('om', '2 * k')}, dy = ${st.load('om', '2 * k + 1')};
+            const float m = ${st.load('om', '%d + k' % (2 * K))};
+            const float w = p0_w + ((float)(i * dil_w) + dx) * offset_scale;
+            const float h = p0_h + ((float)(j * dil_h) + dy) * offset_scale;
+            // Also false for NaN and infinite positions: such taps count as outside.
+            const int inside = h > -1.0f && w > -1.0f && h < (float)H && w < (float)W;
+</%def>
+<%def name="load_corners(c)">
+                ${vec} v[4];
+                for (int t = 0; t < 4; ++t)
+                    v[t] = idx[t] >= 0 ? ldv(in + idx[t] * ${GC} + ${c} * ${VW}) : (${vec})(0.0f);
+</%def>
+
+%if direction == 'forward':
+## ------------------------------------------------------------------ forward
+## One work-item per (output pixel, group, run of CPW channels); consecutive work-items
+## take consecutive channel runs, so a group's loads of one corner are contiguous.
+__kernel void dcnv4_forward(__global const ${T} *restrict input,
+                            __global const ${T} *restrict offset_mask,
+                            __global ${T} *restrict output, const int items,
+                            ${kernel_args()})
+{
+    const int gid = get_global_id(0);
+    if (gid >= items) return;  // the NDRange is rounded up to whole work-groups
+    const int slot = gid % ${SLOTS};
+    const int pg = gid / ${SLOTS};
+    const int g = pg % ${G}, pix = pg / ${G};
+${position_setup()}
+    const __global ${T} *in = input + n * (H * W * ${GC}) + g * ${C} + slot * ${CPW};
+    ${vec} acc[${NCH}];
+    for (int c = 0; c < ${NCH}; ++c) acc[c] = (${vec})(0.0f);
+%if reuse:
+${tap_loop_open()}
+${tap_position()}
+            if (inside) {
+                int idx[4]; float wt[4], lh, lw;
+                bilinear_taps_float(h, w, H, W, idx, wt, &lh, &lw);
+                for (int c = 0; c < ${NCH}; ++c) {
+${load_corners('c')}
+                    acc[c] += m * (wt[0] * v[0] + wt[1] * v[1] + wt[2] * v[2] + wt[3] * v[3]);
+                }
+            }
+${tap_loop_close()}
+%else:
+    for (int c = 0; c < ${NCH}; ++c) {
+${tap_loop_open()}
+${tap_position()}
+            if (inside) {
+                int idx[4]; float wt[4], lh, lw;
+                bilinear_taps_float(h, w, H, W, idx, wt, &lh, &lw);
+${load_corners('c')}
+                acc[c] += m * (wt[0] * v[0] + wt[1] * v[1] + wt[2] * v[2] + wt[3] * v[3]);
+            }
+${tap_loop_close()}
+    }
+%endif
+    // output index = ((pix * G + g) * C + slot * CPW) = gid * CPW
+    for (int c = 0; c < ${NCH}; ++c) stv(acc[c], output + gid * ${CPW} + c * ${VW});
+}
+
+%else:
+## ------------------------------------------------------------------ backward
+## The input gradient is a scatter: a tap at a learned, data-dependent position adds to four
+## input pixels, and which output pixels reach a given input pixel is unknown without
+## sorting every tap by target (the deterministic gather would write, sort and
+## segment-reduce ~4x the output's size). Two ways to do the scatter, chosen per device:
+##  - 'backward' (GPUs): one work-item per (pixel, group, slot of CPW channels), float
+##    atomics (the hardware's reduction on NVIDIA), as the official operator does. The input
+##    gradient's last bits then depend on the order in which work-items land.
+##  - 'backward_owner' (CPUs, where a float atomic is a compare-and-swap loop, ~50x slower
+##    than the arithmetic): one work-item owns the input gradient of one (image, group,
+##    run of CPW channels) and walks every output pixel of that image in order: no atomics,
+##    deterministic, and parallel enough for a CPU (N * G * C/CPW work-items).
+## The offset and mask gradients are sums over a group's channels, always in a fixed order.
+##
+## The backward pass computes, per tap, with val = sum_t wt[t] v[t] (per channel):
+##   d/d mask = sum_c go_c val_c,   d/d(dx, dy) = offset_scale * mask * sum_c go_c d val_c/d(w, h),
+##   d/d input[corner t] += go_c * mask * wt[t].
+<%def name="tap_gradients(scatter)">
+                    int idx[4]; float wt[4], lh, lw;
+                    bilinear_taps_float(h, w, H, W, idx, wt, &lh, &lw);
+                    for (int c = 0; c < ${NCH}; ++c) {
+${load_corners('c')}
+                        const ${vec} val = wt[0] * v[0] + wt[1] * v[1] + wt[2] * v[2] + wt[3] * v[3];
+                        const ${vec} dh = (1.0f - lw) * (v[2] - v[0]) + lw * (v[3] - v[1]);
+                        const ${vec} dw = (1.0f - lh) * (v[1] - v[0]) + lh * (v[3] - v[2]);
+                        sm += hsum(go[c] * val);
+                        sh += hsum(go[c] * dh);
+                        sw += hsum(go[c] * dw);
+                        for (int t = 0; t < 4; ++t) {
+                            if (idx[t] < 0) continue;
+                            const ${vec} add = go[c] * (m * wt[t]);
+                            __global float *dst = gin + idx[t] * ${GC} + c * ${VW};
+%if scatter == 'atomic':
+%for e, comp in enumerate(comps):
+                            atomic_add_float(dst + ${e}, add${comp});
+%endfor
+%else:
+                            *(__global ${vec} *)dst += add;  // this work-item owns dst
+%endif
+                        }
+                    }
+</%def>
+<%def name="store_offset_gradients(target)">
+                ${st.store('sw * scale', target, '2 * k')};
+                ${st.store('sh * scale', target, '2 * k + 1')};
+                ${st.store('sm', target, '%d + k' % (2 * K))};
+</%def>
+<%def name="zero_tail()">
+        // Zeros in the padding tail of this pixel's offset_mask row: no separate fill pass.
+        if (g == ${G - 1})
+            for (int e = ${G * 3 * K}; e < P; ++e) ${st.store('0.0f', 'offset_mask_row', 'e')};
+</%def>
+
+%if direction == 'backward':
+<% SP = slots_p2 %>
+${common.atomic_add(info, 'float', force_cas=not ptx)}
+
+## Work-items: (pixel, group, slot); with SP > 1 a group's slots are SP consecutive lanes of
+## one work-group (the launcher makes the work-group size a multiple of SP) and their
+## partial sums meet in local memory, double-buffered by tap parity: one barrier per tap.
+__kernel void dcnv4_backward(__global const ${T} *restrict input,
+                             __global const ${T} *restrict offset_mask,
+                             __global const ${T} *restrict grad_out,
+                             __global float *restrict grad_input,
+                             __global ${T} *restrict grad_offset_mask,
+                             const int pix_groups,
+                             ${kernel_args()}
+%if SP > 1:
+                             , __local float *partial
+%endif
+                             )
+{
+    const int gid = get_global_id(0);
+    const int slot = gid % ${SP};
+    const int pg = gid / ${SP};
+    // Padding work-items stay for the barriers but touch no memory.
+    const int active = pg < pix_groups && slot < ${SLOTS};
+    const int g = pg % ${G}, pix = active ? pg / ${G} : 0;
+${position_setup()}
+    const int in_base = n * (H * W * ${GC}) + g * ${C} + slot * ${CPW};
+    const __global ${T} *in = input + in_base;
+    __global float *gin = grad_input + in_base;
+    __global ${T} *gom = grad_offset_mask + pix * P + g * ${3 * K};
+    ${vec} go[${NCH}];
+    for (int c = 0; c < ${NCH}; ++c)
+        go[c] = active ? ldv(grad_out + pg * ${C} + slot * ${CPW} + c * ${VW}) : (${vec})(0.0f);
+%if SP > 1:
+    const int lid = get_local_id(0), lsize = get_local_size(0);
+%endif
+${tap_loop_open()}
+            // This work-item's share of d loss / d(w, h, mask) for tap k, and the factor
+            // d(w, h)/d(dx, dy) * mask = offset_scale * mask that the (w, h) sums still need.
+            float sw = 0.0f, sh = 0.0f, sm = 0.0f, scale = 0.0f;
+            if (active) {
+${tap_position()}
+                scale = offset_scale * m;
+                if (inside) {
+${tap_gradients('atomic')}
+                }
+            }
+%if SP > 1:
+            __local float *buf = partial + (k & 1) * 3 * lsize;
+            buf[3 * lid] = sw; buf[3 * lid + 1] = sh; buf[3 * lid + 2] = sm;
+            barrier(CLK_LOCAL_MEM_FENCE);
+            if (active && slot == 0) {
+                sw = sh = sm = 0.0f;
+                for (int s = 0; s < ${SLOTS}; ++s) {
+                    sw += buf[3 * (lid + s)];
+                    sh += buf[3 * (lid + s) + 1];
+                    sm += buf[3 * (lid + s) + 2];
+                }
+            }
+%endif
+            if (active && slot == 0) {
+${store_offset_gradients('gom')}
+            }
+${tap_loop_close()}
+    if (active && slot == 0) {
+        __global ${T} *offset_mask_row = grad_offset_mask + pix * P;
+${zero_tail()}
+    }
+}
+
+// The input gradient is accumulated in float; this stores it in the caller's precision.
+__kernel void float_to_storage(__global const float *restrict src, __global ${T} *restrict dst,
+                               const int count)
+{
+    const int i = get_global_id(0);
+    if (i < count) ${st.store('src[i]', 'dst', 'i')};
+}
+
+%else:
+## 'backward_owner': work-item (image n, group g, slot) zeroes its slice of the float
+## gradient, accumulates every output pixel's taps into it in pixel order, and (half
+## storage) converts the slice at the end. With SLOTS > 1 each slot writes its partial
+## offset/mask sums to `partial`, summed in slot order by reduce_offset_gradients.
+__kernel void dcnv4_backward_owner(__global const ${T} *restrict input,
+                                   __global const ${T} *restrict offset_mask,
+                                   __global const ${T} *restrict grad_out,
+                                   __global float *restrict grad_acc,
+%if st.is_half:
+                                   __global ${T} *restrict grad_input,
+%endif
+%if SLOTS > 1:
+                                   __global float *restrict partial,
+%else:
+                                   __global ${T} *restrict grad_offset_mask,
+%endif
+                                   const int images_groups,
+                                   ${kernel_args()})
+{
+    const int gid = get_global_id(0);
+    const int slot = gid % ${SLOTS};
+    const int ng = gid / ${SLOTS};
+    if (ng >= images_groups) return;
+    const int g = ng % ${G}, image = ng / ${G};
+    const int in_base = image * (H * W * ${GC}) + g * ${C} + slot * ${CPW};
+    const __global ${T} *in = input + in_base;
+    __global float *gin = grad_acc + in_base;
+    for (int p = 0; p < H * W; ++p)
+        for (int c = 0; c < ${NCH}; ++c) *(__global ${vec} *)(gin + p * ${GC} + c * ${VW}) = (${vec})(0.0f);
+    const int pixels = images_groups / ${G} * (H_out * W_out);  // N * H_out * W_out
+    for (int pix = image * (H_out * W_out); pix < (image + 1) * (H_out * W_out); ++pix) {
+${position_setup()}
+        ${vec} go[${NCH}];
+        for (int c = 0; c < ${NCH}; ++c) go[c] = ldv(grad_out + (pix * ${G} + g) * ${C} + slot * ${CPW} + c * ${VW});
+%if SLOTS > 1:
+        __global float *part = partial + (slot * pixels + pix) * ${G * 3 * K} + g * ${3 * K};
+%else:
+        __global ${T} *gom = grad_offset_mask + pix * P + g * ${3 * K};
+%endif
+${tap_loop_open()}
+            float sw = 0.0f, sh = 0.0f, sm = 0.0f;
+${tap_position()}
+            const float scale = ${'1.0f' if SLOTS > 1 else 'offset_scale * m'};
+            if (inside) {
+${tap_gradients('owner')}
+            }
+%if SLOTS > 1:
+            part[2 * k] = sw; part[2 * k + 1] = sh; part[${2 * K} + k] = sm;
+%else:
+${store_offset_gradients('gom')}
+%endif
+${tap_loop_close()}
+%if SLOTS == 1:
+        __global ${T} *offset_mask_row = grad_offset_mask + pix * P;
+${zero_tail()}
+%endif
+    }
+%if st.is_half:
+    for (int p = 0; p < H * W; ++p)
+        for (int c = 0; c < ${NCH}; ++c)
+            stv(*(__global ${vec} *)(gin + p * ${GC} + c * ${VW}), grad_input + in_base + p * ${GC} + c * ${VW});
+%endif
+}
+
+%if SLOTS > 1:
+// Sum of the slots' partial offset/mask gradients, in slot order; zeros in P's padding tail.
+__kernel void reduce_offset_gradients(__global const float *restrict partial,
+                                      __global const ${T} *restrict offset_mask,
+                                      __global ${T} *restrict grad_offset_mask, const int pixels,
+                                      const int P, const float offset_scale)
+{
+    const int gid = get_global_id(0);
+    if (gid >= pixels * P) return;
+    const int pix = gid / P, e = gid - pix * P;
+    if (e >= ${G * 3 * K}) { ${st.store('0.0f', 'grad_offset_mask', 'gid')}; return; }
+    float s = 0.0f;
+    for (int slot = 0; slot < ${SLOTS}; ++slot) s += partial[(slot * pixels + pix) * ${G * 3 * K} + e];
+    // (dx, dy) entries still need offset_scale * mask: the mask sits at 2K + k of the group.
+    const int g = e / ${3 * K}, r = e - g * ${3 * K};
+    if (r < ${2 * K}) s *= offset_scale * ${st.load('offset_mask', 'pix * P + g * %d + %d + r / 2' % (3 * K, 2 * K))};
+    ${st.store('s', 'grad_offset_mask', 'gid')};
+}
+%endif
+%endif
+%endif
