@@ -29,7 +29,7 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
 LINEAR_SOLVERS = ("sparse_schur", "iterative_schur")
-PAIR_CHUNK = 1 << 14
+PAIR_CHUNK = 1 << 12
 # Dense Cholesky of the reduced camera matrix up to this size (LAPACK is fastest there); SuperLU above.
 DENSE_MAX = 1800
 
@@ -165,7 +165,8 @@ class NormalEquations:
         self.st, self.r, self.Jc, self.Jp = st, r, Jc, Jp
         self.B = st.camera_sum(np.einsum("nki,nkj->nij", Jc, Jc))          # (nc, 9, 9)
         self.V = st.point_sum(np.einsum("nki,nkj->nij", Jp, Jp))           # (npt, 3, 3)
-        self.W = np.einsum("nki,nkj->nij", Jc, Jp)                         # (n, 9, 3)
+        self.W = Jc[:, 0, :, None] * Jp[:, 0, None, :]                     # (n, 9, 3) = Jc^T Jp
+        self.W += Jc[:, 1, :, None] * Jp[:, 1, None, :]
         self.gc = st.camera_sum(np.einsum("nki,nk->ni", Jc, r))            # (nc, 9)
         self.gp = st.point_sum(np.einsum("nkj,nk->nj", Jp, r))             # (npt, 3)
 
@@ -261,7 +262,7 @@ class NormalEquations:
         n = st.n
         F = sp.csr_matrix((self.Jc.ravel(), st.F_indices, st.F_indptr), shape=(2 * n, 9 * st.nc))
         E = sp.csr_matrix((self.Jp.ravel(), st.E_indices, st.E_indptr), shape=(2 * n, 3 * st.npt))
-        Ft, Et = F.T.tocsr(), E.T.tocsr()
+        Ft, Et = F.T, E.T  # CSC views: transposed products without a conversion
         Vi = sp.bsr_matrix((Vinv, np.arange(st.npt), np.arange(st.npt + 1)), shape=(3 * st.npt, 3 * st.npt))
         Vi = Vi.tocsr()
         dc2 = Dc2.ravel()

@@ -74,15 +74,15 @@ def full_report(result) -> str:
     r = result
     o = r.options
     lines = [f"Solver Summary (pyclad bundle adjuster; model {r.model_name}, {r.dtype}, device {r.device})", ""]
-    w = 36
+    w = 30
 
     def row(label, a, b=None):
         if b is None:
-            lines.append(f"{label:<{w - 10}}{a:>20}")
+            lines.append(f"{label:<{w}}{a:>20}")
         else:
-            lines.append(f"{label:<{w - 10}}{a:>20}{b:>25}")
+            lines.append(f"{label:<{w}}{a:>20}{b:>25}")
 
-    lines.append(" " * (w - 10) + f"{'Original':>20}{'Reduced':>25}")
+    lines.append(" " * w + f"{'Original':>20}{'Reduced':>25}")
     nblocks = r.num_cameras + r.num_points
     nparams = 9 * r.num_cameras + 3 * r.num_points
     row("Parameter blocks", nblocks, nblocks)
@@ -95,7 +95,7 @@ def full_report(result) -> str:
     row("Sparse linear algebra library", "SCIPY")
     row("Trust region strategy", "LEVENBERG_MARQUARDT")
     lines.append("")
-    lines.append(" " * (w - 10) + f"{'Given':>20}{'Used':>25}")
+    lines.append(" " * w + f"{'Given':>20}{'Used':>25}")
     row("Linear solver", o.linear_solver.upper(), o.linear_solver.upper())
     if o.linear_solver == "iterative_schur":
         row("Preconditioner", "SCHUR_JACOBI", "SCHUR_JACOBI")
@@ -124,5 +124,5 @@ def full_report(result) -> str:
     lines.append("")
     row("Total", f"{t['total']:.6f}")
     lines.append("")
-    lines.append(f"Termination:{r.termination_type:>{w - 2}} ({r.message})")
+    lines.append(f"{'Termination:':<{w}}{r.termination_type:>20} ({r.message})")
     return "\n".join(lines)

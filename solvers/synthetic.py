@@ -16,24 +16,19 @@ from .rotation import rotate
 
 def _look_at_angle_axis(centers):
     """Angle-axis rotations of cameras at ``centers`` looking at the origin (camera -z towards it)."""
+    from scipy.spatial.transform import Rotation
     z = centers / np.linalg.norm(centers, axis=1, keepdims=True)       # camera +z points away
-    up = np.array([0.0, 0.0, 1.0])
-    x = np.cross(up, z)
+    x = np.cross(np.array([0.0, 0.0, 1.0]), z)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     y = np.cross(z, x)
     R = np.stack([x, y, z], axis=1)                                    # rows: world -> camera
-    # log map of rotation matrices (angles well inside (0, pi) here)
-    cos = np.clip((np.trace(R, axis1=1, axis2=2) - 1.0) / 2.0, -1.0, 1.0)
-    theta = np.arccos(cos)
-    v = np.stack([R[:, 2, 1] - R[:, 1, 2], R[:, 0, 2] - R[:, 2, 0], R[:, 1, 0] - R[:, 0, 1]], axis=1)
-    s = np.sin(theta)
-    scale = np.where(s > 1e-12, theta / (2.0 * np.where(s > 1e-12, s, 1.0)), 0.5)
-    return v * scale[:, None]
+    # scipy's rotation vector has the convention of ceres::AngleAxisRotatePoint (R(w) X).
+    return Rotation.from_matrix(R).as_rotvec()
 
 
 def synthetic_problem(num_cameras: int = 20, num_points: int = 2000, obs_per_point: int = 4,
-                      noise_px: float = 0.5, perturb_rotation: float = 1e-3, perturb_translation: float = 1e-2,
-                      perturb_point: float = 2e-2, seed: int = 0, name: str = None) -> BALProblem:
+                      noise_px: float = 0.5, perturb_rotation: float = 5e-3, perturb_translation: float = 5e-2,
+                      perturb_point: float = 5e-2, seed: int = 0, name: str = None) -> BALProblem:
     """A seeded random BAL problem with ``num_points * obs_per_point`` observations."""
     nc, npt, k = int(num_cameras), int(num_points), int(obs_per_point)
     if nc < 2 or npt < 1 or not (2 <= k <= nc):

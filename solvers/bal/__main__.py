@@ -1,0 +1,112 @@
+"""``python -m solvers.bal [FILE]``: solve a BAL problem and print Ceres' iteration log and report.
+
+With no FILE, a seeded synthetic problem is solved (works anywhere, a few seconds).
+Ctrl-C stops after the current iteration; the best state found is still written (--out, --ply).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m solvers.bal", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("file", nargs="?", help="BAL file (.txt, .bz2, .gz); omitted: a synthetic problem")
+    p.add_argument("--iterations", type=int, default=50, help="maximum iterations (default 50)")
+    p.add_argument("--linear-solver", default="sparse_schur", choices=["sparse_schur", "iterative_schur"])
+    p.add_argument("--loss", default="none", choices=["none", "huber", "cauchy", "soft_l1"],
+                   help="robust loss (default none)")
+    p.add_argument("--loss-scale", type=float, default=1.0, help="loss scale in pixels (default 1)")
+    p.add_argument("--dtype", default="float64", choices=["float64", "float32"],
+                   help="precision of the Jacobian evaluation (float32 for devices without fp64)")
+    p.add_argument("--device", default=None, help="OpenCL device spec (default: PYCLAD_DEVICE or the default device)")
+    p.add_argument("--backend", default=None, help="pyclad backend for the camera model (codegen, tape, numpy)")
+    p.add_argument("--function-tolerance", type=float, default=1e-6)
+    p.add_argument("--gradient-tolerance", type=float, default=1e-10)
+    p.add_argument("--parameter-tolerance", type=float, default=1e-8)
+    p.add_argument("--eta", type=float, default=0.1, help="CG forcing tolerance of iterative_schur (default 0.1)")
+    p.add_argument("--out", help="write the optimised problem as a BAL file (.bz2/.gz compress)")
+    p.add_argument("--ply", help="write points and camera centres as a PLY point cloud")
+    p.add_argument("--plot", help="write a convergence plot (PNG; needs matplotlib)")
+    p.add_argument("--synthetic", default="20,2000,4", metavar="CAMS,POINTS,OBS_PER_POINT",
+                   help="size of the synthetic problem used when no FILE is given (default 20,2000,4)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic problem")
+    p.add_argument("-q", "--quiet", action="store_true", help="no iteration log, only the report")
+    return p
+
+
+def plot_convergence(result, path) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise SystemExit(f"--plot needs matplotlib (pip install matplotlib): {e}")
+    its = [h.iteration for h in result.history]
+    costs = [h.cost for h in result.history]
+    ok = [h.step_is_successful for h in result.history]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.semilogy(its, costs, "-", color="0.6")
+    ax.semilogy([i for i, s in zip(its, ok) if s], [c for c, s in zip(costs, ok) if s], "o", label="accepted")
+    if not all(ok):
+        ax.semilogy([i for i, s in zip(its, ok) if not s], [c for c, s in zip(costs, ok) if not s], "x",
+                    label="rejected")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("cost (1/2 sum of squared residuals)")
+    ax.set_title(f"{result.problem.name}: {result.options.linear_solver}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    import solvers
+    from solvers.ply import write_ply
+
+    t0 = time.perf_counter()
+    if args.file:
+        try:
+            problem = solvers.read_bal(args.file)
+        except (solvers.BALFormatError, FileNotFoundError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    else:
+        try:
+            nc, npt, k = (int(v) for v in args.synthetic.split(","))
+        except ValueError:
+            print("error: --synthetic must be CAMS,POINTS,OBS_PER_POINT, e.g. 20,2000,4", file=sys.stderr)
+            return 2
+        problem = solvers.synthetic_problem(nc, npt, k, seed=args.seed)
+    t_read = time.perf_counter() - t0
+    print(f"{problem.name}: {problem.num_cameras} cameras, {problem.num_points} points, "
+          f"{problem.num_observations} observations"
+          + (f" (read in {t_read:.2f} s)" if args.file else " (synthetic; pass a BAL file to solve it)"))
+    result = solvers.bundle_adjust(
+        problem, linear_solver=args.linear_solver, loss=args.loss, loss_scale=args.loss_scale,
+        max_iterations=args.iterations, function_tolerance=args.function_tolerance,
+        gradient_tolerance=args.gradient_tolerance, parameter_tolerance=args.parameter_tolerance,
+        eta=args.eta, dtype=np.dtype(args.dtype), device=args.device, backend=args.backend,
+        verbose=not args.quiet)
+    print()
+    print(result.full_report())
+    if args.out:
+        solvers.write_bal(result.problem, args.out)
+        print(f"\nwritten: {args.out} (optimised BAL problem)")
+    if args.ply:
+        write_ply(result.problem, args.ply)
+        print(f"written: {args.ply} (PLY: {problem.num_points} points, {problem.num_cameras} camera centres)")
+    if args.plot:
+        plot_convergence(result, args.plot)
+        print(f"written: {args.plot} (convergence plot)")
+    return 0 if result.usable else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
