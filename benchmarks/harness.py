@@ -57,7 +57,8 @@ class Timing:
 
     def as_dict(self):
         return {"median_s": self.median, "q25_s": self.quantile(0.25), "q75_s": self.quantile(0.75),
-                "min_s": min(self.samples), "runs": len(self.samples), "samples_s": self.samples}
+                "min_s": min(self.samples), "spread": self.spread, "runs": len(self.samples),
+                "samples_s": self.samples}
 
 
 def _event_span(events) -> float:
@@ -130,7 +131,7 @@ class Report:
             if "items" in extra:
                 row["items_per_s"] = extra["items"] / timing.median
         self.rows.append(row)
-        shown = {k: v for k, v in row.items() if k not in ("samples_s", "q25_s", "q75_s", "min_s", "runs")}
+        shown = {k: v for k, v in row.items() if k not in ("samples_s", "q25_s", "q75_s", "min_s", "runs", "spread")}
         if timing is not None:
             shown["median_ms"] = timing.median * 1e3
             shown["spread"] = f"{timing.spread:.1%}"

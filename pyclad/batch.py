@@ -245,7 +245,9 @@ class BatchFunction:
         out = arrays.empty(runtime, out_shape, self.dtype)
         jacs = [arrays.empty(runtime, s, self.dtype) for s in jac_shapes] if jacobians else []
         if n:
-            self._launch(runtime, kernel, dev_params, dev_index, dev_data, out, jacs, n, jacobians)
+            event = self._launch(runtime, kernel, dev_params, dev_index, dev_data, out, jacs, n, jacobians)
+            for a in (out, *jacs):  # later device work (and benchmarks) can wait on it
+                a.add_event(event)
         return out, jacs
 
     def _launch(self, runtime, kernel, params, index, data, out, jacs, n, jacobians):
@@ -291,7 +293,7 @@ def _device_tables(runtime, f: BatchFunction):
         tb = f._tables
         up = lambda a: cla.to_device(runtime.queue, a).data  # noqa: E731
         cache[key] = [up(tb.nodes), up(tb.consts), up(tb.fwd), np.int32(tb.n_nodes),
-                      up(tb.rev), np.int32(tb.n_rev), up(tb.seeds), up(tb.outputs), up(tb.leaves)]
+                      up(tb.rev), up(tb.rev_offsets), up(tb.seeds), up(tb.outputs), up(tb.leaves)]
     return cache[key]
 
 

@@ -49,7 +49,7 @@ class _Sweep:
             operands = graph.args[node]
             symbols = {s: names[arg] for s, arg in zip("abc", operands)}
             symbols.update(r=names[node], g=f"a{node}")
-            for arg, vjp in zip(operands, spec.vjp_exprs):
+            for arg, vjp in zip(operands, spec.vjp_exprs(node in traced.guarded)):
                 if vjp is None or arg not in traced.active:
                     continue
                 self._add(arg, to_c(vjp, symbols, real))

@@ -46,7 +46,7 @@ def run(traced: Traced, params: Sequence[np.ndarray], index: np.ndarray,
             spec = OPS[graph.ops[node]]
             symbols = dict(zip("abc", (values[a] for a in graph.args[node])))
             symbols.update(r=values[node], g=adjoint[node])
-            for arg, vjp in zip(graph.args[node], spec.vjp_exprs):
+            for arg, vjp in zip(graph.args[node], spec.vjp_exprs(node in traced.guarded)):
                 if vjp is None or arg not in traced.active:
                     continue
                 contribution = np.asarray(evaluate(vjp, **symbols), dtype)

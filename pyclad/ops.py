@@ -10,11 +10,12 @@ numpy arrays: operands ``a``, ``b``, ``c``; the op's result ``r``; the incoming 
 A vjp of ``None`` means the derivative with respect to that operand is structurally zero
 (comparisons, a ``where`` condition): no adjoint code is emitted for it.
 
-Zero adjoints contribute exactly zero: a ``where`` passes ``g`` to the taken branch and 0
-to the other, and every op whose partial can be infinite or NaN (``sqrt`` at 0, ``log``
-at 0, a division, ...) guards its vjp with ``g != 0`` (:attr:`Op.vjp_exprs`). So
-``where(x > 0, sqrt(x), 0)`` has derivative 0 at x = 0, not ``0 * inf = NaN``, and the
-derivative really flows through the taken branch only.
+A ``where`` passes ``g`` to the taken branch and exactly 0 to the other. Inside the
+branches of a ``where`` (the nodes it depends on), ops whose partial can be infinite for
+finite operands (``sqrt`` at 0, a division by 0, ``log`` at 0, ...: :attr:`Op.singular`)
+guard their vjp with ``g != 0``, so ``where(x > 0, sqrt(x), 0)`` has derivative 0 at
+x = 0 rather than ``0 * inf = NaN``. Elsewhere nothing is guarded (as with Ceres' Jets, an
+infinite partial times a zero adjoint is NaN), which keeps the kernels lean.
 """
 from __future__ import annotations
 
@@ -32,15 +33,16 @@ class Op:
     forward: str
     vjps: Tuple[Optional[str], ...]  # one per operand
     code: int = -1                   # op code for the tape kernel, set below
+    singular: bool = False           # a partial can be infinite for finite operands
 
     @property
     def differentiable(self) -> bool:
         return any(v is not None for v in self.vjps)
 
-    @property
-    def vjp_exprs(self) -> Tuple[Optional[str], ...]:
-        """The vjps as every backend evaluates them (guarded where a partial can blow up)."""
-        if self.name in _PASS_THROUGH:
+    def vjp_exprs(self, guarded: bool = False) -> Tuple[Optional[str], ...]:
+        """The vjps as the backends evaluate them; ``guarded``: a zero ``g`` gives exactly 0
+        (used for singular ops inside a where's branches)."""
+        if not (guarded and self.singular):
             return self.vjps
         return tuple(None if v is None else f"pc_where(g != 0, {v}, 0)" for v in self.vjps)
 
@@ -82,10 +84,10 @@ _TABLE = [
     ("not",     1, "pc_where(a != 0, 0, 1)", (None,)),
 ]
 
-# Ops whose vjps only pass g on (with a sign or a select): a zero g already gives zero.
-_PASS_THROUGH = {"add", "sub", "neg", "abs", "minimum", "maximum", "where"}
+# Ops with a partial that is infinite somewhere on finite operands.
+_SINGULAR = {"div", "pow", "sqrt", "log", "asin", "acos", "atan2"}
 
-OPS: Dict[str, Op] = {name: Op(name, arity, fwd, vjps, code)
+OPS: Dict[str, Op] = {name: Op(name, arity, fwd, vjps, code, name in _SINGULAR)
                       for code, (name, arity, fwd, vjps) in enumerate(_TABLE)}
 
 # Leaves of a graph are not in the table: they have no expression of their own.

@@ -26,7 +26,8 @@ __kernel void pyclad_tape(
     __global const int4 *restrict nodes,    // (op, arg0, arg1, arg2); leaves: (op, group, component, 0)
     __global const real_t *restrict consts, // value of each constant node
     __global const int *restrict fwd, const int n_fwd,
-    __global const int *restrict rev, const int n_rev,
+    __global const int *restrict rev,       // reverse sequences of all outputs, concatenated
+    __global const int *restrict rev_offsets,  // output o's sequence: rev[rev_offsets[o] .. rev_offsets[o + 1])
     __global const int *restrict seeds,     // per output: its node, or -1 if it has no derivative
     __global const int *restrict outputs,   // per output: its node
     __global const int *restrict leaves,    // per group and component: its node, or -1
@@ -42,7 +43,7 @@ __kernel void pyclad_tape(
         const int i = fwd[k];
         const int4 nd = nodes[i];
         real_t r;
-        switch (nd.x) {
+        switch (nd.x & ~${guard_bit}) {  // the guard bit only matters in the reverse sweep
         case OP_INPUT:
             switch (nd.y) {
 %for g in range(n_groups):
@@ -69,7 +70,7 @@ __kernel void pyclad_tape(
     for (int o = 0; o < ${n_outputs}; ++o) {
         for (int k = 0; k < n_fwd; ++k) A(fwd[k]) = (real_t)0;
         if (seeds[o] >= 0) A(seeds[o]) = (real_t)1;
-        for (int k = 0; k < n_rev; ++k) {
+        for (int k = rev_offsets[o]; k < rev_offsets[o + 1]; ++k) {
             const int i = rev[k];
             const int4 nd = nodes[i];
             const real_t xg = A(i), xr = V(i);

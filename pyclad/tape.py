@@ -17,6 +17,7 @@ from .ops import LEAVES, OPS, to_c
 from .trace import Traced
 
 _LEAF_CODES = {"input": 100, "data": 101, "const": 102}
+GUARDED = 128  # added to the op code of a guarded node (see pyclad.ops on guards)
 
 
 def _operand_loads(arity: int) -> str:
@@ -35,9 +36,11 @@ def reverse_cases(real: str) -> List[str]:
     for op in OPS.values():
         if not op.differentiable:
             continue
-        adds = " ".join(f"A(nd.{f}) += {to_c(vjp, names, real)};"
-                        for f, vjp in zip("yzw", op.vjp_exprs) if vjp is not None)
-        cases.append(f"case OP_{op.name.upper()}: {{ {_operand_loads(op.arity)}{adds} break; }}")
+        for guarded in ((False, True) if op.singular else (False,)):
+            adds = " ".join(f"A(nd.{f}) += {to_c(vjp, names, real)};"
+                            for f, vjp in zip("yzw", op.vjp_exprs(guarded)) if vjp is not None)
+            label = f"OP_{op.name.upper()}" + (f" + {GUARDED}" if guarded else "")
+            cases.append(f"case {label}: {{ {_operand_loads(op.arity)}{adds} break; }}")
     return cases
 
 
@@ -47,7 +50,8 @@ def render(group_sizes, data_size: int, n_outputs: int, real: str, jacobians: bo
     return templates.render(
         "pyclad/tape.cl.mako", real=real, opcodes=opcodes, n_groups=len(group_sizes),
         group_sizes=tuple(group_sizes), data_size=data_size, n_outputs=n_outputs,
-        jacobians=jacobians, forward_cases=forward_cases(real), reverse_cases=reverse_cases(real))
+        jacobians=jacobians, forward_cases=forward_cases(real), reverse_cases=reverse_cases(real),
+        guard_bit=GUARDED)
 
 
 class Tables:
@@ -68,15 +72,18 @@ class Tables:
                 else:
                     self.nodes[i, 1:3] = graph.leaf[node]
             else:
-                self.nodes[i, 0] = OPS[op].code
+                self.nodes[i, 0] = OPS[op].code + (GUARDED if node in traced.guarded else 0)
                 for k, arg in enumerate(graph.args[node]):
                     self.nodes[i, 1 + k] = compact[arg]
         self.fwd = np.arange(n, dtype=np.int32)
-        self.rev = np.array([compact[x] for x in traced.reverse_order()], np.int32)
+        # One reverse sequence per output, concatenated: a sweep visits only the nodes its
+        # output depends on, as the unrolled codegen sweeps do (so both give the same bits).
+        sweeps = [[compact[x] for x in traced.reverse_order(o)] for o in traced.outputs]
+        self.rev = np.array([x for sweep in sweeps for x in sweep], np.int32)
+        self.rev_offsets = np.cumsum([0] + [len(sw) for sw in sweeps]).astype(np.int32)
         self.outputs = np.array([compact[o] for o in traced.outputs], np.int32)
         self.seeds = np.array([compact[o] if o in traced.active else -1 for o in traced.outputs], np.int32)
         self.leaves = np.array([compact[x] if x >= 0 else -1 for row in traced.inputs for x in row], np.int32)
         if self.rev.size == 0:
-            self.rev = np.zeros(1, np.int32)  # OpenCL buffers cannot be empty; n_rev stays 0
+            self.rev = np.zeros(1, np.int32)  # OpenCL buffers cannot be empty
         self.n_nodes = n
-        self.n_rev = len(traced.reverse_order())

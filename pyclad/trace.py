@@ -25,14 +25,17 @@ class Traced:
     active: Set[int]
     inputs: List[List[int]]
     data: List[int]
+    guarded: Set[int] = dataclasses.field(default_factory=set)  # see pyclad.ops: singular ops in where branches
 
     @property
     def n_outputs(self) -> int:
         return len(self.outputs)
 
-    def reverse_order(self) -> List[int]:
-        """Active nodes, users before operands: the order of every reverse sweep."""
-        return [n for n in reversed(self.order) if n in self.active]
+    def reverse_order(self, output: int = None) -> List[int]:
+        """Active nodes, users before operands: the order of the reverse sweeps; with
+        ``output``, only the nodes that output depends on (its own sweep)."""
+        needed = set(self.graph.forward_order([output])) if output is not None else self.active
+        return [n for n in reversed(self.order) if n in self.active and n in needed]
 
     def summary(self) -> str:
         ops: Dict[str, int] = {}
@@ -78,4 +81,13 @@ def trace(fn: Callable, group_sizes: Sequence[int], data_size: int = 0) -> Trace
     inputs = [[args[g][j].id if args[g][j].id in needed else -1 for j in range(d)]
               for g, d in enumerate(group_sizes)]
     data = [args[-1][j].id if args[-1][j].id in needed else -1 for j in range(data_size)] if data_size else []
-    return Traced(graph, group_sizes, data_size, outputs, order, graph.active(order), inputs, data)
+    return Traced(graph, group_sizes, data_size, outputs, order, graph.active(order), inputs, data,
+                  _guarded(graph, order))
+
+
+def _guarded(graph: Graph, order: List[int]) -> Set[int]:
+    """Singular ops that some where's branch depends on: their zero adjoints must stay zero."""
+    from .ops import OPS
+    roots = [arg for n in order if graph.ops[n] == "where" for arg in graph.args[n][1:]]
+    inside = set(graph.forward_order(roots)) if roots else set()
+    return {n for n in inside if graph.ops[n] in OPS and OPS[graph.ops[n]].singular}
