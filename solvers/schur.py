@@ -39,13 +39,15 @@ def inv3_sym(m):
     a singular block gives inf/NaN, which the caller detects as a failed step."""
     a, b, c = m[:, 0, 0], m[:, 0, 1], m[:, 0, 2]
     d, e, f = m[:, 1, 1], m[:, 1, 2], m[:, 2, 2]
+    return _inv3(a, b, c, d, e, f, np.empty_like(m))
+
+
+@np.errstate(divide="ignore", invalid="ignore", over="ignore")
+def _inv3(a, b, c, d, e, f, out):
     A = d * f - e * e
     B = c * e - b * f
     C = b * e - c * d
-    det = a * A + b * B + c * C
-    with np.errstate(divide="ignore", invalid="ignore"):
-        inv_det = 1.0 / det
-    out = np.empty_like(m)
+    inv_det = 1.0 / (a * A + b * B + c * C)
     out[:, 0, 0] = A * inv_det
     out[:, 0, 1] = out[:, 1, 0] = B * inv_det
     out[:, 0, 2] = out[:, 2, 0] = C * inv_det
@@ -184,8 +186,10 @@ class NormalEquations:
         t = self.gp - st.point_sum(np.einsum("nij,ni->nj", self.W, yc[st.cam]))
         return np.einsum("pij,pj->pi", Vinv, t)
 
-    def solve(self, D, method="sparse_schur", eta=0.1, max_iterations=500):
-        """Solve ``(J^T J + diag(D)^2) y = J^T f``; returns :class:`LinearSolution`."""
+    def solve(self, D, method="sparse_schur", eta=0.1, max_iterations=500, r_tolerance=-1.0):
+        """Solve ``(J^T J + diag(D)^2) y = J^T f``; returns :class:`LinearSolution`. ``eta`` and
+        ``r_tolerance`` are CG's quadratic-model and residual tolerances (iterative_schur; the LM
+        step uses Ceres' choice: ``eta``, no residual test)."""
         st = self.st
         D2 = np.asarray(D, dtype=np.float64) ** 2
         Dc2, Dp2 = D2[:9 * st.nc].reshape(st.nc, 9), D2[9 * st.nc:].reshape(st.npt, 3)
@@ -193,7 +197,7 @@ class NormalEquations:
         if method == "sparse_schur":
             yc, ok, its, msg = self._solve_explicit(Vinv, Dc2)
         elif method == "iterative_schur":
-            yc, ok, its, msg = self._solve_pcg(Vinv, Dc2, eta, max_iterations)
+            yc, ok, its, msg = self._solve_pcg(Vinv, Dc2, eta, max_iterations, r_tolerance)
         else:
             raise ValueError(f"linear_solver={method!r} is not one of {LINEAR_SOLVERS}")
         if not ok:
@@ -257,7 +261,7 @@ class NormalEquations:
         return lu.solve(rhs).reshape(nc, 9), True, 1, "Success."
 
     # ------------------------------------------------------------------ iterative_schur
-    def _solve_pcg(self, Vinv, Dc2, eta, max_iterations):
+    def _solve_pcg(self, Vinv, Dc2, eta, max_iterations, r_tolerance):
         st = self.st
         n = st.n
         F = sp.csr_matrix((self.Jc.ravel(), st.F_indices, st.F_indptr), shape=(2 * n, 9 * st.nc))
@@ -289,7 +293,7 @@ class NormalEquations:
                 Pinv = np.linalg.pinv(Sd, hermitian=True)
         P = sp.bsr_matrix((Pinv, np.arange(st.nc), np.arange(st.nc + 1)), shape=(9 * st.nc, 9 * st.nc)).tocsr()
         x, ok, its, msg = conjugate_gradients(apply_S, b, lambda v: P @ v, q_tolerance=eta,
-                                              max_iterations=max_iterations)
+                                              r_tolerance=r_tolerance, max_iterations=max_iterations)
         return (x.reshape(st.nc, 9) if x is not None else None), ok, its, msg
 
 

@@ -1,0 +1,116 @@
+"""The Schur-complement linear solvers and CG against dense numpy solves of the same system."""
+import numpy as np
+import pytest
+
+import solvers
+import solvers.schur as schur
+from solvers.schur import NormalEquations, Structure, conjugate_gradients
+
+from reference_snavely import ReferenceSnavelyModel
+
+
+def small_system(seed=0, extra=True):
+    """A small problem with odd cases: a point seen once, a camera seeing a point twice, an
+    unobserved camera and an unobserved point (their blocks hold only D^2)."""
+    p = solvers.synthetic_problem(6, 40, 3, seed=seed)
+    ci, pi, obs = p.camera_index, p.point_index, p.observations
+    cams, pts = p.cameras, p.points
+    if extra:
+        ci = np.concatenate([ci, [2, 3, 3]])
+        pi = np.concatenate([pi, [40, 5, 5]])             # point 40 seen once; camera 3 sees point 5 twice more
+        obs = np.concatenate([obs, [[1.0, 2.0], [3.0, -1.0], [2.0, 2.0]]])
+        pts = np.concatenate([pts, [[0.1, 0.2, 0.3], [0.5, 0.5, 0.5]]])   # point 41: unobserved
+        cams = np.concatenate([cams, cams[:1]])                           # camera 6: unobserved
+    order = np.argsort(pi, kind="stable")
+    ci, pi, obs = ci[order], pi[order], obs[order]
+    r, jc, jp = ReferenceSnavelyModel(ci, pi, obs).residuals_and_jacobians(cams, pts)
+    st = Structure(ci, pi, len(cams), len(pts))
+    return st, r, jc, jp
+
+
+def dense_solution(st, r, jc, jp, D):
+    n, nc, npt = st.n, st.nc, st.npt
+    J = np.zeros((2 * n, 9 * nc + 3 * npt))
+    for o in range(n):  # the plain construction, one observation at a time (reference only)
+        J[2 * o:2 * o + 2, 9 * st.cam[o]:9 * st.cam[o] + 9] = jc[o]
+        J[2 * o:2 * o + 2, 9 * nc + 3 * st.pt[o]:9 * nc + 3 * st.pt[o] + 3] = jp[o]
+    A = J.T @ J + np.diag(D * D)
+    return np.linalg.solve(A, J.T @ r.ravel()), J
+
+
+@pytest.mark.parametrize("dense_max", [10 ** 9, 0], ids=["dense-cholesky", "superlu"])
+def test_sparse_schur_matches_dense_solve(monkeypatch, dense_max):
+    monkeypatch.setattr(schur, "DENSE_MAX", dense_max)
+    st, r, jc, jp = small_system()
+    neq = NormalEquations(st, r, jc, jp)
+    rng = np.random.default_rng(1)
+    D = rng.uniform(0.01, 1.0, 9 * st.nc + 3 * st.npt)
+    want, J = dense_solution(st, r, jc, jp, D)
+    np.testing.assert_allclose(neq.column_norms2(), np.sum(J * J, axis=0), rtol=1e-12)
+    sol = neq.solve(D, "sparse_schur")
+    assert sol.ok and sol.iterations == 1
+    np.testing.assert_allclose(sol.y, want, rtol=1e-7, atol=1e-9 * np.abs(want).max())
+
+
+def test_iterative_schur_matches_dense_solve():
+    st, r, jc, jp = small_system(seed=3)
+    neq = NormalEquations(st, r, jc, jp)
+    D = np.full(9 * st.nc + 3 * st.npt, 0.3)
+    want, _ = dense_solution(st, r, jc, jp, D)
+    sol = neq.solve(D, "iterative_schur", eta=-np.inf, r_tolerance=1e-13, max_iterations=1000)
+    assert sol.ok and 1 <= sol.iterations <= 1000
+    np.testing.assert_allclose(sol.y, want, rtol=1e-6, atol=1e-8 * np.abs(want).max())
+    # A loose forcing tolerance stops early (Nash-Sofer test) with an approximate step.
+    loose = neq.solve(D, "iterative_schur", eta=0.5)
+    assert loose.ok and loose.iterations < sol.iterations
+
+
+def test_schur_jacobi_preconditioner_is_the_inverse_block_diagonal():
+    """With a single camera S is one 9x9 block: preconditioned CG converges in one iteration."""
+    p = solvers.synthetic_problem(2, 30, 2, seed=4)
+    keep = p.camera_index == 0
+    ci, pi, obs = p.camera_index[keep], p.point_index[keep], p.observations[keep]
+    order = np.argsort(pi, kind="stable")
+    ci, pi, obs = ci[order], pi[order], obs[order]
+    r, jc, jp = ReferenceSnavelyModel(ci, pi, obs).residuals_and_jacobians(p.cameras[:1], p.points)
+    st = Structure(ci, pi, 1, p.num_points)
+    neq = NormalEquations(st, r, jc, jp)
+    D = np.full(9 + 3 * p.num_points, 0.5)
+    sol = neq.solve(D, "iterative_schur", eta=-np.inf, r_tolerance=1e-12)
+    want, _ = dense_solution(st, r, jc, jp, D)
+    assert sol.iterations <= 2
+    np.testing.assert_allclose(sol.y, want, rtol=1e-7, atol=1e-9 * np.abs(want).max())
+
+
+def test_conjugate_gradients_against_numpy():
+    rng = np.random.default_rng(0)
+    M = rng.standard_normal((40, 40))
+    A = M @ M.T + 40 * np.eye(40)
+    b = rng.standard_normal(40)
+    x, ok, its, msg = conjugate_gradients(lambda v: A @ v, b, lambda v: v / np.diag(A), q_tolerance=-np.inf, r_tolerance=1e-13,
+                                          max_iterations=200)
+    assert ok
+    np.testing.assert_allclose(x, np.linalg.solve(A, b), rtol=1e-9)
+    x, ok, its, msg = conjugate_gradients(lambda v: A @ v, np.zeros(40))
+    assert ok and its == 0 and not x.any()
+    # Indefinite: CG stops, reports it, and returns its last iterate (Ceres: NO_CONVERGENCE).
+    x, ok, its, msg = conjugate_gradients(lambda v: -v, b)
+    assert "indefinite" in msg and its == 1
+    x, ok, its, msg = conjugate_gradients(lambda v: A @ v, b, q_tolerance=-1, max_iterations=3)
+    assert ok and its == 3 and "Maximum" in msg
+
+
+def test_singular_system_is_a_failure_not_a_crash():
+    st, r, jc, jp = small_system()
+    neq = NormalEquations(st, r, jc, jp)
+    D = np.zeros(9 * st.nc + 3 * st.npt)          # unobserved camera and point: singular
+    for method in ("sparse_schur", "iterative_schur"):
+        sol = neq.solve(D, method)
+        assert not sol.ok and sol.y is None and sol.message
+    with pytest.raises(ValueError, match="linear_solver"):
+        neq.solve(D + 1, "dense_qr")
+
+
+def test_structure_requires_point_order():
+    with pytest.raises(ValueError, match="sorted by point"):
+        Structure(np.array([0, 1]), np.array([1, 0]), 2, 2)
