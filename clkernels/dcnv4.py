@@ -169,15 +169,19 @@ def _program(runtime, info, direction, dtype, opts: Options, cfg: KernelConfig, 
                   kernel_w=opts.kernel_w, remove_center=bool(opts.remove_center),
                   cpw=cfg.channels_per_item, vw=cfg.vector_width, reuse=bool(cfg.reuse),
                   slots_p2=slots_p2)
+    # Oclgrind checks unoptimised code: its uninitialised-value checker cannot follow the
+    # `freeze` that LLVM's optimiser puts on paired / and % (and optimised code could hide
+    # what it is there to find).
+    options = ("-cl-opt-disable",) if runtime.info.is_simulator else ()
     key = runtime.device.int_ptr
     if info.vendor == "nvidia" and key not in _ptx_refused:
         try:
-            return get_program(TEMPLATE, runtime, ptx=True, **params), True
+            return get_program(TEMPLATE, runtime, options, ptx=True, **params), True
         except BuildError as exc:
             _ptx_refused[key] = exc.log
             warnings.warn(f"dcnv4: {info.name} refused inline PTX; using portable half "
                           f"conversions and CAS atomics. Build log:\n{exc.log[:2000]}")
-    return get_program(TEMPLATE, runtime, ptx=False, **params), False
+    return get_program(TEMPLATE, runtime, options, ptx=False, **params), False
 
 
 _kernels: dict = {}
