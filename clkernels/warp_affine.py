@@ -184,27 +184,72 @@ class _Packed:
                 raise AssertionError("image outside its packed buffer")
 
 
-def _host_span(img: np.ndarray) -> np.ndarray:
-    """The bytes of a strided image, from its first to its last byte, as a 1-D view (no copy)."""
-    return np.lib.stride_tricks.as_strided(img, shape=(_span(img),), strides=(1,))
+def _host_span(img: np.ndarray, size: int = None) -> np.ndarray:
+    """``size`` bytes (default: the image's span) from the image's first byte, as a 1-D view
+    of the same memory (no copy)."""
+    return np.lib.stride_tricks.as_strided(img, shape=(size or _span(img),), strides=(1,))
+
+
+def _address(img: np.ndarray) -> int:
+    return img.__array_interface__["data"][0]
+
+
+def _owner(img: np.ndarray):
+    while isinstance(img.base, np.ndarray):
+        img = img.base
+    return img if img.base is None else img.base
+
+
+def _shared_span(items):
+    """(view, offsets) when every image lies in one numpy allocation (a batch array, views or
+    crops of one image) and the bytes between them are few: one transfer then covers them
+    all. None otherwise."""
+    owner = _owner(items[0])
+    if any(_owner(im) is not owner for im in items[1:]):
+        return None
+    starts = [_address(im) for im in items]
+    lo = min(starts)
+    hi = max(a + _span(im) for a, im in zip(starts, items))
+    if hi - lo > 2 * sum(_span(im) for im in items):
+        return None
+    first = items[starts.index(lo)]
+    return _host_span(first, hi - lo), [a - lo for a in starts]
+
+
+def _aligned_offsets(items):
+    offsets, total = [], 0
+    for im in items:
+        offsets.append(total)
+        total += -(-_span(im) // _ALIGN) * _ALIGN
+    return offsets, total
 
 
 def _pack_host(runtime, items, zero_copy: bool) -> _Packed:
     ctx, queue = runtime.context, runtime.queue
     mf = cl.mem_flags
-    if zero_copy and len(items) == 1:
-        # CPU device: the kernel reads the numpy memory in place, padding and all.
-        view = _host_span(items[0])
-        try:
-            buf = cl.Buffer(ctx, mf.READ_ONLY | mf.USE_HOST_PTR, hostbuf=view)
-            return _Packed(buf, [0], items, keep=(view,))
-        except (cl.Error, TypeError, ValueError, BufferError):
-            pass  # read-only or otherwise unusable memory: fall through to a copy
-    offsets, total = [], 0
-    for im in items:
-        offsets.append(total)
-        total += -(-_span(im) // _ALIGN) * _ALIGN
+    shared = _shared_span(items)
+    if shared is not None:
+        view, offsets = shared
+        if zero_copy:
+            # CPU device: the kernel reads the numpy memory in place, padding and all.
+            try:
+                buf = cl.Buffer(ctx, mf.READ_ONLY | mf.USE_HOST_PTR, hostbuf=view)
+                return _Packed(buf, offsets, items, keep=(view, items))
+            except (cl.Error, TypeError, ValueError, BufferError):
+                pass  # read-only or otherwise unusable memory: copy it instead
+        buf = cl.Buffer(ctx, mf.READ_ONLY, view.nbytes)
+        cl.enqueue_copy(queue, buf, view, is_blocking=False)
+        return _Packed(buf, offsets, items, keep=(view, items))
+    offsets, total = _aligned_offsets(items)
     buf = cl.Buffer(ctx, mf.READ_ONLY, total)
+    if runtime.info.is_simulator:
+        # Oclgrind 21.10 marks bytes written at a non-zero buffer offset (write or copy) as
+        # uninitialised, and clobbers what earlier writes marked: one write from offset 0.
+        stage = np.zeros(total, np.uint8)
+        for off, im in zip(offsets, items):
+            stage[off:off + _span(im)] = _host_span(im)
+        cl.enqueue_copy(queue, buf, stage, is_blocking=True)
+        return _Packed(buf, offsets, items)
     for off, im in zip(offsets, items):
         cl.enqueue_copy(queue, buf, _host_span(im), dst_offset=off, is_blocking=False)
     return _Packed(buf, offsets, items, keep=tuple(items))
@@ -219,11 +264,15 @@ def _pack_device(runtime, items) -> _Packed:
     if all(im.base_data == base for im in items):
         # One device allocation (a batch array or views of it): read it in place.
         return _Packed(base, [im.offset for im in items], items)
-    offsets, total = [], 0
-    for im in items:
-        offsets.append(total)
-        total += -(-_span(im) // _ALIGN) * _ALIGN
+    offsets, total = _aligned_offsets(items)
     buf = cl.Buffer(runtime.context, cl.mem_flags.READ_ONLY, total)
+    if runtime.info.is_simulator:  # see _pack_host: through the host, one write from 0
+        stage = np.zeros(total, np.uint8)
+        for off, im in zip(offsets, items):
+            cl.enqueue_copy(runtime.queue, stage[off:off + _span(im)], im.base_data,
+                            src_offset=im.offset, is_blocking=True)
+        cl.enqueue_copy(runtime.queue, buf, stage, is_blocking=True)
+        return _Packed(buf, offsets, items)
     for off, im in zip(offsets, items):
         cl.enqueue_copy(runtime.queue, buf, im.base_data, byte_count=_span(im),
                         src_offset=im.offset, dst_offset=off)
@@ -326,7 +375,9 @@ def _run(images, name, d2i_of, dst_w, dst_h, border, device, program_name, param
     per_image = int(np.prod(out_shape[1:])) * np.dtype(out_dtype).itemsize
     limit = _alloc_limit(runtime)
     if zero_copy is None:
-        zero_copy = runtime.info.is_cpu
+        # A CPU device reads and writes numpy memory in place (USE_HOST_PTR): no copies.
+        # Not on Oclgrind, whose checks count host-pointer memory as uninitialised.
+        zero_copy = runtime.info.is_cpu and not runtime.info.is_simulator
     bargs = tuple(np.float32(b) for b in border) + tuple(extra_args)
 
     if on_device:
