@@ -84,19 +84,26 @@ class BatchFunction:
     def group_sizes(self) -> Tuple[int, ...]:
         return self.traced.group_sizes
 
-    def source(self, jacobians: bool = True) -> str:
-        """The OpenCL source this function runs (values and Jacobians by default)."""
+    def source(self, jacobians: bool = True, device=None) -> str:
+        """The OpenCL source this function runs (values and Jacobians by default) on the
+        device (the codegen kernel stages its stores through local memory on GPUs)."""
         if self.backend == "numpy":
             raise ValueError("the numpy backend runs no OpenCL source")
-        key = jacobians
+        stage = self._stage_wg(get_runtime(device if device is not None else self.device))
+        key = (jacobians, stage)
         if key not in self._sources:
             t = self.traced
             if self.backend == "codegen":
-                self._sources[key] = codegen.render(t, self._real, jacobians)
+                self._sources[key] = codegen.render(t, self._real, jacobians, stage_wg=stage)
             else:
                 self._sources[key] = tape.render(t.group_sizes, t.data_size, t.n_outputs,
                                                  self._real, jacobians)
         return self._sources[key]
+
+    def _stage_wg(self, runtime) -> int:
+        if self.backend != "codegen":
+            return 0
+        return codegen.stage_size(self.traced, self.dtype.itemsize, runtime.info)
 
     def values(self, params, index, data=None, device=None):
         """Outputs ``(N, m)`` for every tuple."""
@@ -184,7 +191,8 @@ class BatchFunction:
         runtime = get_runtime(device if device is not None else self.device)
         templates.storage(self.dtype, runtime)  # refuses float64 on a device without fp64
         self._validate_range(runtime, params, index)
-        kernel = templates.kernel(templates.build(self.source(jacobians), runtime), _kernel_name(self.backend))
+        kernel = templates.kernel(templates.build(self.source(jacobians, runtime), runtime),
+                                  _kernel_name(self.backend))
         if device_args:
             return self._run_device(runtime, kernel, params, index, data, jacobians)
         return self._run_host(runtime, kernel, params, index, data, jacobians)
@@ -245,9 +253,10 @@ class BatchFunction:
         out = arrays.empty(runtime, out_shape, self.dtype)
         jacs = [arrays.empty(runtime, s, self.dtype) for s in jac_shapes] if jacobians else []
         if n:
-            event = self._launch(runtime, kernel, dev_params, dev_index, dev_data, out, jacs, n, jacobians)
-            for a in (out, *jacs):  # later device work (and benchmarks) can wait on it
-                a.add_event(event)
+            events = self._launch(runtime, kernel, dev_params, dev_index, dev_data, out, jacs, n, jacobians)
+            for a in (out, *jacs):  # later device work (and benchmarks) can wait on them
+                for event in events:
+                    a.add_event(event)
         return out, jacs
 
     def _launch(self, runtime, kernel, params, index, data, out, jacs, n, jacobians):
@@ -258,18 +267,17 @@ class BatchFunction:
         args += [j.data for j in jacs]
         queue = runtime.queue
         if self.backend == "codegen":
-            wg = arrays.work_group_size(runtime, kernel, 64)
-            return kernel(queue, (arrays.round_up(n, wg),), (wg,), *args, np.int32(n))
+            stage = self._stage_wg(runtime) if jacobians else 0
+            wg = stage or arrays.work_group_size(runtime, kernel, 64)
+            return [kernel(queue, (arrays.round_up(n, wg),), (wg,), *args, np.int32(n))]
         tables = _device_tables(runtime, self)
         stride = min(n, self._chunk(runtime, n, jacobians))
         scratch = _scratch(runtime, self, stride)
         wg = arrays.work_group_size(runtime, kernel, 64)
-        event = None
-        for base in range(0, n, stride):
-            event = kernel(queue, (arrays.round_up(min(stride, n - base), wg),), (wg,), *args,
-                           *tables, scratch[0].data, scratch[1].data, np.int32(stride),
-                           np.int32(base), np.int32(n))
-        return event
+        return [kernel(queue, (arrays.round_up(min(stride, n - base), wg),), (wg,), *args,
+                       *tables, scratch[0].data, scratch[1].data, np.int32(stride),
+                       np.int32(base), np.int32(n))
+                for base in range(0, n, stride)]
 
 
 def _kernel_name(backend):

@@ -90,11 +90,26 @@ def forward_lines(traced: Traced, names: Dict[int, str], real: str) -> List[str]
     return lines
 
 
-def render(traced: Traced, real: str, jacobians: bool, name: str = "pyclad_eval") -> str:
+def stage_size(traced: Traced, itemsize: int, info) -> int:
+    """Work-group size for staging Jacobian rows in local memory, or 0 for direct stores.
+
+    GPUs only (on a CPU local memory is ordinary memory: staging is a pure extra copy), and
+    only when a useful group (>= 32 work-items) fits in half the local memory."""
+    if info.is_cpu:
+        return 0
+    row_bytes = traced.n_outputs * sum(traced.group_sizes) * itemsize
+    wg = 128
+    while wg >= 32 and (wg * row_bytes > info.local_mem_bytes // 2 or wg > info.max_work_group_size):
+        wg //= 2
+    return wg if wg >= 32 else 0
+
+
+def render(traced: Traced, real: str, jacobians: bool, name: str = "pyclad_eval",
+           stage_wg: int = 0) -> str:
     """The kernel source for ``traced`` (values only, or values and Jacobians)."""
     names = node_names(traced, real)
     return templates.render(
-        "pyclad/codegen.cl.mako", name=name, real=real,
+        "pyclad/codegen.cl.mako", name=name, real=real, stage_wg=stage_wg if jacobians else 0,
         n_groups=len(traced.group_sizes), group_sizes=traced.group_sizes,
         data_size=traced.data_size, n_outputs=traced.n_outputs, jacobians=jacobians,
         forward=forward_lines(traced, names, real),
