@@ -111,7 +111,7 @@ def test_fraction_exactly_equal_to_opencv_on_photographs(device):
             assert np.abs(ours.astype(int) - ref).max() <= 1
     fraction = same / total
     print(f"\nexactly equal to OpenCV {cv2.__version__}: {fraction:.7f} of {total} values")
-    assert fraction >= 0.9999
+    assert fraction >= 0.99999  # seen: 0.9999985; without the fma order about 0.99997
 
 
 @pytest.mark.oclgrind
@@ -141,6 +141,8 @@ def test_letterbox_matches_opencv_pipeline(device, size):
     blob, d2i = clkernels.letterbox(img, size=size, device=device)
     assert blob.shape == (1, 3, size[1], size[0]) and blob.dtype == np.float32
     check_levels(blob[0], cv_blob(img, size), 1 / 255)
+    levels = blob[0].astype(np.float64) * 255  # rounded to integer levels before scaling
+    assert np.abs(levels - np.round(levels)).max() < 1e-3
     assert d2i.shape == (2, 3)
     np.testing.assert_allclose(d2i, cv2.invertAffineTransform(spec_i2d(600, 400, *size)),
                                rtol=1e-14, atol=1e-12)
