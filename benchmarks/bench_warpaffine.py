@@ -1,0 +1,94 @@
+"""Fused letterbox preprocessing (warp + BGR->RGB + /255 + HWC->CHW) against OpenCV's CPU pipeline.
+
+Cases: one 1920x1080 BGR image -> 640x640 blob, and a batch of 16. Rows:
+- opencv: cv2.warpAffine (INTER_LINEAR, BORDER_CONSTANT 114) + cv2.dnn.blobFromImage(s)
+  (swapRB, 1/255, planar), wall clock, OpenCV's default threads (all cores of this machine);
+- kernel: the letterbox kernel alone, input already on the device (OpenCL profiling events);
+  also with other pixels-per-work-item mappings than the default, to show the choice;
+- end-to-end: numpy in, numpy out: upload, kernel, download (wall clock).
+bytes_moved counts each source image once plus the float32 blob written; frac_of_peak is
+that rate over the 4.26 TB/s an OpenCL copy reaches on the H200 (meaningful there only).
+Before timing, the blob is checked against OpenCV's: within one level everywhere.
+"""
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402  (puts the repository root on the path too)
+
+import cv2  # noqa: E402
+import pyopencl.array as cla  # noqa: E402
+
+import clkernels  # noqa: E402
+from clkernels import warp_affine as wa  # noqa: E402
+
+PEAK_BYTES_PER_S = 4.26e12  # H200, OpenCL float4 copy (../shared/device/README.md)
+SRC_W, SRC_H, DST = 1920, 1080, 640
+
+
+def opencv_pipeline(images):
+    i2d = wa.letterbox_matrix((SRC_W, SRC_H), (DST, DST))
+    warped = [cv2.warpAffine(im, i2d, (DST, DST), flags=cv2.INTER_LINEAR,
+                             borderMode=cv2.BORDER_CONSTANT, borderValue=(114, 114, 114))
+              for im in images]
+    return cv2.dnn.blobFromImages(warped, 1 / 255, swapRB=True)
+
+
+def stats(t):
+    """Median in milliseconds and the interquartile spread, as table columns."""
+    return dict(ms=t.median * 1e3, iqr=f"{t.spread:.0%}")
+
+
+def main():
+    args = harness.parser(__doc__).parse_args()
+    report = harness.Report("bench_warpaffine", args, opencv=cv2.__version__,
+                            opencv_threads=cv2.getNumThreads())
+    runtime = report.runtime
+    queue = runtime.queue
+    rng = np.random.default_rng(0)
+    default_lanes = wa._lanes(runtime, DST)
+    mappings = sorted({default_lanes, 1, 2, 4} if not runtime.info.is_cpu else {default_lanes, 4, 16})
+    batches = (1, 4) if args.quick else (1, 16)
+    repeat = 3 if args.quick else args.repeat
+
+    for n in batches:
+        case = f"{n} x {SRC_W}x{SRC_H} -> {DST}x{DST}"
+        batch = rng.integers(0, 256, (n, SRC_H, SRC_W, 3), dtype=np.uint8)
+        bytes_moved = batch.nbytes + n * 3 * DST * DST * 4
+
+        ref = opencv_pipeline(list(batch))
+        ours, _ = clkernels.letterbox(batch, size=(DST, DST), device=runtime)
+        diff = np.abs(ours.astype(np.float64) - ref)
+        assert diff.max() <= 1 / 255 + 1e-6, f"differs from OpenCV by {diff.max() * 255} levels"
+        same = float(np.mean(diff < 0.5 / 255))
+
+        t_cv = harness.time_wall(lambda: opencv_pipeline(list(batch)), warmup=args.warmup,
+                                 repeat=repeat)
+        report.add(case=case, variant="opencv warpAffine+blobFromImages", timing=t_cv,
+                   bytes_moved=bytes_moved, speedup=1.0, **stats(t_cv))
+
+        device_batch = cla.to_device(queue, batch)
+        for lanes in mappings:
+            wa._lanes = lambda rt, w, lanes=lanes: lanes  # noqa: E731 (the mapping under study)
+            t = harness.time_events(
+                lambda: clkernels.letterbox(device_batch, size=(DST, DST), device=runtime)[0].events[-1],
+                warmup=args.warmup, repeat=repeat)
+            tag = " (default)" if lanes == default_lanes else ""
+            report.add(case=case, variant=f"kernel, {lanes} px/work-item{tag}", timing=t,
+                       bytes_moved=bytes_moved, frac_of_peak=bytes_moved / t.median / PEAK_BYTES_PER_S,
+                       speedup=t_cv.median / t.median, **stats(t))
+        wa._lanes = lambda rt, w, lanes=default_lanes: lanes  # noqa: E731
+
+        t = harness.time_wall(lambda: clkernels.letterbox(batch, size=(DST, DST), device=runtime),
+                              warmup=args.warmup, repeat=repeat)
+        report.add(case=case, variant="end-to-end numpy -> numpy", timing=t, bytes_moved=bytes_moved,
+                   speedup=t_cv.median / t.median, same_level_as_opencv=same, **stats(t))
+
+    report.write(["case", "variant", "ms", "iqr", "GB_per_s", "frac_of_peak", "speedup",
+                  "same_level_as_opencv"])
+
+
+if __name__ == "__main__":
+    main()
