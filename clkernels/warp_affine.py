@@ -7,7 +7,7 @@ back. ``warp_affine(image, M, dsize)`` is OpenCV's ``warpAffine`` alone (uint8 H
 
 Sampling is OpenCV's INTER_LINEAR with BORDER_CONSTANT, computed the way OpenCV >= 4.11
 computes it for 8-bit images (float coordinates, one fma per lerp, round half to even), so
-results equal OpenCV's on all but about one sample in 10^5 and never differ by more than one
+results equal OpenCV's on all but a few values per million and never differ by more than one
 level. The kernel is ``warp_affine.cl.mako`` beside this file.
 """
 from __future__ import annotations
@@ -29,6 +29,7 @@ __all__ = ["letterbox", "warp_affine", "scale_boxes", "letterbox_matrix"]
 TEMPLATE = "clkernels/warp_affine.cl.mako"
 _ALIGN = 64           # byte alignment of each image inside a packed buffer
 _INT_MAX = 2**31 - 1  # per-image byte offsets and pixel counts are int in the kernel
+_MAX_SIDE = 2**22     # the kernel's float floor is exact below this
 
 
 # ----------------------------------------------------------------------------- geometry
@@ -111,6 +112,9 @@ def _check_image(img, name: str):
             f"{name} has strides {tuple(img.strides)}: rows may be padded (any row pitch >= "
             f"width * pixel step) and pixels may be spaced (step >= 3), but channels must be "
             f"consecutive bytes and the strides positive; pass np.ascontiguousarray({name})")
+    if h >= _MAX_SIDE or w >= _MAX_SIDE:
+        raise ValueError(f"{name} is {w}x{h}; sides of {_MAX_SIDE} pixels or more are not "
+                         "supported (resize it first)")
     span = (h - 1) * pitch + (w - 1) * step + 3
     if span > _INT_MAX:
         raise ValueError(f"{name} spans {span} bytes; images over 2 GiB are not supported "
@@ -404,7 +408,7 @@ def _run(images, name, d2i_of, dst_w, dst_h, border, device, program_name, param
                       dst_w, dst_h, 0, vec, bargs)
         if zero_copy:
             # Mapping makes the device's writes visible in host memory (a no-op on PoCL).
-            mapped, map_evt = cl.enqueue_map_buffer(runtime.queue, out_buf, cl.map_flags.READ, 0,
+            mapped, _ = cl.enqueue_map_buffer(runtime.queue, out_buf, cl.map_flags.READ, 0,
                                                     target.shape, target.dtype, wait_for=[evt],
                                                     is_blocking=True)
             mapped.base.release(runtime.queue)

@@ -290,6 +290,7 @@ def test_image_larger_than_a_buffer_is_refused_clearly(device, monkeypatch):
     (lambda d: clkernels.letterbox(np.zeros((4, 4), np.uint8), device=d), r"images must be an \[H, W, 3\]"),
     (lambda d: clkernels.letterbox(np.zeros((0, 4, 3), np.uint8), device=d), "images is empty"),
     (lambda d: clkernels.letterbox([], device=d), "images is an empty list"),
+    (lambda d: clkernels.letterbox(np.zeros((1, 2**22, 3), np.uint8), device=d), "sides of 4194304"),
     (lambda d: clkernels.letterbox([noise(3, 3), np.zeros((3, 3, 3), np.int16)], device=d), r"images\[1\] has dtype"),
     (lambda d: clkernels.letterbox(noise(4, 4)[::-1], device=d), "ascontiguousarray"),
     (lambda d: clkernels.letterbox(noise(4, 4)[..., ::-1], device=d), "ascontiguousarray"),
