@@ -179,6 +179,8 @@ def test_zero_batch_and_device_arrays(device):
     o = Options(group=2, group_channels=8)
     x, om = make_inputs(o, 0, 4, 4)
     assert dcnv4(x, om, **call_opts(o), device=device).shape == (0, 4, 4, 16)
+    g_in, g_om = dcnv4_backward(x, x, om, **call_opts(o), device=device)
+    assert g_in.shape == x.shape and g_om.shape == om.shape
     x, om = make_inputs(o, 1, 4, 5)
     dx, dom = cla.to_device(device.queue, x), cla.to_device(device.queue, om)
     out = dcnv4(dx, dom, **call_opts(o), device=device)
@@ -227,6 +229,18 @@ def test_backward_matches_central_differences(device, backward_problem, case):
     assert_close(g_in, g_x, rtol, "input gradient")
     assert_close(g_offset_mask, g_om, rtol, "offset/mask gradient")
     assert not np.any(g_offset_mask[..., o.group * o.taps * 3:])  # padding tail
+
+
+def test_deterministic_gradients(device, backward_problem):
+    """Offset/mask gradients are reduced in a fixed order on both paths; the owner path's
+    input gradient too. (The atomic path's input gradient may differ in its last bits.)"""
+    o, x, om, go, _ = backward_problem
+    for cfg in (KernelConfig(2, 2, scatter="owner"), KernelConfig(1, 1, scatter="atomic")):
+        runs = [dcnv4_backward(go, x, om, **call_opts(o), device=device, config=cfg) for _ in range(3)]
+        for g_in, g_om in runs[1:]:
+            np.testing.assert_array_equal(g_om, runs[0][1])
+            if cfg.scatter == "owner":
+                np.testing.assert_array_equal(g_in, runs[0][0])
 
 
 # ---------------------------------------------------------------- bad input
