@@ -30,7 +30,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from .schur import NormalEquations, Structure, LINEAR_SOLVERS
+from .schur import LINEAR_SOLVERS, NormalEquations, Structure, j_x
 from .summary import IterationSummary, SolverSummary
 
 DBL_MAX = np.finfo(np.float64).max
@@ -159,8 +159,8 @@ class Minimizer:
         st = self.st
         if it.iteration == 0:
             if self.o.jacobi_scaling:
-                col2 = np.concatenate([st.camera_sum(np.einsum("nki,nki->ni", jc, jc)).ravel(),
-                                       st.point_sum(np.einsum("nkj,nkj->nj", jp, jp)).ravel()])
+                col2 = np.concatenate([st.camera_sum(jc[:, 0] ** 2 + jc[:, 1] ** 2).ravel(),
+                                       st.point_sum(jp[:, 0] ** 2 + jp[:, 1] ** 2).ravel()])
                 self.scale = 1.0 / (1.0 + np.sqrt(col2))
             else:
                 self.scale = np.ones(self.x.size)
@@ -182,8 +182,7 @@ class Minimizer:
     def _model_residuals(self, step):
         st, nc9 = self.st, 9 * self.ev.nc
         sc, sp = step[:nc9].reshape(-1, 9), step[nc9:].reshape(-1, 3)
-        return (np.einsum("nki,ni->nk", self.neq.Jc, sc[st.cam]) +
-                np.einsum("nkj,nj->nk", self.neq.Jp, sp[st.pt]))
+        return j_x(self.neq.Jc, sc[st.cam]) + j_x(self.neq.Jp, sp[st.pt])
 
     # ------------------------------------------------------------------ the loop
     def run(self, x0):

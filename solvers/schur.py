@@ -30,8 +30,11 @@ import scipy.sparse.linalg as spla
 
 LINEAR_SOLVERS = ("sparse_schur", "iterative_schur")
 PAIR_CHUNK = 1 << 12
-# Dense Cholesky of the reduced camera matrix up to this size (LAPACK is fastest there); SuperLU above.
-DENSE_MAX = 1800
+# Dense LAPACK Cholesky of the reduced camera matrix up to this size, SuperLU above. SuperLU is
+# used throughout by default: it is single-threaded, and a multithreaded BLAS call on a machine whose
+# cores are busy (the OpenCL CPU device's workers, other processes) can take 10-20x longer than it
+# should, while SuperLU on a symmetric ordering costs about the same as a good dense Cholesky here.
+DENSE_MAX = 0
 
 
 def inv3_sym(m):
@@ -159,18 +162,33 @@ def sum_pair_products(pairs: Pairs, Z, W):
     return out
 
 
+def _gram2(A, B):
+    """``A[n]^T B[n]`` for 2-row blocks A (n, 2, a), B (n, 2, b) -> (n, a, b)."""
+    return np.matmul(A.transpose(0, 2, 1), B)
+
+
+def jt_r(J, r):
+    """``J[n]^T r[n]`` for 2-row blocks J (n, 2, k) and r (n, 2) -> (n, k)."""
+    return J[:, 0, :] * r[:, 0, None] + J[:, 1, :] * r[:, 1, None]
+
+
+def j_x(J, x):
+    """``J[n] x[n]`` for J (n, 2, k) and x (n, k) -> (n, 2)."""
+    return np.stack([np.sum(J[:, 0, :] * x, axis=1), np.sum(J[:, 1, :] * x, axis=1)], axis=1)
+
+
 class NormalEquations:
     """The blocks of ``J^T J`` and ``J^T f`` for one (scaled, corrected) Jacobian, kept across the
     linear solves of rejected steps (only ``D`` changes between them)."""
 
     def __init__(self, st: Structure, r, Jc, Jp):
         self.st, self.r, self.Jc, self.Jp = st, r, Jc, Jp
-        self.B = st.camera_sum(np.einsum("nki,nkj->nij", Jc, Jc))          # (nc, 9, 9)
-        self.V = st.point_sum(np.einsum("nki,nkj->nij", Jp, Jp))           # (npt, 3, 3)
-        self.W = Jc[:, 0, :, None] * Jp[:, 0, None, :]                     # (n, 9, 3) = Jc^T Jp
-        self.W += Jc[:, 1, :, None] * Jp[:, 1, None, :]
-        self.gc = st.camera_sum(np.einsum("nki,nk->ni", Jc, r))            # (nc, 9)
-        self.gp = st.point_sum(np.einsum("nkj,nk->nj", Jp, r))             # (npt, 3)
+        # Batched matmul: numpy's einsum is slower for these small shapes.
+        self.B = st.camera_sum(_gram2(Jc, Jc))                              # (nc, 9, 9)
+        self.V = st.point_sum(_gram2(Jp, Jp))                               # (npt, 3, 3)
+        self.W = _gram2(Jc, Jp)                                             # (n, 9, 3) = Jc^T Jp
+        self.gc = st.camera_sum(jt_r(Jc, r))                                # (nc, 9)
+        self.gp = st.point_sum(jt_r(Jp, r))                                 # (npt, 3)
 
     def column_norms2(self):
         """Squared column norms of J: the diagonal of J^T J, cameras then points."""
@@ -183,8 +201,12 @@ class NormalEquations:
 
     def _back_substitute(self, Vinv, yc):
         st = self.st
-        t = self.gp - st.point_sum(np.einsum("nij,ni->nj", self.W, yc[st.cam]))
-        return np.einsum("pij,pj->pi", Vinv, t)
+        y = yc[st.cam]
+        Wty = self.W[:, 0, :] * y[:, 0, None]        # W^T yc per observation, unrolled over 9
+        for i in range(1, 9):
+            Wty += self.W[:, i, :] * y[:, i, None]
+        t = self.gp - st.point_sum(Wty)
+        return (Vinv * t[:, None, :]).sum(axis=2)
 
     def solve(self, D, method="sparse_schur", eta=0.1, max_iterations=500, r_tolerance=-1.0):
         """Solve ``(J^T J + diag(D)^2) y = J^T f``; returns :class:`LinearSolution`. ``eta`` and
@@ -211,7 +233,9 @@ class NormalEquations:
     # ------------------------------------------------------------------ sparse_schur
     def _reduced_rhs(self, Z):
         st = self.st
-        return self.gc - st.camera_sum(np.einsum("nij,nj->ni", Z, self.gp[st.pt]))
+        g = self.gp[st.pt]
+        Zg = Z[:, :, 0] * g[:, 0, None] + Z[:, :, 1] * g[:, 1, None] + Z[:, :, 2] * g[:, 2, None]
+        return self.gc - st.camera_sum(Zg)
 
     def _solve_explicit(self, Vinv, Dc2):
         st = self.st
