@@ -43,7 +43,8 @@ from .runtime import get_runtime
 from .templates import BuildError, Storage, get_program
 
 __all__ = ["dcnv4", "dcnv4_backward", "Options", "KernelConfig", "LADDER", "offset_mask_channels",
-           "forward_config", "backward_config", "launch_forward", "launch_backward", "torch_dcnv4"]
+           "forward_config", "backward_config", "launch_forward", "launch_backward", "used_ptx",
+           "torch_dcnv4"]
 
 TEMPLATE = "clkernels/dcnv4.cl.mako"
 DTYPES = (np.float32, np.float16)
