@@ -28,8 +28,14 @@ _KERNELS = {
 
 def __getattr__(name):
     if name in _KERNELS:
-        module = importlib.import_module(f".{_KERNELS[name]}", __name__)
-        return getattr(module, name)
+        module_name = _KERNELS[name]
+        module = importlib.import_module(f".{module_name}", __name__)
+        # Importing a submodule binds its name here (clkernels.dcnv4 would become the module);
+        # bind every function it provides instead, so the names keep meaning the functions.
+        for exported, source in _KERNELS.items():
+            if source == module_name:
+                globals()[exported] = getattr(module, exported)
+        return globals()[name]
     raise AttributeError(f"module 'clkernels' has no attribute {name!r}")
 
 

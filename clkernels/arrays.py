@@ -74,13 +74,16 @@ def empty(runtime: Runtime, shape, dtype) -> cla.Array:
 
 def zeros(runtime: Runtime, shape, dtype) -> cla.Array:
     """A zero-filled device array, filled by a kernel. (pyopencl's ``zeros`` may use
-    clEnqueueFillBuffer, whose result Oclgrind's checks do not count as initialised.)"""
-    from .templates import build, ctype
+    clEnqueueFillBuffer, whose result Oclgrind's checks do not count as initialised.)
+    The fill writes integers of the element's size: all-zero bits are 0 in every type, and
+    no device needs cl_khr_fp16 to zero a half buffer."""
+    from .templates import build, kernel
     out = empty(runtime, shape, dtype)
     if out.size:
-        t = ctype(dtype)
-        src = f"__kernel void zero_fill(__global {t} *a) {{ a[get_global_id(0)] = ({t})0; }}"
-        out.add_event(build(src, runtime).zero_fill(runtime.queue, (out.size,), None, out.data))
+        bits = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}[out.dtype.itemsize]
+        src = f"__kernel void zero_fill(__global {bits} *a) {{ a[get_global_id(0)] = 0; }}"
+        k = kernel(build(src, runtime), "zero_fill")
+        out.add_event(k(runtime.queue, (out.size,), None, out.data))
     return out
 
 

@@ -325,9 +325,6 @@ def test_nvidia_inline_ptx_falls_back_where_refused(device):
         dcnv4_module._ptx_refused.update(saved)
 
 
-@pytest.mark.xfail(strict=True, reason="clkernels/__init__.py: importing the submodule "
-                   "clkernels.dcnv4 rebinds the package attribute to the module; __getattr__ "
-                   "should cache the function in globals()")
 def test_package_attribute_stays_the_function():
     first = clkernels.dcnv4
     assert clkernels.dcnv4 is first is dcnv4
