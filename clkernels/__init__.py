@@ -5,39 +5,20 @@ rendering with a build cache (:mod:`clkernels.templates`), and the vision kernel
 ``name.py`` launcher beside its ``name.cl.mako`` template. ``python -m clkernels`` lists
 the OpenCL devices and marks the one that would be chosen.
 """
-import importlib
-
 from .runtime import (DeviceInfo, DeviceNotFoundError, NoPlatformError, Runtime,
                       describe_devices, get_runtime, list_devices, match_devices,
                       select_device, use_device)
 from .templates import BuildError, FP64Error, build, get_program, render
 
-# Kernels are imported on first use, so that importing clkernels stays cheap and one
-# kernel's module never costs the others. Name -> module that defines it.
-_KERNELS = {
-    "deformable_aggregation": "deformable_aggregation",
-    "deformable_aggregation_backward": "deformable_aggregation",
-    "feature_maps_format": "deformable_aggregation",
-    "dcnv4": "dcnv4",
-    "dcnv4_backward": "dcnv4",
-    "letterbox": "warp_affine",
-    "warp_affine": "warp_affine",
-    "scale_boxes": "warp_affine",
-}
+# The kernels' launchers. Imported here (they build nothing until first called) so that
+# clkernels.dcnv4 is the function, not the submodule of the same name that holds it.
+from .dcnv4 import dcnv4, dcnv4_backward  # noqa: E402
+from .deformable_aggregation import (deformable_aggregation,  # noqa: E402
+                                     deformable_aggregation_backward, feature_maps_format)
+from .warp_affine import letterbox, scale_boxes, warp_affine  # noqa: E402
 
-
-def __getattr__(name):
-    if name in _KERNELS:
-        module_name = _KERNELS[name]
-        module = importlib.import_module(f".{module_name}", __name__)
-        # Importing a submodule binds its name here (clkernels.dcnv4 would become the module);
-        # bind every function it provides instead, so the names keep meaning the functions.
-        for exported, source in _KERNELS.items():
-            if source == module_name:
-                globals()[exported] = getattr(module, exported)
-        return globals()[name]
-    raise AttributeError(f"module 'clkernels' has no attribute {name!r}")
-
+_KERNELS = ["deformable_aggregation", "deformable_aggregation_backward", "feature_maps_format",
+            "dcnv4", "dcnv4_backward", "letterbox", "warp_affine", "scale_boxes"]
 
 __all__ = ["DeviceInfo", "DeviceNotFoundError", "NoPlatformError", "Runtime", "BuildError",
            "FP64Error", "describe_devices", "get_runtime", "list_devices", "match_devices",
