@@ -10,6 +10,7 @@ bytes_moved counts each source image once plus the float32 blob written; frac_of
 that rate over the 4.26 TB/s an OpenCL copy reaches on the H200 (meaningful there only).
 Before timing, the blob is checked against OpenCV's: within one level everywhere.
 """
+import importlib
 import os
 import sys
 
@@ -22,7 +23,7 @@ import cv2  # noqa: E402
 import pyopencl.array as cla  # noqa: E402
 
 import clkernels  # noqa: E402
-from clkernels import warp_affine as wa  # noqa: E402
+wa = importlib.import_module("clkernels.warp_affine")  # the module (clkernels.warp_affine is the function)
 
 PEAK_BYTES_PER_S = 4.26e12  # H200, OpenCL float4 copy (../shared/device/README.md)
 SRC_W, SRC_H, DST = 1920, 1080, 640

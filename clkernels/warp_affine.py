@@ -12,8 +12,6 @@ level. The kernel is ``warp_affine.cl.mako`` beside this file.
 """
 from __future__ import annotations
 
-import sys
-import types
 from typing import List, Tuple
 
 import numpy as np
@@ -499,15 +497,3 @@ def warp_affine(image, M, dsize, border_value=114, device=None, _zero_copy=None)
                      lambda n: (n, dst_h, dst_w, 3), (), zero_copy=_zero_copy)
     return out[0] if not arrays.is_device_array(out) else out.reshape(dst_h, dst_w, 3)
 
-
-class _CallableModule(types.ModuleType):
-    """Importing this module makes Python bind ``clkernels.warp_affine`` to the module, over
-    the function of the same name that ``clkernels.__getattr__`` returned on first use.
-    Calling the module therefore calls the function, so ``clkernels.warp_affine(...)``
-    works whatever was imported first."""
-
-    def __call__(self, *args, **kwargs):
-        return warp_affine(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
