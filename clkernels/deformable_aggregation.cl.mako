@@ -21,10 +21,12 @@
 ##                 on GPUs)
 ##   SPLIT         forward: work-items that share one output, each taking every SPLIT-th
 ##                 (point, camera), summed in local memory in a fixed order
+##   SCATTER       backward: feature gradient by atomic scatter in da_backward (True) or by
+##                 da_index + da_backward_feat (False)
 ##   info          DeviceInfo (chooses the atomic add)
 ##   KIND          'aggregate' (everything below) or 'format' (feature_maps_format only)
 <%page args="KIND, E=None, st=None, ws=None, info=None, C=1, G=1, S=0, CPT=1, VEC=1,
-              INTERLEAVE=False, SPLIT=1, CPG=1, IPG=1, ITEMS=1"/>
+              INTERLEAVE=False, SPLIT=1, SCATTER=True, CPG=1, IPG=1, ITEMS=1"/>
 <%namespace name="common" file="/clkernels/common.cl.mako"/>
 %if KIND == 'format':
 // feature_maps_format on the device: one level [bs, cams, C, H*W] into its rows of
@@ -194,12 +196,17 @@ __kernel void da_forward(
 // group, then over groups) and writes each gradient once: no atomics for them, and a fixed
 // summation order.
 //
-// The feature gradient is a scatter with the shared float atomic add. The deterministic
-// alternative (each feature row gathering from an inverse index of the samples that touch
-// it) needs a sort of all samples by pixel on every call; the scatter touches each
-// (sample, corner, channel) exactly once, coalesced when INTERLEAVE puts neighbouring
-// channels on neighbouring work-items, and on NVIDIA it is a single reduction instruction.
-// Its order of summation, and so the last bits of grad_feat, may vary between runs.
+// The feature gradient has two formulations (SCATTER):
+// - scatter, here: each (sample, corner, channel) is added with the shared float atomic add.
+//   It touches every contribution once, coalesced when INTERLEAVE puts neighbouring channels
+//   on neighbouring work-items, and on NVIDIA each add is one reduction instruction; but the
+//   order of the additions, and so the last bits of grad_feat, may vary between runs, and on
+//   CPUs every add is a compare-and-swap loop.
+// - gather, below (da_index + da_backward_feat): an inverse index lists, per bilinear cell,
+//   the samples whose top-left corner it is, in sample order; each work-item then owns a
+//   feature row's channels and sums its contributions in a fixed order. Deterministic, no
+//   atomics, each gradient element written once (no zero-fill); it pays for building the
+//   index and for recomputing each sample's bilinear weights from every corner.
 __kernel void da_backward(
     __global const ${st.ptr} *restrict feat,
     __global const int *restrict shape,
@@ -207,7 +214,9 @@ __kernel void da_backward(
     __global const float *restrict loc,
     __global const ${ws.ptr} *restrict weights,
     __global const ${st.ptr} *restrict grad_out,
+%if SCATTER:
     __global float *restrict grad_feat,      // float accumulator, zero-filled
+%endif
     __global float *restrict grad_loc,
     __global ${ws.ptr} *restrict grad_w,
     const int A, const int P, const int cams, const int num_feat, const int n_qc,
@@ -232,7 +241,9 @@ __kernel void da_backward(
             float go[${CPT}];
             ${load_channels('go', 'grad_out + (size_t)ba * ' + str(C) + ' + c0', st)}
             __global const ${st.ptr} *fb = feat + (size_t)b * num_feat * ${C} + c0;
+%if SCATTER:
             __global float *gb = grad_feat + (size_t)b * num_feat * ${C} + c0;
+%endif
 %for s in range(S):
             {
                 const int cs = cam * ${S} + ${s};
@@ -269,6 +280,7 @@ __kernel void da_backward(
                     gw[${s}] = sw;
                     gx += (float)W * wgt * sx;
                     gy += (float)H * wgt * sy;
+%if SCATTER:
                     for (int k = 0; k < 4; ++k) {
                         if (idx[k] < 0) continue;
                         __global float *g = gb + row0 + (size_t)idx[k] * ${C};
@@ -277,6 +289,7 @@ __kernel void da_backward(
                         atomic_add_float(g + ${(str(j * IPG) if INTERLEAVE else str(j))}, go[${j}] * coef);
 %endfor
                     }
+%endif
                 }
             }
 %endfor
@@ -313,6 +326,125 @@ __kernel void da_backward(
         for (int gg = 0; gg < ${G}; ++gg) sum += red2[o * ${G} + gg];
         grad_loc[2 * oqc + (o & 1)] = sum;
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Inverse index for the gathered feature gradient. One work-group per plane (b, cam, s); its
+// R work-items split the plane's (H + 1) x (W + 1) bilinear cells into R ranges. A sample
+// belongs to the cell of its top-left corner (floor(h) + 1, floor(w) + 1). Each item walks
+// all the plane's samples in order and keeps those of its cells: first counting them, then,
+// once the work-group knows where each range starts, writing their ids. No atomics; the ids
+// of a cell come out in increasing sample order, so the gather sums in a fixed order.
+inline int sample_cell(float x, float y, int H, int W)
+{
+    if (!location_inside(x, y)) return -1;
+    const float h = pixel_pos(y, H), w = pixel_pos(x, W);
+    if (!(h > -1.0f && h < (float)H && w > -1.0f && w < (float)W)) return -1;
+    return ((int)floor(h) + 1) * (W + 1) + (int)floor(w) + 1;
+}
+
+__kernel void da_index(
+    __global const int *restrict shape,
+    __global const float *restrict loc,
+    __global const int *restrict cell_base,   // [cams * S + 1]: first cell of each (cam, s)
+    __global int *restrict cell_count,        // [bs * cells], scratch
+    __global int *restrict cell_start,        // [bs * cells]
+    __global int *restrict cell_end,          // [bs * cells]
+    __global int *restrict entries,           // [bs * cams * S * A * P]: in-plane sample ids
+    const int A, const int P, const int cams,
+    __local int *restrict totals)             // [R]
+{
+    const int plane = get_group_id(0), r = get_local_id(0), R = get_local_size(0);
+    const int b = plane / (cams * ${S}), cs = plane - b * cams * ${S};
+    const int cam = cs / ${S};
+    const int H = shape[2 * cs], W = shape[2 * cs + 1];
+    const int n_cells = cell_base[cs + 1] - cell_base[cs];
+    const int first = (int)((long)n_cells * r / R), last = (int)((long)n_cells * (r + 1) / R);
+    const size_t cb = (size_t)b * cell_base[cams * ${S}] + cell_base[cs];
+    const int n_samples = A * P;
+    for (int c = first; c < last; ++c) cell_count[cb + c] = 0;
+    int mine = 0;
+    for (int i = 0; i < n_samples; ++i) {
+        const size_t qc = ((size_t)b * n_samples + i) * cams + cam;
+        const int c = sample_cell(loc[2 * qc], loc[2 * qc + 1], H, W);
+        if (c >= first && c < last) { ++cell_count[cb + c]; ++mine; }
+    }
+    totals[r] = mine;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    int pos = plane * n_samples;
+    for (int q = 0; q < r; ++q) pos += totals[q];
+    for (int c = first; c < last; ++c) {
+        cell_start[cb + c] = pos;
+        cell_end[cb + c] = pos;
+        pos += cell_count[cb + c];
+    }
+    for (int i = 0; i < n_samples; ++i) {
+        const size_t qc = ((size_t)b * n_samples + i) * cams + cam;
+        const int c = sample_cell(loc[2 * qc], loc[2 * qc + 1], H, W);
+        if (c >= first && c < last) entries[cell_end[cb + c]++] = i;
+    }
+}
+
+// Gathered feature gradient: a work-item owns CPT channels of one feature row, finds the
+// (cam, s) blocks that hold the row, and for each of its four roles (the top-left, top-right,
+// bottom-left or bottom-right corner of a sample) sums over the samples of the matching cell.
+__kernel void da_backward_feat(
+    __global const int *restrict shape,
+    __global const int *restrict start,
+    __global const float *restrict loc,
+    __global const ${ws.ptr} *restrict weights,
+    __global const ${st.ptr} *restrict grad_out,
+    __global const int *restrict cell_base,
+    __global const int *restrict cell_start,
+    __global const int *restrict cell_end,
+    __global const int *restrict entries,
+    __global ${st.ptr} *restrict grad_feat,
+    const int A, const int P, const int cams, const int num_feat, const int n_items)
+{
+    const int gid = get_global_id(0);
+    if (gid >= n_items) return;
+    const int brow = gid / ${ITEMS}, t_item = gid - brow * ${ITEMS};
+    ${item_channels('t_item')}
+    const int b = brow / num_feat, row = brow - b * num_feat;
+    const int n_samples = A * P;
+    float acc[${CPT}];
+%for j in range(CPT):
+    acc[${j}] = 0.0f;
+%endfor
+    for (int cam = 0; cam < cams; ++cam) {
+%for s in range(S):
+        {
+            const int cs = cam * ${S} + ${s};
+            const int H = shape[2 * cs], W = shape[2 * cs + 1];
+            const int pix = row - start[cs];
+            if (pix >= 0 && pix < H * W) {
+                const int y = pix / W, x = pix - y * W;
+                const size_t cb = (size_t)b * cell_base[cams * ${S}] + cell_base[cs];
+                for (int k = 0; k < 4; ++k) {
+                    // the cell whose corner k is this pixel: top-left at (y - k / 2, x - k % 2)
+                    const int cell = (y - (k >> 1) + 1) * (W + 1) + x - (k & 1) + 1;
+                    const int e1 = cell_end[cb + cell];
+                    for (int e = cell_start[cb + cell]; e < e1; ++e) {
+                        const int i = entries[e];
+                        const size_t qc = ((size_t)b * n_samples + i) * cams + cam;
+                        const float h = pixel_pos(loc[2 * qc + 1], H), w = pixel_pos(loc[2 * qc], W);
+                        int idx[4]; float wt[4]; float lh, lw;
+                        bilinear_taps_float(h, w, H, W, idx, wt, &lh, &lw);
+                        const float coef = wt[k] * ${ws.load('weights', '(qc * ' + str(S) + ' + ' + str(s) + ') * ' + str(G) + ' + grp')};
+                        const int a = i / P;
+                        float go[${CPT}];
+                        ${load_channels('go', 'grad_out + ((size_t)b * A + a) * ' + str(C) + ' + c0', st)}
+%for j in range(CPT):
+                        acc[${j}] += coef * go[${j}];
+%endfor
+                    }
+                }
+            }
+        }
+%endfor
+    }
+    __global ${st.ptr} *o = grad_feat + (size_t)brow * ${C} + c0;
+    ${store_channels('acc', 'o', st)}
 }
 
 // ---------------------------------------------------------------------------------------

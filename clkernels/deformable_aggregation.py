@@ -16,8 +16,6 @@ storage, float arithmetic); weights float32 or float16; locations float32.
 from __future__ import annotations
 
 import dataclasses
-import sys
-import types
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -26,7 +24,7 @@ import pyopencl as cl
 from . import arrays
 from .arrays import check_array, is_device_array
 from .runtime import DeviceInfo, Runtime, get_runtime
-from .templates import Storage, build, get_program, storage
+from .templates import Storage, get_program, kernel, storage
 
 __all__ = ["deformable_aggregation", "deformable_aggregation_backward", "feature_maps_format",
            "Config", "default_config", "enqueue_forward", "enqueue_backward",
@@ -44,12 +42,16 @@ class Config:
     """Kernel shape. ``cpt`` channels of one group per work-item; ``vec`` load width for the
     contiguous layout; ``interleave`` gives a work-item channels i, i + C/G/cpt, ... instead
     of cpt adjacent ones; ``split`` (forward) work-items sharing one output; ``local_size``
-    the wanted work-group size (capped by the device)."""
+    the wanted work-group size (capped by the device). Backward: ``feature_grad`` "scatter"
+    (float atomics) or "gather" (deterministic, through an inverse index built with
+    ``index_size`` work-items per (batch, camera, scale) plane)."""
     cpt: int = 4
     vec: int = 4
     interleave: bool = False
     split: int = 1
     local_size: int = 256
+    feature_grad: str = "scatter"
+    index_size: int = 64
 
 
 def _pow2_divisor(n: int, cap: int) -> int:
@@ -65,8 +67,9 @@ def default_config(info: DeviceInfo, channels: int, groups: int, direction: str 
     atomics, neighbouring channels on neighbouring work-items."""
     cpg = max(channels // max(groups, 1), 1)
     if info.is_cpu or info.is_simulator:
+        # CPUs: compare-and-swap float adds are slow, so the backward gathers.
         cpt = _pow2_divisor(cpg, 16)
-        return Config(cpt=cpt, vec=min(cpt, 8), local_size=64)
+        return Config(cpt=cpt, vec=min(cpt, 8), local_size=64, feature_grad="gather", index_size=8)
     cpt = _pow2_divisor(cpg, 4)
     if direction == "backward":
         return Config(cpt=cpt, vec=1, interleave=True, local_size=256)
@@ -82,6 +85,7 @@ class _Problem:
     feat: object
     loc: object
     weights: object
+    shape: np.ndarray
     shape_dev: object
     start_dev: object
     bs: int
@@ -167,7 +171,7 @@ def _prepare(mc_ms_feat, spatial_shape, scale_start_index, sampling_location, we
         runtime, any(is_device_array(t) for t in tensors),
         arrays.to_device(runtime, feat, "mc_ms_feat"), arrays.to_device(runtime, loc, "sampling_location"),
         arrays.to_device(runtime, w, "weights"),
-        _device_table(runtime, shape), _device_table(runtime, start),
+        shape, _device_table(runtime, shape), _device_table(runtime, start),
         bs, num_feat, C, A, P, cams, S, G, storage(feat.dtype, runtime), storage(w.dtype, runtime))
 
 
@@ -179,26 +183,21 @@ def _check_config(cfg: Config, prob: _Problem) -> Config:
         raise ValueError(f"config.vec = {cfg.vec} must be 1, 2, 3, 4, 8 or 16 and divide cpt = {cfg.cpt}")
     if cfg.split < 1 or cfg.split & (cfg.split - 1):
         raise ValueError(f"config.split = {cfg.split} must be a power of two")
+    if cfg.feature_grad not in ("scatter", "gather"):
+        raise ValueError(f"config.feature_grad must be 'scatter' or 'gather', not {cfg.feature_grad!r}")
     return cfg
 
 
-_kernels: dict = {}
-
-
 def _kernel(prob: _Problem, cfg: Config, name: str) -> cl.Kernel:
-    """One kernel object per (program, name): pyopencl warns that each retrieval is costly."""
-    program = _program(prob, cfg)
-    key = (id(program), name)
-    if key not in _kernels:
-        _kernels[key] = (program, cl.Kernel(program, name))  # holding program keeps id() unique
-    return _kernels[key][1]
+    return kernel(_program(prob, cfg), name)
 
 
 def _program(prob: _Problem, cfg: Config):
     return get_program(
         TEMPLATE, prob.runtime, KIND="aggregate", st=prob.st, ws=prob.ws, info=prob.runtime.info,
         C=prob.C, G=prob.G, S=prob.S, CPT=cfg.cpt, VEC=1 if cfg.interleave else cfg.vec,
-        INTERLEAVE=cfg.interleave, SPLIT=cfg.split, CPG=prob.C // prob.G,
+        INTERLEAVE=cfg.interleave, SPLIT=cfg.split, SCATTER=cfg.feature_grad == "scatter",
+        CPG=prob.C // prob.G,
         IPG=prob.C // prob.G // cfg.cpt, ITEMS=prob.C // cfg.cpt)
 
 
@@ -225,6 +224,14 @@ def _check_original(prob: _Problem):
                          "too many for 32-bit ids at these shapes")
 
 
+def _scratch(runtime: Runtime, shape, dtype):
+    """A buffer that kernels write and later kernels read (host-written on the simulator,
+    for the reason given in :func:`_zeros`)."""
+    if runtime.info.is_simulator:
+        return arrays.to_device(runtime, np.zeros(shape, dtype))
+    return arrays.empty(runtime, shape, dtype)
+
+
 def _zeros(runtime: Runtime, shape, dtype):
     """Zero-filled accumulator. On the Oclgrind simulator it is written from the host: its
     uninitialised-memory checker keeps the shadow of a released buffer and reuses it, at the
@@ -236,8 +243,8 @@ def _zeros(runtime: Runtime, shape, dtype):
     return arrays.zeros(runtime, shape, dtype)
 
 
-def _launch_1d(prob: _Problem, kernel, n: int, *args, wait_for=None):
-    lsize = arrays.work_group_size(prob.runtime, kernel, 256)
+def _launch_1d(prob: _Problem, kernel, n: int, *args, wait_for=None, wanted=256):
+    lsize = arrays.work_group_size(prob.runtime, kernel, wanted)
     return kernel(prob.runtime.queue, (arrays.round_up(n, lsize),), (lsize,), *args, wait_for=wait_for)
 
 
@@ -306,13 +313,14 @@ def enqueue_backward(prob: _Problem, grad_out, variant: str = "optimized",
     rt, events = prob.runtime, []
     cfg = _check_config(config or default_config(rt.info, prob.C, prob.G, "backward"), prob)
     n_qc = prob.bs * prob.A * prob.P * prob.cams
-    g_feat = _zeros(rt, (prob.bs, prob.num_feat, prob.C), np.float32)
-    wait = [*prob.feat.events, *prob.loc.events, *prob.weights.events, *grad_out.events, *g_feat.events]
-    common = [prob.feat.data, prob.shape_dev.data, prob.start_dev.data, prob.loc.data,
-              prob.weights.data, grad_out.data, g_feat.data]
+    wait = [*prob.feat.events, *prob.loc.events, *prob.weights.events, *grad_out.events]
     loc_shape, w_shape = (prob.bs, prob.A, prob.P, prob.cams, 2), (prob.bs, prob.A, prob.P, prob.cams, prob.S, prob.G)
     if variant == "original":
         _check_original(prob)
+        g_feat = _zeros(rt, (prob.bs, prob.num_feat, prob.C), np.float32)
+        wait += g_feat.events
+        common = [prob.feat.data, prob.shape_dev.data, prob.start_dev.data, prob.loc.data,
+                  prob.weights.data, grad_out.data, g_feat.data]
         g_loc = _zeros(rt, loc_shape, np.float32)
         g_w = _zeros(rt, w_shape, np.float32)
         n = n_qc * prob.S * prob.C
@@ -326,27 +334,67 @@ def enqueue_backward(prob: _Problem, grad_out, variant: str = "optimized",
                 _to_storage(prob, cfg, g_w, prob.ws, events)), events
     if variant != "optimized":
         raise ValueError(f"variant must be one of {VARIANTS}, not {variant!r}")
+    if not (n_qc and prob.C):  # nothing is sampled: every gradient is zero
+        return tuple(_to_storage(prob, cfg, _zeros(rt, shp, np.float32), st, events)
+                     for shp, st in (((prob.bs, prob.num_feat, prob.C), prob.st),
+                                     (loc_shape, Storage(np.float32)), (w_shape, prob.ws))), events
+    gather = cfg.feature_grad == "gather"
+    if gather:
+        g_feat = arrays.empty(rt, (prob.bs, prob.num_feat, prob.C), prob.st.dtype)
+        events += _gather_feature_grad(prob, cfg, grad_out, g_feat, wait)
+    else:
+        g_feat = _zeros(rt, (prob.bs, prob.num_feat, prob.C), np.float32)
+        wait += g_feat.events
     g_loc = arrays.empty(rt, loc_shape, np.float32)
     g_w = arrays.empty(rt, w_shape, prob.ws.dtype)
-    if n_qc and prob.C:
-        kernel = _kernel(prob, cfg, 'da_backward')
-        items = prob.C // cfg.cpt
-        limit = arrays.work_group_size(rt, kernel, max(cfg.local_size, items))
-        if items > limit:
-            raise ValueError(f"C / config.cpt = {items} work-items per sample exceed this device's "
-                             f"work-group limit {limit}: use more channels per work-item")
-        qpw = max(1, min(cfg.local_size, limit) // items)
-        lsize = qpw * items
-        red = cl.LocalMemory(4 * (prob.S + 2) * lsize)
-        red2 = cl.LocalMemory(4 * qpw * 2 * prob.G)
-        events.append(kernel(rt.queue, (-(-n_qc // qpw) * lsize,), (lsize,), *common, g_loc.data,
-                             g_w.data, *_sizes(prob), np.int32(n_qc), red, red2, wait_for=wait))
-        for a in (g_feat, g_loc, g_w):
-            a.add_event(events[-1])
-    elif g_w.size or g_loc.size:  # no channels: every gradient is zero
-        g_loc = _zeros(rt, loc_shape, np.float32)
-        g_w = _to_storage(prob, cfg, _zeros(rt, w_shape, np.float32), prob.ws, events)
+    kernel = _kernel(prob, cfg, 'da_backward')
+    items = prob.C // cfg.cpt
+    limit = arrays.work_group_size(rt, kernel, max(cfg.local_size, items))
+    if items > limit:
+        raise ValueError(f"C / config.cpt = {items} work-items per sample exceed this device's "
+                         f"work-group limit {limit}: use more channels per work-item")
+    qpw = max(1, min(cfg.local_size, limit) // items)
+    lsize = qpw * items
+    red = cl.LocalMemory(4 * (prob.S + 2) * lsize)
+    red2 = cl.LocalMemory(4 * qpw * 2 * prob.G)
+    args = [prob.feat.data, prob.shape_dev.data, prob.start_dev.data, prob.loc.data,
+            prob.weights.data, grad_out.data] + ([] if gather else [g_feat.data])
+    events.append(kernel(rt.queue, (-(-n_qc // qpw) * lsize,), (lsize,), *args, g_loc.data,
+                         g_w.data, *_sizes(prob), np.int32(n_qc), red, red2, wait_for=wait))
+    for a in (g_feat, g_loc, g_w):
+        a.add_event(events[-1])
+    if gather:
+        return (g_feat, g_loc, g_w), events
     return (_to_storage(prob, cfg, g_feat, prob.st, events), g_loc, g_w), events
+
+
+def _gather_feature_grad(prob: _Problem, cfg: Config, grad_out, g_feat, wait) -> list:
+    """Inverse index of samples per bilinear cell, then the feature gradient row by row."""
+    rt = prob.runtime
+    cells = ((prob.shape[..., 0] + 1) * (prob.shape[..., 1] + 1)).ravel()
+    cell_base = np.concatenate([[0], np.cumsum(cells)]).astype(np.int64)
+    n_planes, n_samples = prob.bs * prob.cams * prob.S, prob.A * prob.P
+    if prob.bs * int(cell_base[-1]) > INT32_MAX:
+        raise ValueError("spatial_shape: too many bilinear cells for 32-bit indexing; split the batch")
+    base_dev = _device_table(rt, cell_base)
+    count, first, end = (_scratch(rt, prob.bs * int(cell_base[-1]), np.int32) for _ in range(3))
+    entries = _scratch(rt, max(n_planes * n_samples, 1), np.int32)
+    events = []
+    if n_planes:  # (the caller has checked that there are samples)
+        index = _kernel(prob, cfg, 'da_index')
+        R = arrays.work_group_size(rt, index, cfg.index_size)
+        events.append(index(rt.queue, (n_planes * R,), (R,), prob.shape_dev.data, prob.loc.data,
+                            base_dev.data, count.data, first.data, end.data, entries.data,
+                            np.int32(prob.A), np.int32(prob.P), np.int32(prob.cams), cl.LocalMemory(4 * R),
+                            wait_for=wait + count.events + first.events + end.events + entries.events))
+    n_items = prob.bs * prob.num_feat * (prob.C // cfg.cpt)
+    if n_items:  # rows in no block, or with no scale at all, are written as zeros
+        gather = _kernel(prob, cfg, 'da_backward_feat')
+        events.append(_launch_1d(prob, gather, n_items, prob.shape_dev.data, prob.start_dev.data,
+                                 prob.loc.data, prob.weights.data, grad_out.data, base_dev.data, first.data,
+                                 end.data, entries.data, g_feat.data, *_sizes(prob), np.int32(n_items),
+                                 wait_for=wait + events, wanted=cfg.local_size))
+    return events
 
 
 def deformable_aggregation_backward(grad_out, mc_ms_feat, spatial_shape, scale_start_index,
@@ -463,14 +511,3 @@ def __getattr__(name):
         return _lazy[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-
-# Importing this module binds ``clkernels.deformable_aggregation`` to the module (Python sets a
-# submodule as an attribute of its package), which would hide the function of the same name
-# that ``clkernels`` exports. Calling the module calls the function, so
-# ``clkernels.deformable_aggregation(...)`` works in every import order.
-class _CallableModule(types.ModuleType):
-    def __call__(self, *args, **kwargs):
-        return deformable_aggregation(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -92,6 +92,11 @@ def smooth_locations(rng, loc, shape, margin=0.02):
     return loc
 
 
+def _default(device, direction):
+    import importlib
+    return importlib.import_module("clkernels.deformable_aggregation").default_config(device.info, 8, 2, direction)
+
+
 def tolerance(ref, rel):
     return dict(rtol=rel, atol=rel * max(1.0, float(np.abs(ref).max())))
 
@@ -222,19 +227,49 @@ def test_backward_tiny(device, variant, config):
         np.testing.assert_array_equal(g, 0)  # outside and NaN: exactly zero, never NaN
 
 
+BACKWARD_CONFIGS = [
+    ("optimized", None),
+    ("optimized", Config(cpt=1, vec=1, feature_grad="scatter")),
+    ("optimized", Config(cpt=2, interleave=True, local_size=32, feature_grad="scatter")),
+    ("optimized", Config(cpt=4, vec=2, feature_grad="gather", index_size=4)),
+    ("optimized", Config(cpt=2, interleave=True, feature_grad="gather", index_size=1)),
+    ("original", None)]
+
+
 @pytest.mark.oclgrind
-@pytest.mark.parametrize("variant,config", [("optimized", None), ("optimized", Config(cpt=1, vec=1)),
-                                            ("optimized", Config(cpt=2, interleave=True, local_size=32)),
-                                            ("original", None)])
+@pytest.mark.parametrize("variant,config", BACKWARD_CONFIGS)
 def test_backward_matches_central_differences(device, variant, config):
     args, go = _backward_problem(8, bs=2, A=3, P=2, cams=2, C=8, G=2)
-    _, g_loc, g_w = _check_backward(device, args, go, variant, config, 1e-5)
+    g_feat, g_loc, g_w = _check_backward(device, args, go, variant, config, 1e-5)
     np.testing.assert_array_equal(g_loc[0, 0, 0, 0], 0)
-    # Location and weight gradients are reduced in a fixed order: same bits every run.
+    # Location and weight gradients are reduced in a fixed order, and the gathered feature
+    # gradient sums in sample order: same bits every run.
     again = clkernels.deformable_aggregation_backward(go, *args, device=device, variant=variant, config=config)
+    used = config or _default(device, "backward")
     if variant == "optimized":
         np.testing.assert_array_equal(again[1], g_loc)
         np.testing.assert_array_equal(again[2], g_w)
+        if used.feature_grad == "gather":
+            np.testing.assert_array_equal(again[0], g_feat)
+
+
+@pytest.mark.oclgrind
+@pytest.mark.parametrize("feature_grad", ["scatter", "gather"])
+def test_blocks_may_overlap_or_leave_gaps(device, feature_grad):
+    """scale_start_index need not tile mc_ms_feat: rows in no block get no gradient, rows in
+    two blocks get both contributions."""
+    rng = np.random.default_rng(14)
+    shape = np.array([[[3, 4], [2, 2]], [[2, 3], [1, 1]]], np.int32)
+    start = np.array([[2, 10], [20, 21]], np.int32)  # (0, 0), (0, 1) share rows 10..13; 0, 1, 14..19, 26.. unused
+    feat = rng.standard_normal((2, 30, 8)).astype(np.float32)
+    loc = smooth_locations(rng, rng.uniform(0, 1, (2, 3, 2, 2, 2)).astype(np.float32), shape)
+    weights = rng.standard_normal((2, 3, 2, 2, 2, 2)).astype(np.float32)
+    args = (feat, shape, start, loc, weights)
+    ref = reference(*args)
+    np.testing.assert_allclose(clkernels.deformable_aggregation(*args, device=device), ref, **tolerance(ref, 1e-5))
+    go = rng.standard_normal(ref.shape).astype(np.float32)
+    g_feat, _, _ = _check_backward(device, args, go, "optimized", Config(cpt=2, vec=2, feature_grad=feature_grad), 1e-5)
+    np.testing.assert_array_equal(g_feat[:, list(range(2)) + list(range(14, 20)) + list(range(26, 30))], 0)
 
 
 @pytest.mark.oclgrind
@@ -242,8 +277,9 @@ def test_backward_half_storage(device):
     """float16 features, weights and grad_out: half results within their rounding (2**-10
     relative), float32 location gradients within float accumulation."""
     args, go = _backward_problem(9, dtype=np.float16, bs=1, A=3, P=2, cams=2, C=8, G=2)
-    for variant in ("optimized", "original"):
-        g = _check_backward(device, args, go, variant, None, 2.0**-10)
+    for variant, config in (("optimized", Config(cpt=2, vec=2, feature_grad="gather")),
+                            ("optimized", Config(cpt=2, vec=2, feature_grad="scatter")), ("original", None)):
+        g = _check_backward(device, args, go, variant, config, 2.0**-10)
         assert g[0].dtype == np.float16 and g[1].dtype == np.float32 and g[2].dtype == np.float16
 
 
@@ -342,12 +378,13 @@ def test_empty_dimensions(device, dims):
 @pytest.mark.filterwarnings("ignore:Input #.* is not a double precision")
 def test_torch_autograd_gradcheck(device):
     torch = pytest.importorskip("torch")
+    from clkernels.deformable_aggregation import DeformableAggregationFunction
     rng = np.random.default_rng(13)
     feat, shape, start, loc, weights = problem(rng, bs=1, A=2, P=2, cams=2, C=4, G=2, special=False)
     loc = smooth_locations(rng, loc, shape, margin=0.05)
     loc[0, 0, 0, 0] = [1.5, 0.5]  # one sample outside
     with clkernels.use_device(device.device):
-        fn = clkernels.deformable_aggregation.DeformableAggregationFunction
+        fn = DeformableAggregationFunction
         inputs = (torch.from_numpy(feat).requires_grad_(), torch.from_numpy(shape.astype(np.int64)),
                   torch.from_numpy(start.astype(np.int64)), torch.from_numpy(loc).requires_grad_(),
                   torch.from_numpy(weights).requires_grad_())

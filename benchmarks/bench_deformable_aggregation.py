@@ -1,0 +1,165 @@
+"""Sparse4D deformable aggregation: forward and backward, float32 and float16 storage, at the
+Sparse4Dv3 inference shapes (bs 1, 900 anchors) and training shapes (bs 6, 1220 anchors): 13
+points, 6 cameras, 4 scales (64x176, 32x88, 16x44, 8x22), 8 groups, 256 channels, locations
+uniform in [-0.1, 1.1]. The original one-work-item-per-(sample, channel) atomic design runs in
+the same process as the peer; on GPUs a few other kernel configurations are timed too.
+
+Columns: median kernel time (OpenCL events, zero-fills and half conversions included),
+``GB_per_s`` = bytes the kernels request (every bilinear corner read of every sample inside
+the maps, plus locations, weights, outputs and gradients) per second, ``unique_GB_per_s`` =
+bytes that must cross DRAM at least once (each tensor once) per second, and ``speedup`` over
+the original design. Before timing, each case checks the optimized result against the
+original design and a float64 numpy reference on a few anchors.
+
+  python benchmarks/bench_deformable_aggregation.py            # full shapes
+  python benchmarks/bench_deformable_aggregation.py --quick    # 1/9 of the anchors, for CPUs
+"""
+import importlib
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
+import clkernels  # noqa: E402
+from clkernels import arrays  # noqa: E402
+
+da = importlib.import_module("clkernels.deformable_aggregation")  # the module; clkernels.<name> is the function
+
+MAPS = ((64, 176), (32, 88), (16, 44), (8, 22))
+CAMS, POINTS, GROUPS, CHANNELS = 6, 13, 8, 256
+CEILING_GBPS = 4260.0  # H200, OpenCL float4 copy (read + write), ../shared/device/README.md
+GPU_SWEEP = {
+    "forward": [da.Config(cpt=2, vec=2), da.Config(cpt=8, vec=4), da.Config(cpt=4, vec=4, split=2),
+                da.Config(cpt=2, vec=1, interleave=True), da.Config(cpt=1, vec=1)],
+    "backward": [da.Config(cpt=2, vec=1, interleave=True), da.Config(cpt=8, vec=1, interleave=True),
+                 da.Config(cpt=4, vec=4), da.Config(cpt=1, vec=1)],
+}
+
+
+def make_problem(rng, bs, anchors, dtype):
+    sizes = [h * w for h, w in MAPS]
+    feat = rng.standard_normal((bs, CAMS * sum(sizes), CHANNELS), dtype=np.float32).astype(dtype)
+    shape = np.array([MAPS] * CAMS, np.int32)
+    start = (np.arange(CAMS)[:, None] * sum(sizes) + np.cumsum([0] + sizes[:-1])[None, :]).astype(np.int32)
+    loc = rng.uniform(-0.1, 1.1, (bs, anchors, POINTS, CAMS, 2)).astype(np.float32)
+    weights = rng.random((bs, anchors, POINTS, CAMS, len(MAPS), GROUPS), dtype=np.float32).astype(dtype)
+    return feat, shape, start, loc, weights
+
+
+def corner_count(loc, shape):
+    """Bilinear corners inside the maps over all samples inside (0, 1): the gathered rows."""
+    x, y = loc[..., 0].astype(np.float64), loc[..., 1].astype(np.float64)
+    inside = (x > 0) & (x < 1) & (y > 0) & (y < 1)
+    total = 0
+    for H, W in shape[0]:
+        h0, w0 = np.floor(y * H - 0.5), np.floor(x * W - 0.5)
+        rows = (h0 >= 0).astype(int) + (h0 + 1 <= H - 1)
+        cols = (w0 >= 0).astype(int) + (w0 + 1 <= W - 1)
+        total += int((rows * cols)[inside].sum())
+    return total
+
+
+def reference_anchors(feat, shape, start, loc, weights, b, anchors):
+    """float64 numpy reference for a few anchors of batch b, vectorised over points x cams."""
+    feat = feat[b].astype(np.float64)
+    C, G = feat.shape[1], weights.shape[-1]
+    out = np.zeros((len(anchors), C))
+    for i, a in enumerate(anchors):
+        for k in range(loc.shape[3]):
+            x, y = loc[b, a, :, k, 0].astype(np.float64), loc[b, a, :, k, 1].astype(np.float64)
+            ok = (x > 0) & (x < 1) & (y > 0) & (y < 1)
+            for s, (H, W) in enumerate(shape[k]):
+                h, w = y[ok] * H - 0.5, x[ok] * W - 0.5
+                h0, w0 = np.floor(h).astype(int), np.floor(w).astype(int)
+                lh, lw = h - h0, w - w0
+                wgt = np.repeat(weights[b, a, ok, k, s].astype(np.float64), C // G, axis=1)
+                for dy, dx, c in ((0, 0, (1 - lh) * (1 - lw)), (0, 1, (1 - lh) * lw),
+                                  (1, 0, lh * (1 - lw)), (1, 1, lh * lw)):
+                    yy, xx = h0 + dy, w0 + dx
+                    good = (yy >= 0) & (yy < H) & (xx >= 0) & (xx < W)
+                    rows = start[k, s] + yy[good] * W + xx[good]
+                    out[i] += ((c[good, None] * wgt[good]) * feat[rows]).sum(axis=0)
+    return out
+
+
+def rel_err(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+def main():
+    args = harness.parser(__doc__).parse_args()
+    report = harness.Report("bench_deformable_aggregation", args, maps=str(MAPS), cams=CAMS, points=POINTS,
+                            groups=GROUPS, channels=CHANNELS, locations="uniform [-0.1, 1.1]")
+    rt = report.runtime
+    gpu = not (rt.info.is_cpu or rt.info.is_simulator)
+    cases = [("inference", 1, 900), ("training", 6, 1220)]
+    if args.quick:
+        cases = [("inference/9", 1, 100), ("training/9", 6, 136)]
+    rng = np.random.default_rng(0)
+    for case, bs, anchors in cases:
+        for dtype in (np.float32, np.float16):
+            host = make_problem(rng, bs, anchors, dtype)
+            feat, shape, start, loc, weights = host
+            dev = [arrays.to_device(rt, a) for a in host]
+            prob = da._prepare(*dev, device=rt)
+            go = arrays.to_device(rt, rng.standard_normal((bs, anchors, CHANNELS), dtype=np.float32).astype(dtype))
+            e, corners = np.dtype(dtype).itemsize, corner_count(loc, shape)
+            small = loc.nbytes + weights.nbytes
+            fwd_bytes = corners * CHANNELS * e + small + bs * anchors * CHANNELS * e
+            half_conv = feat.size * 6 if dtype == np.float16 else 0  # float accumulator -> half
+            # backward: corner reads and float read-modify-writes of grad_feat, its zero-fill,
+            # grad_out per (anchor, point, camera), locations and weights in, their gradients out
+            bwd_bytes = (corners * CHANNELS * (e + 8) + feat.size * 4 + loc[..., 0].size * CHANNELS * e
+                         + 2 * small + half_conv)
+            fwd_unique = feat.nbytes + small + bs * anchors * CHANNELS * e
+            bwd_unique = feat.nbytes + 3 * feat.size * 4 + go.nbytes + 2 * small + half_conv
+            label = f"{case} {np.dtype(dtype).name}"
+
+            # correctness first: optimized against the original and a float64 reference
+            out, _ = da.enqueue_forward(prob, "optimized")
+            ref_out, _ = da.enqueue_forward(prob, "original")
+            out, ref_out = out.get(), ref_out.get()
+            pick = [0, anchors // 2, anchors - 1]
+            check = rel_err(out[0, pick], reference_anchors(feat, shape, start, loc, weights, 0, pick))
+            grads, _ = da.enqueue_backward(prob, go, "optimized")
+            ref_grads, _ = da.enqueue_backward(prob, go, "original")
+            bwd_diff = max(rel_err(g.get(), r.get()) for g, r in zip(grads, ref_grads))
+            print(f"  check {label}: forward vs reference {check:.2e}, vs original "
+                  f"{rel_err(out, ref_out):.2e}; backward vs original {bwd_diff:.2e}", flush=True)
+            del grads, ref_grads
+
+            rows = {}
+            for direction, nbytes, unique in (("forward", fwd_bytes, fwd_unique),
+                                              ("backward", bwd_bytes, bwd_unique)):
+                configs = [("original", None), ("optimized", None)]
+                if gpu:
+                    configs += [("optimized", c) for c in GPU_SWEEP[direction]]
+                for variant, cfg in configs:
+                    if direction == "forward":
+                        launch = lambda: da.enqueue_forward(prob, variant, cfg)[1]  # noqa: E731
+                    else:
+                        launch = lambda: da.enqueue_backward(prob, go, variant, cfg)[1]  # noqa: E731
+                    timing = harness.time_events(launch, warmup=args.warmup, repeat=args.repeat)
+                    used = cfg or da.default_config(rt.info, CHANNELS, GROUPS, direction)
+                    name = variant if variant == "original" else (
+                        f"{variant} cpt={used.cpt} vec={used.vec}{' interleave' if used.interleave else ''}"
+                        f"{f' split={used.split}' if used.split > 1 else ''}" + ("" if cfg else " (default)"))
+                    rows[name] = report.add(
+                        case=label, variant=f"{direction} {name}", timing=timing, bytes_moved=nbytes,
+                        ms=timing.median * 1e3,
+                        unique_GB_per_s=unique / timing.median / 1e9,
+                        pct_of_ceiling=100 * nbytes / timing.median / 1e9 / CEILING_GBPS if gpu else "",
+                        speedup=(rows["original"]["median_s"] / timing.median) if "original" in rows else 1.0,
+                        check=check if direction == "forward" else bwd_diff)
+                rows.clear()
+            del dev, prob, go
+    report.write(["case", "variant", "ms", "GB_per_s", "unique_GB_per_s", "pct_of_ceiling",
+                  "speedup", "check"])
+
+
+if __name__ == "__main__":
+    main()
