@@ -147,6 +147,8 @@ class DeviceInfo:
     int64_atomics: bool
     is_simulator: bool
     is_cpu: bool
+    native_vector_width_float: int = 1
+    native_vector_width_double: int = 1
 
     @classmethod
     def of(cls, device: cl.Device) -> "DeviceInfo":
@@ -169,7 +171,9 @@ class DeviceInfo:
             fp64="cl_khr_fp64" in ext or device.double_fp_config != 0,
             int64_atomics="cl_khr_int64_base_atomics" in ext,
             is_simulator=_is_simulator(device),
-            is_cpu=bool(device.type & cl.device_type.CPU))
+            is_cpu=bool(device.type & cl.device_type.CPU),
+            native_vector_width_float=max(1, device.native_vector_width_float),
+            native_vector_width_double=max(1, device.native_vector_width_double))
 
 
 _chosen_in_code: contextvars.ContextVar = contextvars.ContextVar("pyclad_device", default=None)

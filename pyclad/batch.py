@@ -89,21 +89,26 @@ class BatchFunction:
         device (the codegen kernel stages its stores through local memory on GPUs)."""
         if self.backend == "numpy":
             raise ValueError("the numpy backend runs no OpenCL source")
-        stage = self._stage_wg(get_runtime(device if device is not None else self.device))
-        key = (jacobians, stage)
+        runtime = get_runtime(device if device is not None else self.device)
+        stage, lanes = self._stage_wg(runtime), self._lanes(runtime)
+        key = (jacobians, stage, lanes)
         if key not in self._sources:
             t = self.traced
             if self.backend == "codegen":
-                self._sources[key] = codegen.render(t, self._real, jacobians, stage_wg=stage)
+                self._sources[key] = codegen.render(t, self._real, jacobians, stage_wg=stage,
+                                                    lanes=lanes)
             else:
                 self._sources[key] = tape.render(t.group_sizes, t.data_size, t.n_outputs,
                                                  self._real, jacobians)
         return self._sources[key]
 
     def _stage_wg(self, runtime) -> int:
-        if self.backend != "codegen":
+        if self.backend != "codegen" or self._lanes(runtime) > 1:
             return 0
         return codegen.stage_size(self.traced, self.dtype.itemsize, runtime.info)
+
+    def _lanes(self, runtime) -> int:
+        return codegen.lanes(runtime.info, self._real) if self.backend == "codegen" else 1
 
     def values(self, params, index, data=None, device=None):
         """Outputs ``(N, m)`` for every tuple."""
@@ -269,7 +274,8 @@ class BatchFunction:
         if self.backend == "codegen":
             stage = self._stage_wg(runtime) if jacobians else 0
             wg = stage or arrays.work_group_size(runtime, kernel, 64)
-            return [kernel(queue, (arrays.round_up(n, wg),), (wg,), *args, np.int32(n))]
+            items = -(-n // self._lanes(runtime))
+            return [kernel(queue, (arrays.round_up(items, wg),), (wg,), *args, np.int32(n))]
         tables = _device_tables(runtime, self)
         stride = min(n, self._chunk(runtime, n, jacobians))
         scratch = _scratch(runtime, self, stride)

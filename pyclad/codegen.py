@@ -81,9 +81,9 @@ def forward_lines(traced: Traced, names: Dict[int, str], real: str) -> List[str]
             continue
         if op == "input":
             g, j = graph.leaf[n]
-            lines.append(f"const real_t v{n} = row{g}[{j}];")
+            lines.append(f"const real_t v{n} = LOAD_P{g}({j});")
         elif op == "data":
-            lines.append(f"const real_t v{n} = drow[{graph.leaf[n][1]}];")
+            lines.append(f"const real_t v{n} = LOAD_D({graph.leaf[n][1]});")
         else:
             symbols = {s: names[a] for s, a in zip("abc", graph.args[n])}
             lines.append(f"const real_t v{n} = {to_c(OPS[op].forward, symbols, real)};")
@@ -104,12 +104,25 @@ def stage_size(traced: Traced, itemsize: int, info) -> int:
     return wg if wg >= 32 else 0
 
 
+def lanes(info, real: str) -> int:
+    """Tuples per work-item: the device's native vector width on CPUs (explicit SIMD through
+    OpenCL vector types; math calls in scalar code keep CPU compilers from vectorising
+    across work-items), 1 on GPUs, where work-items are the SIMD lanes."""
+    if not info.is_cpu:
+        return 1
+    width = info.native_vector_width_double if real == "double" else info.native_vector_width_float
+    return max(1, min(8, width))
+
+
 def render(traced: Traced, real: str, jacobians: bool, name: str = "pyclad_eval",
-           stage_wg: int = 0) -> str:
+           stage_wg: int = 0, lanes: int = 1) -> str:
     """The kernel source for ``traced`` (values only, or values and Jacobians)."""
     names = node_names(traced, real)
+    if lanes not in (1, 2, 4, 8, 16):
+        raise ValueError(f"lanes must be 1, 2, 4, 8 or 16, not {lanes}")
     return templates.render(
-        "pyclad/codegen.cl.mako", name=name, real=real, stage_wg=stage_wg if jacobians else 0,
+        "pyclad/codegen.cl.mako", name=name, real=real, lanes=lanes,
+        stage_wg=stage_wg if jacobians and lanes == 1 else 0,
         n_groups=len(traced.group_sizes), group_sizes=traced.group_sizes,
         data_size=traced.data_size, n_outputs=traced.n_outputs, jacobians=jacobians,
         forward=forward_lines(traced, names, real),
