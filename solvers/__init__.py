@@ -128,7 +128,20 @@ def bundle_adjust(problem: BALProblem, linear_solver: str = "sparse_schur", loss
 
     x0 = np.concatenate([problem.cameras.ravel(), problem.points.ravel()])
     t_pre = time.perf_counter() - t_start
-    s = minimize(evaluator, x0, opts, callback=report, stop=stop, handle_sigint=handle_sigint)
+    runtime = None
+    if opts.schur_backend != "numpy":
+        runtime = getattr(evaluator.model, "runtime", None)
+        if runtime is None:
+            try:
+                from clkernels import get_runtime
+                runtime = get_runtime(device)
+            except Exception as e:  # no OpenCL at all: the numpy Schur complement still works
+                if opts.schur_backend == "opencl":
+                    raise
+                runtime = None
+                del e
+    s = minimize(evaluator, x0, opts, callback=report, stop=stop, handle_sigint=handle_sigint,
+                 runtime=runtime)
     if not np.isfinite(s.initial_cost):
         c = evaluator.cost(x0)
         s.initial_cost = s.final_cost = float("inf") if c is None else c

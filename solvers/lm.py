@@ -30,7 +30,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from .schur import LINEAR_SOLVERS, NormalEquations, Structure, j_x
+from .schur import LINEAR_SOLVERS, NormalEquations, Structure, _norm, j_x
 from .summary import IterationSummary, SolverSummary
 
 DBL_MAX = np.finfo(np.float64).max
@@ -55,6 +55,9 @@ class Options:
     eta: float = 0.1
     max_linear_solver_iterations: int = 500
     max_solver_time_in_seconds: float = 1e9
+    # Where the Schur complement's per-observation and per-pair products run: "opencl" (the
+    # device of the camera model; needs fp64), "numpy", or "auto" (opencl when possible).
+    schur_backend: str = "auto"
 
     def check(self):
         if self.linear_solver not in LINEAR_SOLVERS:
@@ -66,6 +69,8 @@ class Options:
             v = getattr(self, name)
             if not (np.isfinite(v) and v >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {v}")
+        if self.schur_backend not in ("auto", "opencl", "numpy"):
+            raise ValueError(f"schur_backend={self.schur_backend!r} is not one of 'auto', 'opencl', 'numpy'")
         if not (0 < self.min_lm_diagonal <= self.max_lm_diagonal):
             raise ValueError("need 0 < min_lm_diagonal <= max_lm_diagonal")
 
@@ -138,10 +143,18 @@ class _SigintHandler:
 class Minimizer:
     """One Levenberg-Marquardt solve (use :func:`minimize`)."""
 
-    def __init__(self, evaluator, options: Options, callback=None, stop: Optional[StopFlag] = None):
+    def __init__(self, evaluator, options: Options, callback=None, stop: Optional[StopFlag] = None,
+                 runtime=None):
         self.ev, self.o, self.callback = evaluator, options, callback
         self.stop = stop or StopFlag()
         self.st = Structure(evaluator.cam, evaluator.pt, evaluator.nc, evaluator.npt)
+        self.cl_structure = None
+        if options.schur_backend != "numpy" and runtime is not None and runtime.info.fp64:
+            from .schur_cl import ClStructure
+            self.cl_structure = ClStructure(self.st, runtime)
+        elif options.schur_backend == "opencl":
+            raise ValueError("schur_backend='opencl' needs an OpenCL device with fp64; "
+                             "pass device= one that has it, or schur_backend='numpy'")
         self.strategy = _LMStrategy(options)
         self.summary = SolverSummary(options=options)
         self.linear_solver_time = 0.0
@@ -170,13 +183,17 @@ class Minimizer:
             jc = jc * sc[st.cam][:, None, :]
             jp = jp * sp[st.pt][:, None, :]
         t0 = time.perf_counter()
-        self.neq = NormalEquations(st, r, jc, jp)
+        if self.cl_structure is not None:
+            from .schur_cl import NormalEquationsCL
+            self.neq = NormalEquationsCL(st, r, jc, jp, self.cl_structure)
+        else:
+            self.neq = NormalEquations(st, r, jc, jp)
         self.linear_solver_time += time.perf_counter() - t0
         # The gradient of the unscaled problem; its norms as Ceres measures them, |x - Plus(x, -g)|.
         g = np.concatenate([self.neq.gc.ravel(), self.neq.gp.ravel()]) / self.scale
         projected = self.x - (self.x + (-g))
         it.gradient_max_norm = float(np.max(np.abs(projected))) if projected.size else 0.0
-        it.gradient_norm = float(np.linalg.norm(projected))
+        it.gradient_norm = _norm(projected)
         return True
 
     def _model_residuals(self, step):
@@ -314,7 +331,7 @@ class Minimizer:
 
     def _parameter_tolerance_reached(self) -> bool:
         it, o, s = self.it, self.o, self.summary
-        it.step_norm = float(np.linalg.norm(self.x - self.candidate_x))
+        it.step_norm = _norm(self.x - self.candidate_x)
         tol = o.parameter_tolerance * (self.x_norm + o.parameter_tolerance)
         if it.step_norm > tol:
             return False
@@ -343,7 +360,7 @@ class Minimizer:
 
     def _handle_successful_step(self) -> bool:
         self.x = self.candidate_x
-        self.x_norm = float(np.linalg.norm(self.x))
+        self.x_norm = _norm(self.x)
         if not self._evaluate_gradient_and_jacobian(self.it):
             return False
         self.it.step_is_successful = True
@@ -371,12 +388,12 @@ class Minimizer:
 
 
 def minimize(evaluator, x0, options: Options, callback: Optional[Callable] = None,
-             stop: Optional[StopFlag] = None, handle_sigint: bool = True) -> SolverSummary:
+             stop: Optional[StopFlag] = None, handle_sigint: bool = True, runtime=None) -> SolverSummary:
     """Run Levenberg-Marquardt from ``x0``; ``callback(iteration_summary)`` after each iteration.
     With ``handle_sigint`` (main thread only), Ctrl-C stops after the current iteration."""
     options.check()
     stop = stop or StopFlag()
-    m = Minimizer(evaluator, options, callback, stop)
+    m = Minimizer(evaluator, options, callback, stop, runtime)
     if handle_sigint:
         with _SigintHandler(stop):
             return m.run(x0)

@@ -28,13 +28,13 @@ import scipy.linalg
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
+from .blas_threads import single_threaded_blas
+
 LINEAR_SOLVERS = ("sparse_schur", "iterative_schur")
 PAIR_CHUNK = 1 << 12
-# Dense LAPACK Cholesky of the reduced camera matrix up to this size, SuperLU above. SuperLU is
-# used throughout by default: it is single-threaded, and a multithreaded BLAS call on a machine whose
-# cores are busy (the OpenCL CPU device's workers, other processes) can take 10-20x longer than it
-# should, while SuperLU on a symmetric ordering costs about the same as a good dense Cholesky here.
-DENSE_MAX = 0
+# Dense LAPACK Cholesky (on one thread, see solvers.blas_threads) of the reduced camera matrix up
+# to this size (111 cameras: a few ms); SuperLU on a symmetric ordering above.
+DENSE_MAX = 1000
 
 
 def inv3_sym(m):
@@ -174,7 +174,7 @@ def jt_r(J, r):
 
 def j_x(J, x):
     """``J[n] x[n]`` for J (n, 2, k) and x (n, k) -> (n, 2)."""
-    return np.stack([np.sum(J[:, 0, :] * x, axis=1), np.sum(J[:, 1, :] * x, axis=1)], axis=1)
+    return np.matmul(J, x[:, :, None])[:, :, 0]
 
 
 class NormalEquations:
@@ -200,13 +200,33 @@ class NormalEquations:
         return inv3_sym(Vd)
 
     def _back_substitute(self, Vinv, yc):
-        st = self.st
-        y = yc[st.cam]
-        Wty = self.W[:, 0, :] * y[:, 0, None]        # W^T yc per observation, unrolled over 9
+        t = self.gp - self._wty(yc)
+        return (Vinv * t[:, None, :]).sum(axis=2)
+
+    # The three products a solve needs; numpy here, OpenCL in solvers.schur_cl.
+    def _z(self, Vinv):
+        """``Z = W V^-1`` per observation (n, 9, 3), kept for the solve using this ``Vinv``."""
+        if getattr(self, "_z_for", None) is not Vinv:
+            self._z_cache, self._z_for = np.matmul(self.W, Vinv[self.st.pt]), Vinv
+        return self._z_cache
+
+    def _pair_sums(self, pairs, Vinv):
+        """``sum over the pairs of each block of Z[o1] W[o2]^T`` -> (num_blocks, 9, 9)."""
+        return sum_pair_products(pairs, self._z(Vinv), self.W)
+
+    def _rhs(self, Vinv):
+        """Reduced right-hand side ``gc - W V^-1 gp`` (nc, 9)."""
+        Z, g = self._z(Vinv), self.gp[self.st.pt]
+        Zg = Z[:, :, 0] * g[:, 0, None] + Z[:, :, 1] * g[:, 1, None] + Z[:, :, 2] * g[:, 2, None]
+        return self.gc - self.st.camera_sum(Zg)
+
+    def _wty(self, yc):
+        """``W^T yc`` summed per point (npt, 3)."""
+        y = yc[self.st.cam]
+        Wty = self.W[:, 0, :] * y[:, 0, None]        # unrolled over the 9 camera parameters
         for i in range(1, 9):
             Wty += self.W[:, i, :] * y[:, i, None]
-        t = self.gp - st.point_sum(Wty)
-        return (Vinv * t[:, None, :]).sum(axis=2)
+        return self.st.point_sum(Wty)
 
     def solve(self, D, method="sparse_schur", eta=0.1, max_iterations=500, r_tolerance=-1.0):
         """Solve ``(J^T J + diag(D)^2) y = J^T f``; returns :class:`LinearSolution`. ``eta`` and
@@ -231,18 +251,11 @@ class NormalEquations:
         return LinearSolution(y, True, its, msg)
 
     # ------------------------------------------------------------------ sparse_schur
-    def _reduced_rhs(self, Z):
-        st = self.st
-        g = self.gp[st.pt]
-        Zg = Z[:, :, 0] * g[:, 0, None] + Z[:, :, 1] * g[:, 1, None] + Z[:, :, 2] * g[:, 2, None]
-        return self.gc - st.camera_sum(Zg)
-
     def _solve_explicit(self, Vinv, Dc2):
         st = self.st
-        Z = np.matmul(self.W, Vinv[st.pt])                                 # (n, 9, 3) = W V^-1
         pairs = st.pairs()
-        blocks = -sum_pair_products(pairs, Z, self.W)
-        rhs = self._reduced_rhs(Z).ravel()
+        blocks = -self._pair_sums(pairs, Vinv)
+        rhs = self._rhs(Vinv).ravel()
         nc = st.nc
         diag = self.B.copy()
         diag[:, np.arange(9), np.arange(9)] += Dc2
@@ -257,22 +270,21 @@ class NormalEquations:
             S[pairs.block_col[off], :, pairs.block_row[off], :] += blocks[off].transpose(0, 2, 1)
             S = S.reshape(9 * nc, 9 * nc)
             try:
-                factor = scipy.linalg.cho_factor(S, lower=False, check_finite=False)
+                with single_threaded_blas():
+                    factor = scipy.linalg.cho_factor(S, lower=False, check_finite=False)
+                    y = scipy.linalg.cho_solve(factor, rhs, check_finite=False)
             except np.linalg.LinAlgError:
                 return None, False, 1, "Linear solver failure: the reduced camera matrix is not positive definite."
-            return scipy.linalg.cho_solve(factor, rhs, check_finite=False).reshape(nc, 9), True, 1, "Success."
+            return y.reshape(nc, 9), True, 1, "Success."
         return self._solve_sparse(pairs, blocks, diag, rhs)
 
     def _solve_sparse(self, pairs, blocks, diag, rhs):
         nc = self.st.nc
-        off = pairs.block_row != pairs.block_col
-        rows = np.concatenate([np.arange(nc), pairs.block_row, pairs.block_col[off]])
-        cols = np.concatenate([np.arange(nc), pairs.block_col, pairs.block_row[off]])
-        data = np.concatenate([diag, blocks, blocks[off].transpose(0, 2, 1)])
-        # Expand the blocks to COO entries and let one COO->CSC conversion sum the duplicates.
-        r = (rows[:, None, None] * 9 + np.arange(9)[None, :, None]).repeat(9, axis=2)
-        c = (cols[:, None, None] * 9 + np.arange(9)[None, None, :]).repeat(9, axis=1)
-        S = sp.csc_matrix((data.ravel(), (r.ravel(), c.ravel())), shape=(9 * nc, 9 * nc))
+        pat = _reduced_pattern(pairs, nc)
+        blk = blocks.copy()
+        blk[pat.diag_blocks] += diag[pat.diag_cams]
+        full = np.concatenate([blk, diag[pat.lonely_cams], blk[pat.off].transpose(0, 2, 1)])
+        S = sp.csc_matrix((full.ravel()[pat.perm], pat.indices, pat.indptr), shape=(9 * nc, 9 * nc))
         try:
             lu = spla.splu(S, permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.0,
                            options={"SymmetricMode": True})
@@ -303,11 +315,10 @@ class NormalEquations:
         f = self.r.ravel()
         b = Ft @ (f - E @ (Vi @ (Et @ f)))
         # Schur-Jacobi preconditioner: inverse of the diagonal 9x9 blocks of S.
-        Z = np.matmul(self.W, Vinv[st.pt])
         dp = st.diag_pairs()
         Sd = self.B.copy()
         Sd[:, np.arange(9), np.arange(9)] += Dc2
-        Sd[dp.block_row] -= sum_pair_products(dp, Z, self.W)
+        Sd[dp.block_row] -= self._pair_sums(dp, Vinv)
         with np.errstate(all="ignore"):
             try:
                 L = np.linalg.cholesky(Sd)
@@ -322,11 +333,52 @@ class NormalEquations:
 
 
 @dataclasses.dataclass
+class _Pattern:
+    diag_blocks: np.ndarray     # pair blocks on the diagonal
+    diag_cams: np.ndarray       # their cameras
+    lonely_cams: np.ndarray     # cameras without a diagonal pair block (unobserved)
+    off: np.ndarray             # off-diagonal pair blocks (mirrored below the diagonal)
+    perm: np.ndarray            # CSC data order from the blocks' flattened entries
+    indices: np.ndarray
+    indptr: np.ndarray
+
+
+def _reduced_pattern(pairs: Pairs, nc: int) -> _Pattern:
+    """The CSC pattern of the reduced camera matrix, computed once per solve (cached on ``pairs``):
+    afterwards every assembly is one gather of the blocks' entries."""
+    pat = getattr(pairs, "_pattern", None)
+    if pat is None:
+        is_diag = pairs.block_row == pairs.block_col
+        diag_blocks = np.flatnonzero(is_diag)
+        diag_cams = pairs.block_row[diag_blocks]
+        lonely = np.setdiff1d(np.arange(nc), diag_cams)
+        off = np.flatnonzero(~is_diag)
+        rows = np.concatenate([pairs.block_row, lonely, pairs.block_col[off]])
+        cols = np.concatenate([pairs.block_col, lonely, pairs.block_row[off]])
+        r = (rows[:, None, None] * 9 + np.arange(9)[None, :, None]).repeat(9, axis=2).ravel()
+        c = (cols[:, None, None] * 9 + np.arange(9)[None, None, :]).repeat(9, axis=1).ravel()
+        order = np.lexsort((r, c))                     # column-major: CSC order
+        indptr = np.concatenate(([0], np.cumsum(np.bincount(c, minlength=9 * nc))))
+        pat = _Pattern(diag_blocks, diag_cams, lonely, off, order, r[order].astype(np.int32), indptr.astype(np.int32))
+        pairs._pattern = pat
+    return pat
+
+
+@dataclasses.dataclass
 class LinearSolution:
     y: Optional[np.ndarray]
     ok: bool
     iterations: int
     message: str
+
+
+def _dot(a, b) -> float:
+    """Inner product without BLAS (whose ddot may start threads that wait on busy cores)."""
+    return float(np.einsum("i,i->", a, b))
+
+
+def _norm(a) -> float:
+    return _dot(a, a) ** 0.5
 
 
 def conjugate_gradients(A, b, M=None, q_tolerance=0.1, r_tolerance=-1.0, min_iterations=0,
@@ -336,20 +388,20 @@ def conjugate_gradients(A, b, M=None, q_tolerance=0.1, r_tolerance=-1.0, min_ite
     ``|r| <= r_tolerance |b|``, or after ``max_iterations``. Returns ``(x, ok, iterations, message)``;
     ``ok`` is False on a numerical failure (x is then None)."""
     x = np.zeros_like(b)
-    norm_b = np.linalg.norm(b)
+    norm_b = _norm(b)
     if norm_b == 0.0:
         return x, True, 0, "Convergence. |b| = 0."
     tol_r = r_tolerance * norm_b
     r = b.copy()
-    if min_iterations == 0 and np.linalg.norm(r) <= tol_r:
+    if min_iterations == 0 and _norm(r) <= tol_r:
         return x, True, 0, "Convergence. |r| <= tol_r."
     rho = 1.0
-    Q0 = -x.dot(b + r)
+    Q0 = -_dot(x, b + r)
     p = None
     it = 1
     while True:
         z = M(r) if M is not None else r.copy()
-        last_rho, rho = rho, r.dot(z)
+        last_rho, rho = rho, _dot(r, z)
         if rho == 0.0 or not np.isfinite(rho):
             return None, False, it, f"Numerical failure. rho = r'z = {rho:e}."
         if it == 1:
@@ -360,7 +412,7 @@ def conjugate_gradients(A, b, M=None, q_tolerance=0.1, r_tolerance=-1.0, min_ite
                 return None, False, it, f"Numerical failure. beta = rho_n / rho_(n-1) = {beta:e}."
             p = z + beta * p
         q = A(p)
-        pq = p.dot(q)
+        pq = _dot(p, q)
         if pq <= 0 or np.isinf(pq):
             return x, True, it, f"Matrix is indefinite, no more progress can be made. p'q = {pq:e}."
         alpha = rho / pq
@@ -371,12 +423,12 @@ def conjugate_gradients(A, b, M=None, q_tolerance=0.1, r_tolerance=-1.0, min_ite
             r = b - A(x)
         else:
             r = r - alpha * q
-        Q1 = -x.dot(b + r)
+        Q1 = -_dot(x, b + r)
         zeta = it * (Q1 - Q0) / Q1
         if zeta < q_tolerance and it >= min_iterations:
             return x, True, it, f"Iteration: {it} Convergence: zeta = {zeta:e} < {q_tolerance:e}."
         Q0 = Q1
-        if np.linalg.norm(r) <= tol_r and it >= min_iterations:
+        if _norm(r) <= tol_r and it >= min_iterations:
             return x, True, it, "Convergence. |r| <= tol_r."
         if it >= max_iterations:
             return x, True, it, "Maximum number of iterations reached."

@@ -1,0 +1,142 @@
+"""The Schur complement's heavy products on an OpenCL device (same results as :mod:`solvers.schur`).
+
+Everything that loops over observations or over pairs of observations runs in one gather kernel,
+``segment_products`` (``out[s] = sum over a segment of X[i1] Y[i2]^T``, one work-item per output
+row, no atomics); the host keeps only per-camera and per-point work (3x3 inverses, the reduced
+camera matrix's factorisation, segment reductions). Segments are cut at most ``MAX_SEGMENT``
+products long so that a camera seen in thousands of observations still spreads over many
+work-items; their partial sums are added on the host.
+
+Per Jacobian: ``Jc^T Jc`` and ``Jc^T f`` per camera, ``Jp^T Jp`` and ``Jp^T f`` per point,
+``W = Jc^T Jp`` and ``W^T`` per observation. Per linear solve: ``Z = W V^-1`` per observation,
+the pair sums ``Z W^T`` per block of the reduced camera matrix, the reduced right-hand side and
+the back-substitution sums.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyopencl.array as cla
+
+from .schur import NormalEquations, Structure
+from .segment_products import Segments, segment_products
+
+MAX_SEGMENT = 256
+
+
+def _split(starts, max_len):
+    """Cut segments [starts[i], starts[i+1]) into pieces of at most ``max_len``; returns the new
+    starts and, per owner segment, the index of its first piece (for ``numpy.add.reduceat``)."""
+    starts = np.asarray(starts, dtype=np.int64)
+    lengths = np.diff(starts)
+    pieces = np.maximum(1, -(-lengths // max_len))
+    first = np.concatenate(([0], np.cumsum(pieces)[:-1]))
+    owner = np.repeat(np.arange(lengths.size), pieces)
+    k = np.arange(owner.size) - first[owner]
+    new = np.minimum(starts[owner] + k * max_len, starts[owner + 1])
+    return np.concatenate((new, starts[-1:])), first
+
+
+class _Reducer:
+    """Segments of one kind plus how their partial sums map back to owners (cameras, points,
+    blocks); owners without any product get zeros."""
+
+    def __init__(self, runtime, owner_starts, owners, n_owners, i1, i2, n1, n2):
+        new_starts, first = _split(owner_starts, MAX_SEGMENT)
+        self.first, self.owners, self.n_owners = first, owners, n_owners
+        self.seg = Segments(runtime, new_starts, i1, i2, n1, n2)
+        self.trivial = new_starts.size - 1 == n_owners and np.array_equal(owners, np.arange(n_owners))
+        self.empty_owner = np.diff(np.asarray(owner_starts)) == 0
+
+    def run(self, X, Y, x_t=False, y_t=False):
+        part = segment_products(self.seg, X, Y, x_t, y_t).get()
+        if self.trivial and part.shape[0] == self.n_owners:
+            out = part
+        else:
+            out = np.zeros((self.n_owners,) + part.shape[1:])
+            if part.shape[0]:
+                out[self.owners] = np.add.reduceat(part, self.first, axis=0)
+        if self.empty_owner.any():   # reduceat copies a row for empty segments: they hold nothing
+            out[self.owners[self.empty_owner]] = 0.0
+        return out
+
+
+class ClStructure:
+    """The device-side index arrays of a :class:`Structure`, built once per solve and device."""
+
+    def __init__(self, st: Structure, runtime):
+        self.st, self.rt = st, runtime
+        n, nc, npt = st.n, st.nc, st.npt
+        # Per observation (identity segments): W = Jc^T Jp, W^T, and Z = W V^-1[pt].
+        self.per_obs = Segments(runtime, np.arange(n + 1), None, None, n, n)
+        self.per_obs_pt = Segments(runtime, np.arange(n + 1), None, st.pt, n, npt)
+        # Per point: the observations are sorted by point, so a point's segment is contiguous.
+        pt_starts = np.concatenate((np.searchsorted(st.pt, np.arange(npt)), [n]))
+        self.points = _Reducer(runtime, pt_starts, np.arange(npt), npt, None, None, n, n)
+        self.points_cam = _Reducer(runtime, pt_starts, np.arange(npt), npt, None, st.cam, n, nc)
+        # Per camera: observations gathered in camera order.
+        order = np.argsort(st.cam, kind="stable")
+        cam_starts = np.concatenate((np.searchsorted(st.cam[order], np.arange(nc)), [n]))
+        self.cameras = _Reducer(runtime, cam_starts, np.arange(nc), nc, order, order, n, n)
+        self.cameras_pt = _Reducer(runtime, cam_starts, np.arange(nc), nc, order, st.pt[order], n, npt)
+        self._pairs = {}
+
+    def pairs(self, which):
+        if which not in self._pairs:
+            p = self.st.pairs() if which == "all" else self.st.diag_pairs()
+            nb = p.block_row.size
+            block_starts = np.zeros(nb + 1, dtype=np.int64)
+            if p.o1.size:   # pairs are sorted by block: each block is a contiguous run
+                block_starts[1:] = np.cumsum(np.bincount(_block_of_pairs(p), minlength=nb))
+            self._pairs[which] = _Reducer(self.rt, block_starts, np.arange(nb), nb, p.o1, p.o2, self.st.n, self.st.n)
+        return self._pairs[which]
+
+
+def _block_of_pairs(p):
+    """Block index of every pair (pairs are sorted by block)."""
+    out = np.empty(p.o1.size, dtype=np.int64)
+    for s, e, local, blocks in p.chunks:
+        bounds = np.concatenate((local, [e - s]))
+        out[s:e] = np.repeat(blocks, np.diff(bounds))
+    return out
+
+
+class NormalEquationsCL(NormalEquations):
+    """:class:`NormalEquations` with the per-observation and per-pair products on an OpenCL device."""
+
+    def __init__(self, st: Structure, r, Jc, Jp, cl_structure: ClStructure):
+        self.st, self.r, self.Jc, self.Jp = st, r, Jc, Jp
+        self.cs = cs = cl_structure
+        q = cs.rt.queue
+        # The Jacobian blocks go over as the model returns them, (n, 2, 9) and (n, 2, 3): the
+        # kernel reads them as transposed (9, 2) and (3, 2) blocks.
+        self.Jc_dev = cla.to_device(q, np.ascontiguousarray(Jc))
+        self.Jp_dev = cla.to_device(q, np.ascontiguousarray(Jp))
+        r_dev = cla.to_device(q, np.ascontiguousarray(r).reshape(-1, 1, 2))
+        self.B = cs.cameras.run(self.Jc_dev, self.Jc_dev, True, True)              # (nc, 9, 9)
+        self.gc = cs.cameras.run(self.Jc_dev, r_dev, True, False)[:, :, 0]         # (nc, 9)
+        self.V = cs.points.run(self.Jp_dev, self.Jp_dev, True, True)               # (npt, 3, 3)
+        self.gp = cs.points.run(self.Jp_dev, r_dev, True, False)[:, :, 0]          # (npt, 3)
+        self.W_dev = segment_products(cs.per_obs, self.Jc_dev, self.Jp_dev, True, True)    # (n, 9, 3)
+        self.WT_dev = segment_products(cs.per_obs, self.Jp_dev, self.Jc_dev, True, True)   # (n, 3, 9)
+        self.gp_dev = cla.to_device(q, self.gp[:, None, :].copy())                 # (npt, 1, 3)
+
+    @property
+    def W(self):
+        return self.W_dev.get()
+
+    def _z_dev(self, Vinv):
+        if getattr(self, "_zd_for", None) is not Vinv:
+            vinv = cla.to_device(self.cs.rt.queue, np.ascontiguousarray(Vinv))
+            self._zd, self._zd_for = segment_products(self.cs.per_obs_pt, self.W_dev, vinv), Vinv
+        return self._zd
+
+    def _pair_sums(self, pairs, Vinv):
+        which = "all" if pairs is self.st.pairs() else "diag"
+        return self.cs.pairs(which).run(self._z_dev(Vinv), self.W_dev)
+
+    def _rhs(self, Vinv):
+        return self.gc - self.cs.cameras_pt.run(self._z_dev(Vinv), self.gp_dev)[:, :, 0]
+
+    def _wty(self, yc):
+        y = cla.to_device(self.cs.rt.queue, np.ascontiguousarray(yc[:, None, :]))
+        return self.cs.points_cam.run(self.WT_dev, y)[:, :, 0]
