@@ -297,7 +297,9 @@ class NormalEquations:
         return lu.solve(rhs).reshape(nc, 9), True, 1, "Success."
 
     # ------------------------------------------------------------------ iterative_schur
-    def _solve_pcg(self, Vinv, Dc2, eta, max_iterations, r_tolerance):
+    def _pcg_operator(self, Vinv, Dc2):
+        """``(x -> S x, b)``: the implicit Schur complement ``F^T (I - E V^-1 E^T) F + Dc^2`` and the
+        reduced right-hand side ``F^T (f - E V^-1 E^T f)``, by sparse matrix-vector products."""
         st = self.st
         n = st.n
         F = sp.csr_matrix((self.Jc.ravel(), st.F_indices, st.F_indptr), shape=(2 * n, 9 * st.nc))
@@ -313,7 +315,11 @@ class NormalEquations:
 
         # Reduced right-hand side F^T (f - E V^-1 E^T f).
         f = self.r.ravel()
-        b = Ft @ (f - E @ (Vi @ (Et @ f)))
+        return apply_S, Ft @ (f - E @ (Vi @ (Et @ f)))
+
+    def _solve_pcg(self, Vinv, Dc2, eta, max_iterations, r_tolerance):
+        st = self.st
+        apply_S, b = self._pcg_operator(Vinv, Dc2)
         # Schur-Jacobi preconditioner: inverse of the diagonal 9x9 blocks of S.
         dp = st.diag_pairs()
         Sd = self.B.copy()

@@ -79,6 +79,13 @@ class ClStructure:
         self.cameras = _Reducer(runtime, cam_starts, np.arange(nc), nc, order, order, n, n)
         self.cameras_pt = _Reducer(runtime, cam_starts, np.arange(nc), nc, order, st.pt[order], n, npt)
         self._pairs = {}
+        # For the implicit Schur complement of iterative_schur: F x per observation, E^T t per
+        # point (whole points, so the result stays on the device), V^-1 u per point. Used on GPUs;
+        # on a CPU device scipy's sparse products on the host are as fast and have no launch costs.
+        self.device_cg = not runtime.info.is_cpu
+        self.per_obs_cam = Segments(runtime, np.arange(n + 1), None, st.cam, n, nc)
+        self.points_whole = Segments(runtime, pt_starts, None, None, n, n)
+        self.per_point = Segments(runtime, np.arange(npt + 1), None, None, npt, npt)
 
     def pairs(self, which):
         if which not in self._pairs:
@@ -136,6 +143,29 @@ class NormalEquationsCL(NormalEquations):
 
     def _rhs(self, Vinv):
         return self.gc - self.cs.cameras_pt.run(self._z_dev(Vinv), self.gp_dev)[:, :, 0]
+
+    def _pcg_operator(self, Vinv, Dc2):
+        if not self.cs.device_cg:
+            return NormalEquations._pcg_operator(self, Vinv, Dc2)
+        cs, st, q = self.cs, self.st, self.cs.rt.queue
+        vinv = cla.to_device(q, np.ascontiguousarray(Vinv))
+        dc2 = Dc2.ravel()
+
+        def project_out_points(t):
+            """``F^T (t - E V^-1 E^T t)`` for per-observation 2-vectors ``t`` (device, (n, 2, 1))."""
+            u = segment_products(cs.points_whole, self.Jp_dev, t.reshape(st.n, 1, 2), x_t=True)   # E^T t
+            v = segment_products(cs.per_point, vinv, u.reshape(st.npt, 1, 3))                    # V^-1 u
+            ev = segment_products(cs.per_obs_pt, self.Jp_dev, v.reshape(st.npt, 1, 3))           # E v
+            w = (t - ev).reshape(st.n, 1, 2)
+            return cs.cameras.run(self.Jc_dev, w, True, False)[:, :, 0].ravel()                  # F^T w
+
+        def apply_S(x):
+            xd = cla.to_device(q, np.ascontiguousarray(x.reshape(st.nc, 1, 9)))
+            t = segment_products(cs.per_obs_cam, self.Jc_dev, xd)                                 # F x
+            return project_out_points(t) + dc2 * x
+
+        f = cla.to_device(q, np.ascontiguousarray(self.r).reshape(st.n, 2, 1))
+        return apply_S, project_out_points(f)
 
     def _wty(self, yc):
         y = cla.to_device(self.cs.rt.queue, np.ascontiguousarray(yc[:, None, :]))

@@ -64,13 +64,16 @@ def test_split_segments():
     assert first.tolist() == [0, 2, 3]
 
 
-@pytest.mark.parametrize("method", ["sparse_schur", "iterative_schur"])
-def test_opencl_normal_equations_match_numpy_and_dense(device, method, monkeypatch):
+@pytest.mark.parametrize("method,device_cg", [("sparse_schur", False), ("iterative_schur", False),
+                                              ("iterative_schur", True)])
+def test_opencl_normal_equations_match_numpy_and_dense(device, method, device_cg, monkeypatch):
     import solvers.schur_cl as schur_cl
     monkeypatch.setattr(schur_cl, "MAX_SEGMENT", 4)     # force split segments and host reductions
     st, r, jc, jp = small_system(seed=5)
     a = NormalEquations(st, r, jc, jp)
-    b = NormalEquationsCL(st, r, jc, jp, ClStructure(st, device))
+    cs = ClStructure(st, device)
+    cs.device_cg = device_cg                            # the implicit Schur product on the device (GPUs)
+    b = NormalEquationsCL(st, r, jc, jp, cs)
     for f in ("B", "V", "gc", "gp"):
         np.testing.assert_allclose(getattr(b, f), getattr(a, f), rtol=1e-12, atol=1e-9)
     np.testing.assert_allclose(b.W, a.W, rtol=1e-12, atol=1e-12)
