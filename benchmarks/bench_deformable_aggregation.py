@@ -4,12 +4,18 @@ points, 6 cameras, 4 scales (64x176, 32x88, 16x44, 8x22), 8 groups, 256 channels
 uniform in [-0.1, 1.1]. The original one-work-item-per-(sample, channel) atomic design runs in
 the same process as the peer; on GPUs a few other kernel configurations are timed too.
 
-Columns: median kernel time (OpenCL events, zero-fills and half conversions included),
-``GB_per_s`` = bytes the kernels request (every bilinear corner read of every sample inside
-the maps, plus locations, weights, outputs and gradients) per second, ``unique_GB_per_s`` =
-bytes that must cross DRAM at least once (each tensor once) per second, and ``speedup`` over
-the original design. Before timing, each case checks the optimized result against the
-original design and a float64 numpy reference on a few anchors.
+Columns: ``ms`` median time of all the operation's kernels (OpenCL events; zero-fills, index
+building and half conversions included); ``GB_per_s`` effective bandwidth: the bytes the
+original formulation requests (every bilinear corner of every sample inside the maps, each
+feature-gradient add as a float read and write, locations, weights, outputs, gradients) per
+second, the same byte count for every variant of a case; ``unique_GB_per_s``: each tensor
+read or written once (the DRAM minimum) per second; ``pct_ceiling`` and ``unique_pct``: those
+as a percentage of the H200's 4.26 TB/s copy bandwidth (GPU runs); ``speedup`` over the
+original design in the same run; ``vs_cuda``: the CUDA original's time on the H200 (forward
+0.81 / backward 12.0 ms at inference, 6.0 / 96 ms at training) over ours (float32, GPU
+runs). Before timing, each case checks the optimized result against the original design and
+a float64 numpy reference on a few anchors (``check``: largest difference relative to the
+largest value).
 
   python benchmarks/bench_deformable_aggregation.py            # full shapes
   python benchmarks/bench_deformable_aggregation.py --quick    # 1/9 of the anchors, for CPUs
@@ -31,12 +37,17 @@ da = importlib.import_module("clkernels.deformable_aggregation")  # the module; 
 MAPS = ((64, 176), (32, 88), (16, 44), (8, 22))
 CAMS, POINTS, GROUPS, CHANNELS = 6, 13, 8, 256
 CEILING_GBPS = 4260.0  # H200, OpenCL float4 copy (read + write), ../shared/device/README.md
+CUDA_MS = {("inference", "forward"): 0.81, ("inference", "backward"): 12.0,  # original operator,
+           ("training", "forward"): 6.0, ("training", "backward"): 96.0}     # same H200
 GPU_SWEEP = {
     "forward": [da.Config(cpt=2, vec=2), da.Config(cpt=8, vec=4), da.Config(cpt=4, vec=4, split=2),
                 da.Config(cpt=2, vec=1, interleave=True), da.Config(cpt=1, vec=1)],
     "backward": [da.Config(cpt=2, vec=1, interleave=True), da.Config(cpt=8, vec=1, interleave=True),
-                 da.Config(cpt=4, vec=4), da.Config(cpt=1, vec=1)],
+                 da.Config(cpt=4, vec=4), da.Config(cpt=1, vec=1),
+                 da.Config(cpt=4, vec=4, feature_grad="gather", index_size=64),
+                 da.Config(cpt=2, vec=1, interleave=True, feature_grad="gather", index_size=128)],
 }
+CPU_SWEEP = {"forward": [], "backward": [da.Config(cpt=32, vec=8, local_size=64, feature_grad="scatter")]}
 
 
 def make_problem(rng, bs, anchors, dtype):
@@ -91,7 +102,9 @@ def rel_err(a, b):
 
 
 def main():
-    args = harness.parser(__doc__).parse_args()
+    parser = harness.parser(__doc__)
+    parser.add_argument("--cases", default="inference,training", help="inference, training or both")
+    args = parser.parse_args()
     report = harness.Report("bench_deformable_aggregation", args, maps=str(MAPS), cams=CAMS, points=POINTS,
                             groups=GROUPS, channels=CHANNELS, locations="uniform [-0.1, 1.1]")
     rt = report.runtime
@@ -99,6 +112,7 @@ def main():
     cases = [("inference", 1, 900), ("training", 6, 1220)]
     if args.quick:
         cases = [("inference/9", 1, 100), ("training/9", 6, 136)]
+    cases = [c for c in cases if c[0].split("/")[0] in args.cases.split(",")]
     rng = np.random.default_rng(0)
     for case, bs, anchors in cases:
         for dtype in (np.float32, np.float16):
@@ -109,14 +123,15 @@ def main():
             go = arrays.to_device(rt, rng.standard_normal((bs, anchors, CHANNELS), dtype=np.float32).astype(dtype))
             e, corners = np.dtype(dtype).itemsize, corner_count(loc, shape)
             small = loc.nbytes + weights.nbytes
-            fwd_bytes = corners * CHANNELS * e + small + bs * anchors * CHANNELS * e
-            half_conv = feat.size * 6 if dtype == np.float16 else 0  # float accumulator -> half
-            # backward: corner reads and float read-modify-writes of grad_feat, its zero-fill,
-            # grad_out per (anchor, point, camera), locations and weights in, their gradients out
+            out_bytes = bs * anchors * CHANNELS * e
+            fwd_bytes = corners * CHANNELS * e + small + out_bytes
+            # backward: the corner reads, a float read and write per feature-gradient add, its
+            # zero-fill, grad_out per (anchor, point, camera), locations and weights in, their
+            # gradients out
             bwd_bytes = (corners * CHANNELS * (e + 8) + feat.size * 4 + loc[..., 0].size * CHANNELS * e
-                         + 2 * small + half_conv)
-            fwd_unique = feat.nbytes + small + bs * anchors * CHANNELS * e
-            bwd_unique = feat.nbytes + 3 * feat.size * 4 + go.nbytes + 2 * small + half_conv
+                         + 2 * small)
+            fwd_unique = feat.nbytes + small + out_bytes
+            bwd_unique = 2 * feat.nbytes + out_bytes + 2 * small
             label = f"{case} {np.dtype(dtype).name}"
 
             # correctness first: optimized against the original and a float64 reference
@@ -136,8 +151,7 @@ def main():
             for direction, nbytes, unique in (("forward", fwd_bytes, fwd_unique),
                                               ("backward", bwd_bytes, bwd_unique)):
                 configs = [("original", None), ("optimized", None)]
-                if gpu:
-                    configs += [("optimized", c) for c in GPU_SWEEP[direction]]
+                configs += [("optimized", c) for c in (GPU_SWEEP if gpu else CPU_SWEEP)[direction]]
                 for variant, cfg in configs:
                     if direction == "forward":
                         launch = lambda: da.enqueue_forward(prob, variant, cfg)[1]  # noqa: E731
@@ -147,18 +161,22 @@ def main():
                     used = cfg or da.default_config(rt.info, CHANNELS, GROUPS, direction)
                     name = variant if variant == "original" else (
                         f"{variant} cpt={used.cpt} vec={used.vec}{' interleave' if used.interleave else ''}"
-                        f"{f' split={used.split}' if used.split > 1 else ''}" + ("" if cfg else " (default)"))
+                        f"{f' split={used.split}' if used.split > 1 else ''}"
+                        f"{' ' + used.feature_grad if direction == 'backward' else ''}" + ("" if cfg else " (default)"))
                     rows[name] = report.add(
                         case=label, variant=f"{direction} {name}", timing=timing, bytes_moved=nbytes,
                         ms=timing.median * 1e3,
                         unique_GB_per_s=unique / timing.median / 1e9,
-                        pct_of_ceiling=100 * nbytes / timing.median / 1e9 / CEILING_GBPS if gpu else "",
+                        pct_ceiling=100 * nbytes / timing.median / 1e9 / CEILING_GBPS if gpu else "",
+                        unique_pct=100 * unique / timing.median / 1e9 / CEILING_GBPS if gpu else "",
+                        vs_cuda=(CUDA_MS[case, direction] * 1e-3 / timing.median
+                                 if gpu and dtype == np.float32 and (case, direction) in CUDA_MS else ""),
                         speedup=(rows["original"]["median_s"] / timing.median) if "original" in rows else 1.0,
                         check=check if direction == "forward" else bwd_diff)
                 rows.clear()
             del dev, prob, go
-    report.write(["case", "variant", "ms", "GB_per_s", "unique_GB_per_s", "pct_of_ceiling",
-                  "speedup", "check"])
+    report.write(["case", "variant", "ms", "GB_per_s", "pct_ceiling", "unique_GB_per_s", "unique_pct",
+                  "speedup", "vs_cuda", "check"])
 
 
 if __name__ == "__main__":

@@ -356,7 +356,7 @@ __kernel void da_index(
 {
     const int plane = get_group_id(0), r = get_local_id(0), R = get_local_size(0);
     const int b = plane / (cams * ${S}), cs = plane - b * cams * ${S};
-    const int cam = cs / ${S};
+    const int cam = cs / ${max(S, 1)};  // never launched when S = 0
     const int H = shape[2 * cs], W = shape[2 * cs + 1];
     const int n_cells = cell_base[cs + 1] - cell_base[cs];
     const int first = (int)((long)n_cells * r / R), last = (int)((long)n_cells * (r + 1) / R);
@@ -428,9 +428,10 @@ __kernel void da_backward_feat(
                         const int i = entries[e];
                         const size_t qc = ((size_t)b * n_samples + i) * cams + cam;
                         const float h = pixel_pos(loc[2 * qc + 1], H), w = pixel_pos(loc[2 * qc], W);
-                        int idx[4]; float wt[4]; float lh, lw;
-                        bilinear_taps_float(h, w, H, W, idx, wt, &lh, &lw);
-                        const float coef = wt[k] * ${ws.load('weights', '(qc * ' + str(S) + ' + ' + str(s) + ') * ' + str(G) + ' + grp')};
+                        // corner k's bilinear weight, computed as bilinear_taps does
+                        const float lh = h - floor(h), lw = w - floor(w);
+                        const float wk = ((k & 2) ? lh : 1.0f - lh) * ((k & 1) ? lw : 1.0f - lw);
+                        const float coef = wk * ${ws.load('weights', '(qc * ' + str(S) + ' + ' + str(s) + ') * ' + str(G) + ' + grp')};
                         const int a = i / P;
                         float go[${CPT}];
                         ${load_channels('go', 'grad_out + ((size_t)b * A + a) * ' + str(C) + ' + c0', st)}

@@ -67,8 +67,10 @@ def default_config(info: DeviceInfo, channels: int, groups: int, direction: str 
     atomics, neighbouring channels on neighbouring work-items."""
     cpg = max(channels // max(groups, 1), 1)
     if info.is_cpu or info.is_simulator:
-        # CPUs: compare-and-swap float adds are slow, so the backward gathers.
-        cpt = _pow2_divisor(cpg, 16)
+        # CPUs: a whole group per work-item where it fits (PoCL, 2 cores: 32 channels beat 16
+        # and 8 at the Sparse4D shapes); compare-and-swap float adds are slow (8x slower at the
+        # inference shapes), so the backward gathers.
+        cpt = _pow2_divisor(cpg, 32)
         return Config(cpt=cpt, vec=min(cpt, 8), local_size=64, feature_grad="gather", index_size=8)
     cpt = _pow2_divisor(cpg, 4)
     if direction == "backward":
@@ -232,7 +234,7 @@ def _scratch(runtime: Runtime, shape, dtype):
     return arrays.empty(runtime, shape, dtype)
 
 
-def _zeros(runtime: Runtime, shape, dtype):
+def _zeros(runtime: Runtime, shape, dtype, events: list):
     """Zero-filled accumulator. On the Oclgrind simulator it is written from the host: its
     uninitialised-memory checker keeps the shadow of a released buffer and reuses it, at the
     old size, for the next buffer given the same index, so stores past the old size made by a
@@ -240,7 +242,9 @@ def _zeros(runtime: Runtime, shape, dtype):
     resizes the shadow. Elsewhere a kernel fills it (no host transfer)."""
     if runtime.info.is_simulator:
         return arrays.to_device(runtime, np.zeros(shape, dtype))
-    return arrays.zeros(runtime, shape, dtype)
+    out = arrays.zeros(runtime, shape, dtype)
+    events.extend(out.events)  # the fill is part of the operation's time
+    return out
 
 
 def _launch_1d(prob: _Problem, kernel, n: int, *args, wait_for=None, wanted=256):
@@ -258,7 +262,7 @@ def enqueue_forward(prob: _Problem, variant: str = "optimized", config: Optional
     wait = [*prob.feat.events, *prob.loc.events, *prob.weights.events]
     if variant == "original":
         _check_original(prob)
-        acc = _zeros(rt, (prob.bs, prob.A, prob.C), np.float32)
+        acc = _zeros(rt, (prob.bs, prob.A, prob.C), np.float32, events)
         n = prob.bs * prob.A * prob.P * prob.cams * prob.S * prob.C
         if n:
             kernel = _kernel(prob, cfg, 'da_forward_original')
@@ -317,12 +321,12 @@ def enqueue_backward(prob: _Problem, grad_out, variant: str = "optimized",
     loc_shape, w_shape = (prob.bs, prob.A, prob.P, prob.cams, 2), (prob.bs, prob.A, prob.P, prob.cams, prob.S, prob.G)
     if variant == "original":
         _check_original(prob)
-        g_feat = _zeros(rt, (prob.bs, prob.num_feat, prob.C), np.float32)
+        g_feat = _zeros(rt, (prob.bs, prob.num_feat, prob.C), np.float32, events)
         wait += g_feat.events
         common = [prob.feat.data, prob.shape_dev.data, prob.start_dev.data, prob.loc.data,
                   prob.weights.data, grad_out.data, g_feat.data]
-        g_loc = _zeros(rt, loc_shape, np.float32)
-        g_w = _zeros(rt, w_shape, np.float32)
+        g_loc = _zeros(rt, loc_shape, np.float32, events)
+        g_w = _zeros(rt, w_shape, np.float32, events)
         n = n_qc * prob.S * prob.C
         if n:
             kernel = _kernel(prob, cfg, 'da_backward_original')
@@ -335,7 +339,7 @@ def enqueue_backward(prob: _Problem, grad_out, variant: str = "optimized",
     if variant != "optimized":
         raise ValueError(f"variant must be one of {VARIANTS}, not {variant!r}")
     if not (n_qc and prob.C):  # nothing is sampled: every gradient is zero
-        return tuple(_to_storage(prob, cfg, _zeros(rt, shp, np.float32), st, events)
+        return tuple(_to_storage(prob, cfg, _zeros(rt, shp, np.float32, events), st, events)
                      for shp, st in (((prob.bs, prob.num_feat, prob.C), prob.st),
                                      (loc_shape, Storage(np.float32)), (w_shape, prob.ws))), events
     gather = cfg.feature_grad == "gather"
@@ -343,7 +347,7 @@ def enqueue_backward(prob: _Problem, grad_out, variant: str = "optimized",
         g_feat = arrays.empty(rt, (prob.bs, prob.num_feat, prob.C), prob.st.dtype)
         events += _gather_feature_grad(prob, cfg, grad_out, g_feat, wait)
     else:
-        g_feat = _zeros(rt, (prob.bs, prob.num_feat, prob.C), np.float32)
+        g_feat = _zeros(rt, (prob.bs, prob.num_feat, prob.C), np.float32, events)
         wait += g_feat.events
     g_loc = arrays.empty(rt, loc_shape, np.float32)
     g_w = arrays.empty(rt, w_shape, prob.ws.dtype)

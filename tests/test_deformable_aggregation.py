@@ -283,6 +283,23 @@ def test_backward_half_storage(device):
         assert g[0].dtype == np.float16 and g[1].dtype == np.float32 and g[2].dtype == np.float16
 
 
+@pytest.mark.oclgrind
+def test_gpu_default_configurations(device):
+    """The configurations chosen for GPUs (adjacent channels, float4 loads forward; interleaved
+    channels and atomics backward) give the same results on whatever device runs the tests."""
+    import dataclasses
+    import importlib
+    gpu = dataclasses.replace(device.info, vendor="nvidia", is_cpu=False, is_simulator=False, type_name="gpu")
+    default_config = importlib.import_module("clkernels.deformable_aggregation").default_config
+    args, go = _backward_problem(15, bs=1, A=2, P=2, cams=2, C=32, G=4, maps=((3, 4), (2, 2)))
+    forward, backward = default_config(gpu, 32, 4, "forward"), default_config(gpu, 32, 4, "backward")
+    assert (forward.cpt, forward.vec, backward.interleave, backward.feature_grad) == (4, 4, True, "scatter")
+    ref = reference(*args)
+    out = clkernels.deformable_aggregation(*args, device=device, config=forward)
+    np.testing.assert_allclose(out, ref, **tolerance(ref, 1e-5))
+    _check_backward(device, args, go, "optimized", backward, 1e-5)
+
+
 # ----------------------------------------------------------------------------- formatting
 
 @pytest.mark.oclgrind
