@@ -16,7 +16,9 @@ camera system ``S yc = gc - W V^-1 gp`` with ``S = B - W V^-1 W^T``; then ``yp =
   Nash-Sofer quadratic-model termination.
 
 Every block operation is batched over observations, points or pairs: no Python loop per point or
-per observation (only a loop over chunks of pairs, to keep temporaries in cache).
+per observation (only a loop over chunks of pairs, to keep temporaries in cache). This module is
+the numpy implementation; :mod:`solvers.schur_cl` runs the same per-observation and per-pair
+products on an OpenCL device (the default when the device has fp64).
 """
 from __future__ import annotations
 
