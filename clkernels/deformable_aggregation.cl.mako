@@ -153,15 +153,16 @@ __kernel void da_forward(
                     int idx[4]; float wt[4]; float lh, lw;
                     bilinear_taps_float(h, w, H, W, idx, wt, &lh, &lw);
                     __global const ${st.ptr} *fs = fb + (size_t)start[cs] * ${C};
-                    for (int k = 0; k < 4; ++k) {
-                        if (idx[k] < 0) continue;
-                        const float coef = wgt * wt[k];
+%for k in range(4):
+                    if (idx[${k}] >= 0) {  // corners unrolled: idx, wt and v stay in registers
+                        const float coef = wgt * wt[${k}];
                         float v[${CPT}];
-                        ${load_channels('v', 'fs + (size_t)idx[k] * ' + str(C), st)}
+                        ${load_channels('v', 'fs + (size_t)idx[' + str(k) + '] * ' + str(C), st)}
 %for j in range(CPT):
                         acc[${j}] += coef * v[${j}];
 %endfor
                     }
+%endfor
                 }
             }
 %endfor
@@ -255,15 +256,15 @@ __kernel void da_backward(
                     bilinear_taps_float(h, w, H, W, idx, wt, &lh, &lw);
                     const size_t row0 = (size_t)start[cs] * ${C};
                     float v[4][${CPT}];
-                    for (int k = 0; k < 4; ++k) {
-                        if (idx[k] >= 0) {
-                            ${load_channels('v[k]', 'fb + row0 + (size_t)idx[k] * ' + str(C), st)}
-                        } else {
+%for k in range(4):
+                    if (idx[${k}] >= 0) {
+                        ${load_channels('v[' + str(k) + ']', 'fb + row0 + (size_t)idx[' + str(k) + '] * ' + str(C), st)}
+                    } else {
 %for j in range(CPT):
-                            v[k][${j}] = 0.0f;
+                        v[${k}][${j}] = 0.0f;
 %endfor
-                        }
                     }
+%endfor
                     // d(val)/dw and d(val)/dh of the bilinear sample; outside corners read 0.
                     float sw = 0.0f, sx = 0.0f, sy = 0.0f;
 %for j in range(CPT):
@@ -281,14 +282,15 @@ __kernel void da_backward(
                     gx += (float)W * wgt * sx;
                     gy += (float)H * wgt * sy;
 %if SCATTER:
-                    for (int k = 0; k < 4; ++k) {
-                        if (idx[k] < 0) continue;
-                        __global float *g = gb + row0 + (size_t)idx[k] * ${C};
-                        const float coef = wgt * wt[k];
+%for k in range(4):
+                    if (idx[${k}] >= 0) {
+                        __global float *g = gb + row0 + (size_t)idx[${k}] * ${C};
+                        const float coef = wgt * wt[${k}];
 %for j in range(CPT):
                         atomic_add_float(g + ${(str(j * IPG) if INTERLEAVE else str(j))}, go[${j}] * coef);
 %endfor
                     }
+%endfor
 %endif
                 }
             }
