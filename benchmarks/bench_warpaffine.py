@@ -65,27 +65,41 @@ def main():
         assert diff.max() <= 1 / 255 + 1e-6, f"differs from OpenCV by {diff.max() * 255} levels"
         same = float(np.mean(diff < 0.5 / 255))
 
-        t_cv = harness.time_wall(lambda: opencv_pipeline(list(batch)), warmup=args.warmup,
-                                 repeat=repeat)
-        report.add(case=case, variant="opencv warpAffine+blobFromImages", timing=t_cv,
-                   bytes_moved=bytes_moved, speedup=1.0, **stats(t_cv))
-
         device_batch = cla.to_device(queue, batch)
-        for lanes in mappings:
-            wa._lanes = lambda rt, w, lanes=lanes: lanes  # noqa: E731 (the mapping under study)
-            t = harness.time_events(
-                lambda: clkernels.letterbox(device_batch, size=(DST, DST), device=runtime)[0].events[-1],
-                warmup=args.warmup, repeat=repeat)
-            tag = " (default)" if lanes == default_lanes else ""
-            report.add(case=case, variant=f"kernel, {lanes} px/work-item{tag}", timing=t,
-                       bytes_moved=bytes_moved, frac_of_peak=bytes_moved / t.median / PEAK_BYTES_PER_S,
-                       speedup=t_cv.median / t.median, **stats(t))
-        wa._lanes = lambda rt, w, lanes=default_lanes: lanes  # noqa: E731
 
-        t = harness.time_wall(lambda: clkernels.letterbox(batch, size=(DST, DST), device=runtime),
-                              warmup=args.warmup, repeat=repeat)
-        report.add(case=case, variant="end-to-end numpy -> numpy", timing=t, bytes_moved=bytes_moved,
-                   speedup=t_cv.median / t.median, same_level_as_opencv=same, **stats(t))
+        def kernel(lanes):
+            """The kernel alone, with ``lanes`` destination pixels per work-item."""
+            def launch():
+                saved, wa._lanes = wa._lanes, (lambda rt, w: lanes)
+                try:
+                    return clkernels.letterbox(device_batch, size=(DST, DST), device=runtime)[0].events[-1]
+                finally:
+                    wa._lanes = saved
+            return launch
+
+        # Every round measures every variant once, in turn, so that load from other work on
+        # a shared machine falls on all of them alike; the medians are over the rounds.
+        variants = {"opencv warpAffine+blobFromImages": ("wall", lambda: opencv_pipeline(list(batch)))}
+        for lanes in mappings:
+            tag = " (default)" if lanes == default_lanes else ""
+            variants[f"kernel, {lanes} px/work-item{tag}"] = ("events", kernel(lanes))
+        variants["end-to-end numpy -> numpy"] = (
+            "wall", lambda: clkernels.letterbox(batch, size=(DST, DST), device=runtime))
+        samples = {name: [] for name in variants}
+        for round_ in range(args.warmup + repeat):
+            for name, (clock, fn) in variants.items():
+                timer = harness.time_events if clock == "events" else harness.time_wall
+                sample = timer(fn, warmup=0, repeat=1).samples[0]
+                if round_ >= args.warmup:
+                    samples[name].append(sample)
+        t_cv = harness.Timing(samples["opencv warpAffine+blobFromImages"])
+        for name, (clock, _) in variants.items():
+            t = harness.Timing(samples[name])
+            extra = dict(frac_of_peak=bytes_moved / t.median / PEAK_BYTES_PER_S) if clock == "events" else {}
+            if name.startswith("end-to-end"):
+                extra["same_level_as_opencv"] = same
+            report.add(case=case, variant=name, timing=t, bytes_moved=bytes_moved,
+                       speedup=t_cv.median / t.median, **extra, **stats(t))
 
     report.write(["case", "variant", "ms", "iqr", "GB_per_s", "frac_of_peak", "speedup",
                   "same_level_as_opencv"])
