@@ -84,9 +84,15 @@ class BatchFunction:
     def group_sizes(self) -> Tuple[int, ...]:
         return self.traced.group_sizes
 
-    def source(self, jacobians: bool = True, device=None) -> str:
-        """The OpenCL source this function runs (values and Jacobians by default) on the
-        device (the codegen kernel stages its stores through local memory on GPUs)."""
+    @property
+    def source(self) -> str:
+        """The OpenCL source of values and Jacobians on the default device."""
+        return self.kernel_source()
+
+    def kernel_source(self, jacobians: bool = True, device=None) -> str:
+        """The OpenCL source this function runs (values and Jacobians by default) on a
+        device: the codegen kernel is specialised per device (SIMD lanes on CPUs, stores
+        staged through local memory on GPUs)."""
         if self.backend == "numpy":
             raise ValueError("the numpy backend runs no OpenCL source")
         runtime = get_runtime(device if device is not None else self.device)
@@ -196,7 +202,7 @@ class BatchFunction:
         runtime = get_runtime(device if device is not None else self.device)
         templates.storage(self.dtype, runtime)  # refuses float64 on a device without fp64
         self._validate_range(runtime, params, index)
-        kernel = templates.kernel(templates.build(self.source(jacobians, runtime), runtime),
+        kernel = templates.kernel(templates.build(self.kernel_source(jacobians, runtime), runtime),
                                   _kernel_name(self.backend))
         if device_args:
             return self._run_device(runtime, kernel, params, index, data, jacobians)

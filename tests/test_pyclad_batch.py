@@ -139,10 +139,10 @@ def test_large_graph_falls_back_to_tape(monkeypatch, device):
 
 
 def test_source_is_straight_line_for_codegen_and_a_switch_for_tape():
-    code = pc.BatchFunction(snavely_residual, params=(9, 3), data=2).source()
+    code = pc.BatchFunction(snavely_residual, params=(9, 3), data=2).source
     assert "__kernel void pyclad_eval" in code and "switch" not in code
     assert "0x1.0000000000000p-52" in code  # the angle-axis threshold, an exact literal
-    tape_src = pc.BatchFunction(snavely_residual, params=(9, 3), data=2, backend="tape").source()
+    tape_src = pc.BatchFunction(snavely_residual, params=(9, 3), data=2, backend="tape").source
     assert "switch (nd.x)" in tape_src
 
 
@@ -168,7 +168,7 @@ def test_staged_jacobian_stores_match_direct_stores(device, monkeypatch, dtype):
     want = direct.values_and_jacobians(params, index, data=obs)
     monkeypatch.setattr(codegen, "stage_size", lambda *args: 32)
     staged = pc.BatchFunction(snavely_residual, params=(9, 3), data=2, dtype=dtype, device=device)
-    assert "barrier(CLK_LOCAL_MEM_FENCE)" in staged.source(device=device)
+    assert "barrier(CLK_LOCAL_MEM_FENCE)" in staged.kernel_source(device=device)
     got = staged.values_and_jacobians(params, index, data=obs)
     np.testing.assert_array_equal(got[0], want[0])
     for a, b in zip(got[1], want[1]):
