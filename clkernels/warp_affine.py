@@ -16,7 +16,6 @@ from typing import List, Tuple
 
 import numpy as np
 import pyopencl as cl
-import pyopencl.array as cla
 
 from . import arrays
 from .runtime import get_runtime
@@ -316,18 +315,21 @@ def _launch(runtime, program_name, program, packed: _Packed, d2i: np.ndarray, ou
             dst_w: int, dst_h: int, n_first: int, vec: int, extra_args) -> cl.Event:
     queue = runtime.queue
     n = len(packed.offsets)
-    offs = cla.to_device(queue, packed.offsets)
-    geom = cla.to_device(queue, packed.geom.reshape(n, 4))
-    mats = cla.to_device(queue, np.ascontiguousarray(d2i, dtype=np.float32).reshape(n, 6))
+
+    def table(values):  # copied when the buffer is created: no queued transfer per table
+        return cl.Buffer(runtime.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
+                         hostbuf=np.ascontiguousarray(values))
+
+    offs, geom = table(packed.offsets), table(packed.geom)
+    mats = table(np.asarray(d2i, dtype=np.float32).reshape(n, 6))
     kernel = _kernel(program, program_name)
     gx = dst_w // vec
     wg = arrays.work_group_size(runtime, kernel, 16 if runtime.info.is_cpu else 128)
     lx = min(wg, 1 << max(0, (gx - 1).bit_length()))  # no wider than a row needs
     ly = max(1, wg // lx)
     global_size = (arrays.round_up(gx, lx), arrays.round_up(dst_h, ly), n)
-    return kernel(queue, global_size, (lx, ly, 1), packed.buffer, offs.data, geom.data,
-                  mats.data, out_buf, np.int32(dst_w), np.int32(dst_h), np.int32(n_first),
-                  *extra_args)
+    return kernel(queue, global_size, (lx, ly, 1), packed.buffer, offs, geom, mats, out_buf,
+                  np.int32(dst_w), np.int32(dst_h), np.int32(n_first), *extra_args)
 
 
 def _channels(value, name: str, default=None) -> np.ndarray:
@@ -461,7 +463,8 @@ def letterbox(images, size=(640, 640), fill=114, swap_rb: bool = True, mean=(0, 
 
     def d2i_of(im, i):
         h, w = im.shape[:2]
-        return _invert_affine(letterbox_matrix((w, h), (dst_w, dst_h)), f"letterbox matrix of image {i}")
+        i2d = letterbox_matrix((w, h), (dst_w, dst_h))
+        return _invert_affine(i2d, f"the letterbox matrix of image {i}")
 
     runtime = get_runtime(device)
     st = _STORAGE.setdefault(dtype, storage(dtype, runtime))
