@@ -366,12 +366,30 @@ def _size(size, name: str) -> Tuple[int, int]:
     return w, h
 
 
+def _check_out(out, on_device: bool, shape, dtype, runtime):
+    """A caller's output array: exactly the shape and dtype, whole and C-contiguous, on the
+    same side (host or device) as the images."""
+    out = arrays.check_array(out, "out", [dtype], shape=shape)
+    if arrays.is_device_array(out) != on_device:
+        raise TypeError("out must be a " + ("pyopencl.array.Array, as the images are"
+                                           if on_device else "numpy array, as the images are"))
+    if not out.flags.c_contiguous or (on_device and out.offset != 0):
+        raise ValueError("out must be a whole C-contiguous array (not a view with an offset)")
+    if on_device and out.context != runtime.context:
+        raise ValueError(f"out lives on another OpenCL context than {runtime.info.name}")
+    if not on_device and not out.flags.writeable:
+        raise ValueError("out is read-only")
+    return out
+
+
 def _run(images, name, d2i_of, dst_w, dst_h, border, device, program_name, params,
-         out_dtype, out_shape_of, extra_args, zero_copy=None):
+         out_dtype, out_shape_of, extra_args, zero_copy=None, out=None):
     """Shared by letterbox and warp_affine: pack, launch per chunk, return host or device."""
     runtime = get_runtime(device)
     items, on_device, single = _split_batch(images, name)
     n = len(items)
+    if out is not None:
+        out = _check_out(out, on_device, out_shape_of(n), out_dtype, runtime)
     d2i = np.stack([d2i_of(im, i) for i, im in enumerate(items)])
     vec = _lanes(runtime, dst_w)
     program = get_program(TEMPLATE, runtime, fma=_fma_name(runtime), vec=vec, **params)
@@ -388,14 +406,15 @@ def _run(images, name, d2i_of, dst_w, dst_h, border, device, program_name, param
         if n * per_image > limit:
             raise ValueError(f"the output ({n * per_image} bytes) is larger than one buffer may "
                              f"be on {runtime.info.name} ({limit} bytes); pass fewer images")
-        out = arrays.empty(runtime, out_shape, out_dtype)
+        if out is None:
+            out = arrays.empty(runtime, out_shape, out_dtype)
         for a, b in _chunks(items, per_image, limit, name):
             packed = _pack_device(runtime, items[a:b])
             out.add_event(_launch(runtime, program_name, program, packed, d2i[a:b], out.data,
                                   dst_w, dst_h, a, vec, bargs))
         return out, d2i, single
 
-    result = np.empty(out_shape, out_dtype)
+    result = np.empty(out_shape, out_dtype) if out is None else out
     for a, b in _chunks(items, per_image, limit, name):
         packed = _pack_host(runtime, items[a:b], zero_copy)
         target = result[a:b]
@@ -409,8 +428,8 @@ def _run(images, name, d2i_of, dst_w, dst_h, border, device, program_name, param
         if zero_copy:
             # Mapping makes the device's writes visible in host memory (a no-op on PoCL).
             mapped, _ = cl.enqueue_map_buffer(runtime.queue, out_buf, cl.map_flags.READ, 0,
-                                                    target.shape, target.dtype, wait_for=[evt],
-                                                    is_blocking=True)
+                                              target.shape, target.dtype, wait_for=[evt],
+                                              is_blocking=True)
             mapped.base.release(runtime.queue)
         else:
             cl.enqueue_copy(runtime.queue, target, out_buf, wait_for=[evt], is_blocking=True)
@@ -421,8 +440,8 @@ def _run(images, name, d2i_of, dst_w, dst_h, border, device, program_name, param
 # ----------------------------------------------------------------------------- public API
 
 def letterbox(images, size=(640, 640), fill=114, swap_rb: bool = True, mean=(0, 0, 0),
-              std=(1, 1, 1), alpha: float = 1 / 255, beta=None, dtype=np.float32, device=None,
-              _zero_copy=None):
+              std=(1, 1, 1), alpha: float = 1 / 255, beta=None, dtype=np.float32, out=None,
+              device=None, _zero_copy=None):
     """Letterbox uint8 BGR images into a planar float blob, in one kernel launch.
 
     ``images``: one ``[H, W, 3]`` uint8 BGR image, a list of them (sizes may differ), a
@@ -432,7 +451,8 @@ def letterbox(images, size=(640, 640), fill=114, swap_rb: bool = True, mean=(0, 
     (one or three, BGR). ``swap_rb``: blob channels RGB. Each value is ``(v * alpha - mean) /
     std`` per blob channel (``mean`` and ``std`` in blob channel order), or ``v * alpha + beta``
     when ``beta`` is given; ``v`` is the warped level, an integer as in OpenCV's uint8 output.
-    ``dtype``: float32, or float16 storage.
+    ``dtype``: float32, or float16 storage. ``out``: an array to write the blob into (the
+    exact shape and dtype, on the host or device like the images), reused across calls.
 
     Returns ``(blob, d2i)``: ``blob`` is ``[N, 3, height, width]`` (N = 1 for one image), and
     ``d2i`` the destination-to-source matrices, ``[2, 3]`` for one image or ``[N, 2, 3]``,
@@ -473,7 +493,7 @@ def letterbox(images, size=(640, 640), fill=114, swap_rb: bool = True, mean=(0, 
         dict(mode="blob", st=st, swap_rb=bool(swap_rb)), dtype,
         lambda n: (n, 3, dst_h, dst_w),
         tuple(np.float32(v) for v in scale) + tuple(np.float32(v) for v in shift),
-        zero_copy=_zero_copy)
+        zero_copy=_zero_copy, out=out)
     return out, (d2i[0] if single else d2i)
 
 

@@ -247,6 +247,28 @@ def test_device_arrays_in_device_arrays_out(device):
 
 
 @pytest.mark.oclgrind
+def test_out_argument_is_filled_and_returned(device):
+    images = [noise(5, 8, seed=1), noise(7, 4, seed=2)]
+    ref, _ = clkernels.letterbox(images, size=(6, 4), device=device)
+    out = np.full((2, 3, 4, 6), np.nan, np.float32)
+    blob, _ = clkernels.letterbox(images, size=(6, 4), out=out, device=device)
+    assert blob is out and np.array_equal(out, ref)
+    dev_out = cla.empty(device.queue, (2, 3, 4, 6), np.float32)
+    dev_images = cla.to_device(device.queue, np.stack([images[0], images[0]]))
+    blob, _ = clkernels.letterbox(dev_images, size=(6, 4), out=dev_out, device=device)
+    assert blob is dev_out and np.array_equal(dev_out.get()[0], ref[0])
+    with pytest.raises(ValueError, match=r"out has shape"):
+        clkernels.letterbox(images, size=(6, 4), out=np.empty((2, 3, 6, 4), np.float32), device=device)
+    with pytest.raises(TypeError, match="out has dtype"):
+        clkernels.letterbox(images, size=(6, 4), out=np.empty((2, 3, 4, 6), np.float16), device=device)
+    with pytest.raises(TypeError, match="out must be a numpy array"):
+        clkernels.letterbox(images, size=(6, 4), out=dev_out, device=device)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        clkernels.letterbox(images, size=(6, 4), out=np.empty((2, 3, 4, 12), np.float32)[..., ::2],
+                            device=device)
+
+
+@pytest.mark.oclgrind
 def test_every_code_path_gives_the_same_values(device, monkeypatch):
     """Copy instead of zero-copy, one pixel per work-item (the GPU path) and several,
     and a batch split over several launches: identical results."""
