@@ -8,7 +8,7 @@ products long so that a camera seen in thousands of observations still spreads o
 work-items; their partial sums are added on the host.
 
 Per Jacobian: ``Jc^T Jc`` and ``Jc^T f`` per camera, ``Jp^T Jp`` and ``Jp^T f`` per point,
-``W = Jc^T Jp`` and ``W^T`` per observation. Per linear solve: ``Z = W V^-1`` per observation,
+``W = Jc^T Jp`` per observation. Per linear solve: ``Z = W V^-1`` per observation,
 the pair sums ``Z W^T`` per block of the reduced camera matrix, the reduced right-hand side and
 the back-substitution sums.
 """
@@ -124,8 +124,6 @@ class NormalEquationsCL(NormalEquations):
         self.V = cs.points.run(self.Jp_dev, self.Jp_dev, True, True)               # (npt, 3, 3)
         self.gp = cs.points.run(self.Jp_dev, r_dev, True, False)[:, :, 0]          # (npt, 3)
         self.W_dev = segment_products(cs.per_obs, self.Jc_dev, self.Jp_dev, True, True)    # (n, 9, 3)
-        self.WT_dev = segment_products(cs.per_obs, self.Jp_dev, self.Jc_dev, True, True)   # (n, 3, 9)
-        self.gp_dev = cla.to_device(q, self.gp[:, None, :].copy())                 # (npt, 1, 3)
 
     @property
     def W(self):
@@ -142,7 +140,10 @@ class NormalEquationsCL(NormalEquations):
         return self.cs.pairs(which).run(self._z_dev(Vinv), self.W_dev)
 
     def _rhs(self, Vinv):
-        return self.gc - self.cs.cameras_pt.run(self._z_dev(Vinv), self.gp_dev)[:, :, 0]
+        # gc - sum_o W_o (V^-1 gp)_pt(o): the per-point product on the host, the sum on the device.
+        v = (Vinv * self.gp[:, None, :]).sum(axis=2)
+        v_dev = cla.to_device(self.cs.rt.queue, np.ascontiguousarray(v[:, None, :]))
+        return self.gc - self.cs.cameras_pt.run(self.W_dev, v_dev)[:, :, 0]
 
     def _pcg_operator(self, Vinv, Dc2):
         if not self.cs.device_cg:
@@ -169,4 +170,4 @@ class NormalEquationsCL(NormalEquations):
 
     def _wty(self, yc):
         y = cla.to_device(self.cs.rt.queue, np.ascontiguousarray(yc[:, None, :]))
-        return self.cs.points_cam.run(self.WT_dev, y)[:, :, 0]
+        return self.cs.points_cam.run(self.W_dev, y, True, False)[:, :, 0]   # W read as W^T

@@ -53,8 +53,10 @@ def segment_products(seg: Segments, X: cla.Array, Y: cla.Array, x_t: bool = Fals
         raise ValueError(f"X has {X.shape[0]} blocks and Y {Y.shape[0]}; the segments address {seg.n1} and {seg.n2}")
     rt = seg.runtime
     K = KX
-    prg = get_program(TEMPLATE, rt, NA=NA, NB=NB, K=K, identity1=seg.i1 is None, identity2=seg.i2 is None,
-                      x_t=bool(x_t), y_t=bool(y_t))
+    # Rows per work-item: as many as keep R * NB accumulators <= 27 (registers), dividing NA.
+    R = max(r for r in range(1, NA + 1) if NA % r == 0 and (r * NB <= 27 or r == 1))
+    prg = get_program(TEMPLATE, rt, NA=NA, NB=NB, K=K, R=R, identity1=seg.i1 is None,
+                      identity2=seg.i2 is None, x_t=bool(x_t), y_t=bool(y_t))
     knl = kernel(prg, "segment_products")
     out = empty(rt, (seg.nseg, NA, NB), np.float64)
     if seg.nseg == 0:
@@ -62,6 +64,6 @@ def segment_products(seg: Segments, X: cla.Array, Y: cla.Array, x_t: bool = Fals
     args = [X.data, Y.data] + [i.data for i in (seg.i1, seg.i2) if i is not None] + \
         [seg.starts.data, out.data, np.int32(seg.nseg)]
     wg = work_group_size(rt, knl, 64)
-    ev = knl(rt.queue, (round_up(seg.nseg * NA, wg),), (wg,), *args)
+    ev = knl(rt.queue, (round_up(seg.nseg * (NA // R), wg),), (wg,), *args)
     out.add_event(ev)
     return out
