@@ -239,6 +239,11 @@ def test_device_arrays_in_device_arrays_out(device):
     blob, _ = clkernels.letterbox(batch, size=(6, 6), device=device)
     ref, _ = clkernels.letterbox([images[0], images[0][::-1].copy()], size=(6, 6), device=device)
     assert np.array_equal(blob.get(), ref)
+    big = noise(9, 11, seed=3)
+    crop = cla.to_device(q, big)[2:8, 3:10]  # a strided view of a device array, read in place
+    blob, _ = clkernels.letterbox(crop, size=(6, 6), device=device)
+    ref, _ = clkernels.letterbox(np.ascontiguousarray(big[2:8, 3:10]), size=(6, 6), device=device)
+    assert np.array_equal(blob.get(), ref)
     warped = clkernels.warp_affine(separate[1], np.array([[0.5, 0.1, 1.0], [0.0, 1.2, -0.5]]),
                                    (5, 9), device=device)
     assert isinstance(warped, cla.Array) and warped.shape == (9, 5, 3)
