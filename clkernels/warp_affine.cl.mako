@@ -6,7 +6,7 @@
 ##   st       Storage of the blob (float32 or float16), None for 'hwc'
 ##   swap_rb  blob channel c is source channel 2 - c
 ##   vec      destination pixels per work-item, consecutive in a row, computed as one floatN
-##            (dst_w % vec == 0). CPUs: 8 or 16, explicit SIMD; GPUs: 1.
+##            (dst_w % vec == 0). CPUs: 8 (fewer if dst_w is not a multiple); GPUs: 1.
 ##   fma      'fma', or '__builtin_fmaf' where the library fma is an opaque call (PoCL)
 ##
 ## Images are packed in one byte buffer: image n starts at byte img_off[n] and has
@@ -17,12 +17,12 @@
 ##
 ## The sampling has no per-pixel branches and no OpenCL library calls (floor, min, clamp,
 ## rint, convert_*): on PoCL each of those is an opaque call, and they kept its work-item
-## loops scalar (2-3x slower); the selects cost GPUs nothing. The one branch skips all reads
-## for a work-item whose pixels are all outside the image (letterbox bands): 37% off the
-## 1080p -> 640x640 kernel on PoCL. For the same reason, and because its
-## product weights are zero for corners outside the image, it does not use
-## common.bilinear_taps: OpenCV gives outside corners the border value and their full weight,
-## in a lerp of lerps, and that order of rounding is what makes the results identical.
+## loops scalar (2-3x slower); the selects cost GPUs nothing. The one branch, uniform per
+## work-item, skips all reads when all its pixels are outside the image (letterbox bands):
+## 37% off the 1080p -> 640x640 kernel on PoCL.
+## common.bilinear_taps is not used: it calls floor (above), and its product weights are zero
+## for corners outside the image, whereas OpenCV gives outside corners the border value and
+## their full weight, in a lerp of lerps -- the order of rounding that makes results identical.
 <%
     V = 'float' if vec == 1 else 'float%d' % vec
     VI = 'int' if vec == 1 else 'int%d' % vec
