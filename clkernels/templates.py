@@ -162,6 +162,16 @@ class Storage:
         self.ptr = "half" if self.is_half else ctype(self.dtype)  # element type of the buffer
         self.compute = "double" if self.dtype == np.float64 else "float"
 
+    # Equal storages render the same code: value equality keeps the render cache hitting.
+    def __eq__(self, other):
+        return isinstance(other, Storage) and other.dtype == self.dtype
+
+    def __hash__(self):
+        return hash(("Storage", self.dtype.str))
+
+    def __repr__(self):
+        return f"Storage({self.dtype})"
+
     def vec(self, n: int) -> str:
         return self.compute if n == 1 else f"{self.compute}{n}"
 
