@@ -23,10 +23,11 @@
 ##                 (point, camera), summed in local memory in a fixed order
 ##   SCATTER       backward: feature gradient by atomic scatter in da_backward (True) or by
 ##                 da_index + da_backward_feat (False)
+##   GPI           da_backward_feat: groups per work-item (CPT channels in each)
 ##   info          DeviceInfo (chooses the atomic add)
 ##   KIND          'aggregate' (everything below) or 'format' (feature_maps_format only)
 <%page args="KIND, E=None, st=None, ws=None, info=None, C=1, G=1, S=0, CPT=1, VEC=1,
-              INTERLEAVE=False, SPLIT=1, SCATTER=True, CPG=1, IPG=1, ITEMS=1"/>
+              INTERLEAVE=False, SPLIT=1, SCATTER=True, GPI=1, CPG=1, IPG=1, ITEMS=1"/>
 <%namespace name="common" file="/clkernels/common.cl.mako"/>
 %if KIND == 'format':
 // feature_maps_format on the device: one level [bs, cams, C, H*W] into its rows of
@@ -403,15 +404,20 @@ __kernel void da_backward_feat(
     __global ${st.ptr} *restrict grad_feat,
     const int A, const int P, const int cams, const int num_feat, const int n_items)
 {
+    // An item owns CPT channels in each of GPI consecutive groups: the sample's bilinear
+    // weight is computed once for CPT * GPI channels.
     const int gid = get_global_id(0);
     if (gid >= n_items) return;
-    const int brow = gid / ${ITEMS}, t_item = gid - brow * ${ITEMS};
-    ${item_channels('t_item')}
+    const int brow = gid / ${ITEMS // GPI}, t_item = gid - brow * ${ITEMS // GPI};
+    const int g0 = t_item / ${IPG} * ${GPI};
+    const int c0 = g0 * ${CPG} + (t_item - t_item / ${IPG} * ${IPG}) * ${1 if INTERLEAVE else CPT};
     const int b = brow / num_feat, row = brow - b * num_feat;
     const int n_samples = A * P;
-    float acc[${CPT}];
+    float acc[${GPI}][${CPT}];
+%for gi in range(GPI):
 %for j in range(CPT):
-    acc[${j}] = 0.0f;
+    acc[${gi}][${j}] = 0.0f;
+%endfor
 %endfor
     for (int cam = 0; cam < cams; ++cam) {
 %for s in range(S):
@@ -433,12 +439,17 @@ __kernel void da_backward_feat(
                         // corner k's bilinear weight, computed as bilinear_taps does
                         const float lh = h - floor(h), lw = w - floor(w);
                         const float wk = ((k & 2) ? lh : 1.0f - lh) * ((k & 1) ? lw : 1.0f - lw);
-                        const float coef = wk * ${ws.load('weights', '(qc * ' + str(S) + ' + ' + str(s) + ') * ' + str(G) + ' + grp')};
-                        const int a = i / P;
-                        float go[${CPT}];
-                        ${load_channels('go', 'grad_out + ((size_t)b * A + a) * ' + str(C) + ' + c0', st)}
+                        __global const ${ws.ptr} *wq = weights + (qc * ${S} + ${s}) * ${G} + g0;
+                        __global const ${st.ptr} *gq = grad_out + ((size_t)b * A + i / P) * ${C} + c0;
+%for gi in range(GPI):
+                        {
+                            const float coef = wk * ${ws.load('wq', str(gi))};
+                            float go[${CPT}];
+                            ${load_channels('go', 'gq + ' + str(gi * CPG), st)}
 %for j in range(CPT):
-                        acc[${j}] += coef * go[${j}];
+                            acc[${gi}][${j}] += coef * go[${j}];
+%endfor
+                        }
 %endfor
                     }
                 }
@@ -446,8 +457,12 @@ __kernel void da_backward_feat(
         }
 %endfor
     }
-    __global ${st.ptr} *o = grad_feat + (size_t)brow * ${C} + c0;
-    ${store_channels('acc', 'o', st)}
+%for gi in range(GPI):
+    {
+        __global ${st.ptr} *o = grad_feat + (size_t)brow * ${C} + c0 + ${gi * CPG};
+        ${store_channels('acc[' + str(gi) + ']', 'o', st)}
+    }
+%endfor
 }
 
 // ---------------------------------------------------------------------------------------

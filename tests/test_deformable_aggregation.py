@@ -231,7 +231,7 @@ BACKWARD_CONFIGS = [
     ("optimized", None),
     ("optimized", Config(cpt=1, vec=1, feature_grad="scatter")),
     ("optimized", Config(cpt=2, interleave=True, local_size=32, feature_grad="scatter")),
-    ("optimized", Config(cpt=4, vec=2, feature_grad="gather", index_size=4)),
+    ("optimized", Config(cpt=4, vec=2, feature_grad="gather", index_size=4, groups_per_item=2)),
     ("optimized", Config(cpt=2, interleave=True, feature_grad="gather", index_size=1)),
     ("original", None)]
 
@@ -363,9 +363,13 @@ def test_bad_input_names_the_tensor(device):
     with pytest.raises(ValueError, match="grad_out"):
         clkernels.deformable_aggregation_backward(go[:, :1].astype(np.float32), feat, shape, start, loc,
                                                   weights, device=device)
-    with pytest.raises(ValueError, match="cpt"):
-        run_cfg = Config(cpt=3, vec=1)
-        clkernels.deformable_aggregation(feat, shape, start, loc, weights, device=device, config=run_cfg)
+    for bad, word in ((Config(cpt=3, vec=1), "cpt"), (Config(cpt=2, vec=4), "vec"), (Config(split=3), "split"),
+                      (Config(feature_grad="atomic"), "feature_grad"), (Config(groups_per_item=3), "groups_per_item")):
+        with pytest.raises(ValueError, match=word):
+            clkernels.deformable_aggregation_backward(np.zeros((2, 3, 8), np.float32), feat, shape, start, loc,
+                                                      weights, device=device, config=bad)
+    with pytest.raises(ValueError, match="variant"):
+        clkernels.deformable_aggregation(feat, shape, start, loc, weights, device=device, variant="fast")
     with pytest.raises(ValueError, match="levels\\[1\\]"):
         clkernels.feature_maps_format([np.zeros((1, 2, 4, 3, 3), np.float32), np.zeros((1, 3, 4, 2, 2), np.float32)])
 
