@@ -119,7 +119,7 @@ def main():
             host = make_problem(rng, bs, anchors, dtype)
             feat, shape, start, loc, weights = host
             dev = [arrays.to_device(rt, a) for a in host]
-            prob = da._prepare(*dev, device=rt)
+            prob = da.prepare(*dev, device=rt)
             go = arrays.to_device(rt, rng.standard_normal((bs, anchors, CHANNELS), dtype=np.float32).astype(dtype))
             e, corners = np.dtype(dtype).itemsize, corner_count(loc, shape)
             small = loc.nbytes + weights.nbytes

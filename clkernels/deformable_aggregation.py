@@ -16,7 +16,7 @@ storage, float arithmetic); weights float32 or float16; locations float32.
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence
 
 import numpy as np
 import pyopencl as cl
@@ -84,7 +84,9 @@ def default_config(info: DeviceInfo, channels: int, groups: int, direction: str 
 # ----------------------------------------------------------------------------- validation
 
 @dataclasses.dataclass
-class _Problem:
+class Problem:
+    """Validated inputs on the device (from :func:`prepare`), for :func:`enqueue_forward`
+    and :func:`enqueue_backward`."""
     runtime: Runtime
     like_device: bool
     feat: object
@@ -146,8 +148,10 @@ def _check_blocks(shape: np.ndarray, start: np.ndarray, num_feat: int):
                 "block must lie inside mc_ms_feat (build the three with feature_maps_format)")
 
 
-def _prepare(mc_ms_feat, spatial_shape, scale_start_index, sampling_location, weights,
-             device=None) -> _Problem:
+def prepare(mc_ms_feat, spatial_shape, scale_start_index, sampling_location, weights,
+            device=None) -> Problem:
+    """Check every argument (errors name the tensor) and every block, and move the tensors to
+    the device (device arrays are used as they are)."""
     tensors = (mc_ms_feat, sampling_location, weights)
     runtime = _runtime_for(device, tensors)
     feat = check_array(mc_ms_feat, "mc_ms_feat", FEAT_DTYPES, ndim=3)
@@ -169,10 +173,10 @@ def _prepare(mc_ms_feat, spatial_shape, scale_start_index, sampling_location, we
         raise ValueError(f"weights has {G} groups, which does not divide the {C} channels of "
                          "mc_ms_feat: channel c uses group c // (C // num_groups)")
     _check_blocks(shape, start, num_feat)
-    if bs * A * P * cams * S * max(G, 2) > INT32_MAX or bs * A * C > INT32_MAX:
+    if bs * A * P * cams * S * max(G, 2) > INT32_MAX or bs * A * C > INT32_MAX or num_feat > INT32_MAX:
         raise ValueError("sampling_location/weights are too large for 32-bit indexing in the "
                          "kernels; split the batch")
-    return _Problem(
+    return Problem(
         runtime, any(is_device_array(t) for t in tensors),
         arrays.to_device(runtime, feat, "mc_ms_feat"), arrays.to_device(runtime, loc, "sampling_location"),
         arrays.to_device(runtime, w, "weights"),
@@ -180,7 +184,7 @@ def _prepare(mc_ms_feat, spatial_shape, scale_start_index, sampling_location, we
         bs, num_feat, C, A, P, cams, S, G, storage(feat.dtype, runtime), storage(w.dtype, runtime))
 
 
-def _check_config(cfg: Config, prob: _Problem) -> Config:
+def _check_config(cfg: Config, prob: Problem) -> Config:
     cpg = prob.C // prob.G
     if cfg.cpt < 1 or cpg % cfg.cpt:
         raise ValueError(f"config.cpt = {cfg.cpt} must divide the {cpg} channels of a group")
@@ -195,11 +199,11 @@ def _check_config(cfg: Config, prob: _Problem) -> Config:
     return cfg
 
 
-def _kernel(prob: _Problem, cfg: Config, name: str) -> cl.Kernel:
+def _kernel(prob: Problem, cfg: Config, name: str) -> cl.Kernel:
     return kernel(_program(prob, cfg), name)
 
 
-def _program(prob: _Problem, cfg: Config):
+def _program(prob: Problem, cfg: Config):
     return get_program(
         TEMPLATE, prob.runtime, KIND="aggregate", st=prob.st, ws=prob.ws, info=prob.runtime.info,
         C=prob.C, G=prob.G, S=prob.S, CPT=cfg.cpt, VEC=1 if cfg.interleave else cfg.vec,
@@ -209,24 +213,22 @@ def _program(prob: _Problem, cfg: Config):
         IPG=prob.C // prob.G // cfg.cpt, ITEMS=prob.C // cfg.cpt)
 
 
-def _sizes(prob: _Problem):
+def _sizes(prob: Problem):
     return (np.int32(prob.A), np.int32(prob.P), np.int32(prob.cams), np.int32(prob.num_feat))
 
 
-def _to_storage(prob: _Problem, cfg: Config, acc, st: Storage, events: list):
+def _to_storage(prob: Problem, cfg: Config, acc, st: Storage, events: list):
     """A float accumulator as storage ``st`` (a kernel conversion for half)."""
     if not st.is_half:
         return acc
     out = arrays.empty(prob.runtime, acc.shape, np.float16)
     if acc.size:
-        kernel = _kernel(prob, cfg, 'da_float_to_half')
-        lsize = arrays.work_group_size(prob.runtime, kernel, 256)
-        events.append(kernel(prob.runtime.queue, (arrays.round_up(acc.size, lsize),), (lsize,),
-                             acc.data, out.data, np.int32(acc.size), wait_for=acc.events))
+        events.append(_launch_1d(prob, _kernel(prob, cfg, 'da_float_to_half'), acc.size, acc.data,
+                                 out.data, np.int32(acc.size), wait_for=acc.events))
     return out
 
 
-def _check_original(prob: _Problem):
+def _check_original(prob: Problem):
     if prob.bs * prob.A * prob.P * prob.cams * prob.S * prob.C > INT32_MAX:
         raise ValueError("the original design needs one work-item per (sample, channel): "
                          "too many for 32-bit ids at these shapes")
@@ -253,14 +255,17 @@ def _zeros(runtime: Runtime, shape, dtype, events: list):
     return out
 
 
-def _launch_1d(prob: _Problem, kernel, n: int, *args, wait_for=None, wanted=256):
-    lsize = arrays.work_group_size(prob.runtime, kernel, wanted)
-    return kernel(prob.runtime.queue, (arrays.round_up(n, lsize),), (lsize,), *args, wait_for=wait_for)
+def _launch_1d(prob: Problem, k: cl.Kernel, n: int, *args, wait_for=None, wanted=256):
+    """n work-items (rounded up to the work-group size; kernels check their id)."""
+    if n > INT32_MAX // 2:
+        raise ValueError(f"{n} work-items are too many for 32-bit ids in the kernels; split the batch")
+    lsize = arrays.work_group_size(prob.runtime, k, wanted)
+    return k(prob.runtime.queue, (arrays.round_up(n, lsize),), (lsize,), *args, wait_for=wait_for)
 
 
 # ----------------------------------------------------------------------------- forward
 
-def enqueue_forward(prob: _Problem, variant: str = "optimized", config: Optional[Config] = None):
+def enqueue_forward(prob: Problem, variant: str = "optimized", config: Optional[Config] = None):
     """Launch the forward on prepared device arrays; returns ``(out, events)``."""
     rt, events = prob.runtime, []
     cfg = _check_config(config or default_config(rt.info, prob.C, prob.G, "forward"), prob)
@@ -271,8 +276,8 @@ def enqueue_forward(prob: _Problem, variant: str = "optimized", config: Optional
         acc = _zeros(rt, (prob.bs, prob.A, prob.C), np.float32, events)
         n = prob.bs * prob.A * prob.P * prob.cams * prob.S * prob.C
         if n:
-            kernel = _kernel(prob, cfg, 'da_forward_original')
-            events.append(_launch_1d(prob, kernel, n, prob.feat.data, prob.shape_dev.data,
+            k = _kernel(prob, cfg, 'da_forward_original')
+            events.append(_launch_1d(prob, k, n, prob.feat.data, prob.shape_dev.data,
                                      prob.start_dev.data, prob.loc.data, prob.weights.data, acc.data,
                                      *_sizes(prob), np.int32(n), wait_for=wait + acc.events))
             acc.add_event(events[-1])
@@ -282,8 +287,8 @@ def enqueue_forward(prob: _Problem, variant: str = "optimized", config: Optional
     out = arrays.empty(rt, (prob.bs, prob.A, prob.C), prob.st.dtype)
     if n_tasks == 0:
         return out, events
-    kernel = _kernel(prob, cfg, 'da_forward')
-    lsize = arrays.work_group_size(rt, kernel, cfg.local_size)
+    k = _kernel(prob, cfg, 'da_forward')
+    lsize = arrays.work_group_size(rt, k, cfg.local_size)
     args = [prob.feat.data, prob.shape_dev.data, prob.start_dev.data, prob.loc.data,
             prob.weights.data, out.data, *_sizes(prob), np.int32(n_tasks)]
     if cfg.split > 1:
@@ -294,7 +299,7 @@ def enqueue_forward(prob: _Problem, variant: str = "optimized", config: Optional
         global_size = -(-n_tasks // tpw) * lsize
     else:
         global_size = arrays.round_up(n_tasks, lsize)
-    events.append(kernel(rt.queue, (global_size,), (lsize,), *args, wait_for=wait))
+    events.append(k(rt.queue, (global_size,), (lsize,), *args, wait_for=wait))
     out.add_event(events[-1])
     return out, events
 
@@ -310,14 +315,14 @@ def deformable_aggregation(mc_ms_feat, spatial_shape, scale_start_index, samplin
     num_pts, num_cams, num_scale, num_groups]. ``variant="original"`` runs the original
     one-work-item-per-(sample, channel) atomic design (a benchmark baseline).
     """
-    prob = _prepare(mc_ms_feat, spatial_shape, scale_start_index, sampling_location, weights, device)
+    prob = prepare(mc_ms_feat, spatial_shape, scale_start_index, sampling_location, weights, device)
     out, _ = enqueue_forward(prob, variant, config)
     return arrays.to_host_like(out, prob.like_device)
 
 
 # ----------------------------------------------------------------------------- backward
 
-def enqueue_backward(prob: _Problem, grad_out, variant: str = "optimized",
+def enqueue_backward(prob: Problem, grad_out, variant: str = "optimized",
                      config: Optional[Config] = None):
     """Launch the backward; ``grad_out`` a device array. Returns ``((g_feat, g_loc, g_w), events)``."""
     rt, events = prob.runtime, []
@@ -335,8 +340,8 @@ def enqueue_backward(prob: _Problem, grad_out, variant: str = "optimized",
         g_w = _zeros(rt, w_shape, np.float32, events)
         n = n_qc * prob.S * prob.C
         if n:
-            kernel = _kernel(prob, cfg, 'da_backward_original')
-            events.append(_launch_1d(prob, kernel, n, *common, g_loc.data, g_w.data, *_sizes(prob),
+            k = _kernel(prob, cfg, 'da_backward_original')
+            events.append(_launch_1d(prob, k, n, *common, g_loc.data, g_w.data, *_sizes(prob),
                                      np.int32(n), wait_for=wait + g_loc.events + g_w.events))
             for a in (g_feat, g_loc, g_w):
                 a.add_event(events[-1])
@@ -357,9 +362,9 @@ def enqueue_backward(prob: _Problem, grad_out, variant: str = "optimized",
         wait += g_feat.events
     g_loc = arrays.empty(rt, loc_shape, np.float32)
     g_w = arrays.empty(rt, w_shape, prob.ws.dtype)
-    kernel = _kernel(prob, cfg, 'da_backward')
+    k = _kernel(prob, cfg, 'da_backward')
     items = prob.C // cfg.cpt
-    limit = arrays.work_group_size(rt, kernel, max(cfg.local_size, items))
+    limit = arrays.work_group_size(rt, k, max(cfg.local_size, items))
     if items > limit:
         raise ValueError(f"C / config.cpt = {items} work-items per sample exceed this device's "
                          f"work-group limit {limit}: use more channels per work-item")
@@ -369,8 +374,10 @@ def enqueue_backward(prob: _Problem, grad_out, variant: str = "optimized",
     red2 = cl.LocalMemory(4 * qpw * 2 * prob.G)
     args = [prob.feat.data, prob.shape_dev.data, prob.start_dev.data, prob.loc.data,
             prob.weights.data, grad_out.data] + ([] if gather else [g_feat.data])
-    events.append(kernel(rt.queue, (-(-n_qc // qpw) * lsize,), (lsize,), *args, g_loc.data,
-                         g_w.data, *_sizes(prob), np.int32(n_qc), red, red2, wait_for=wait))
+    if n_qc * items > INT32_MAX // 2:
+        raise ValueError("sampling_location: too many samples for 32-bit ids in the kernels; split the batch")
+    events.append(k(rt.queue, (-(-n_qc // qpw) * lsize,), (lsize,), *args, g_loc.data,
+                    g_w.data, *_sizes(prob), np.int32(n_qc), red, red2, wait_for=wait))
     for a in (g_feat, g_loc, g_w):
         a.add_event(events[-1])
     if gather:
@@ -378,7 +385,7 @@ def enqueue_backward(prob: _Problem, grad_out, variant: str = "optimized",
     return (_to_storage(prob, cfg, g_feat, prob.st, events), g_loc, g_w), events
 
 
-def _gather_feature_grad(prob: _Problem, cfg: Config, grad_out, g_feat, wait) -> list:
+def _gather_feature_grad(prob: Problem, cfg: Config, grad_out, g_feat, wait) -> list:
     """Inverse index of samples per bilinear cell, then the feature gradient row by row."""
     rt = prob.runtime
     cells = ((prob.shape[..., 0] + 1) * (prob.shape[..., 1] + 1)).ravel()
@@ -415,7 +422,7 @@ def deformable_aggregation_backward(grad_out, mc_ms_feat, spatial_shape, scale_s
     output's shape and dtype. Samples outside (0, 1), NaN included, get zero gradient; the
     location gradient carries each scale's W (for x) and H (for y) factor.
     """
-    prob = _prepare(mc_ms_feat, spatial_shape, scale_start_index, sampling_location, weights,
+    prob = prepare(mc_ms_feat, spatial_shape, scale_start_index, sampling_location, weights,
                     _runtime_for(device, (grad_out, mc_ms_feat, sampling_location, weights)))
     go = check_array(grad_out, "grad_out", (prob.st.dtype,), shape=(prob.bs, prob.A, prob.C))
     go = arrays.to_device(prob.runtime, go, "grad_out")
@@ -457,14 +464,14 @@ def feature_maps_format(levels: Sequence, *, device=None):
         return np.ascontiguousarray(feat), spatial_shape, start
     runtime = _runtime_for(device, checked)
     elem = "ushort" if checked[0].dtype == np.float16 else "uint"
-    kernel = get_program(TEMPLATE, runtime, KIND="format", E=elem).da_format_level
+    k = kernel(get_program(TEMPLATE, runtime, KIND="format", E=elem), "da_format_level")
     out = arrays.empty(runtime, (bs, cams * per_cam, C), checked[0].dtype)
     for level, first, size in zip(checked, offsets, sizes):
         level = arrays.to_device(runtime, level, "levels")
         n = bs * cams * C * int(size)
         if n:
-            lsize = arrays.work_group_size(runtime, kernel, 256)
-            out.add_event(kernel(runtime.queue, (arrays.round_up(n, lsize),), (lsize,), level.data,
+            lsize = arrays.work_group_size(runtime, k, 256)
+            out.add_event(k(runtime.queue, (arrays.round_up(n, lsize),), (lsize,), level.data,
                                  out.data, np.int32(cams), np.int32(C), np.int32(size),
                                  np.int32(cams * per_cam), np.int32(per_cam), np.int32(first),
                                  np.int32(n), wait_for=level.events + out.events))
