@@ -40,13 +40,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def plot_convergence(result, path) -> None:
+def _pyplot():
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:
-        raise SystemExit(f"--plot needs matplotlib (pip install matplotlib): {e}")
+        raise SystemExit(f"--plot needs matplotlib (pip install matplotlib, or pip install '.[plot]'): {e}")
+    return plt
+
+
+def plot_convergence(result, path) -> None:
+    plt = _pyplot()
     its = [h.iteration for h in result.history]
     costs = [h.cost for h in result.history]
     ok = [h.step_is_successful for h in result.history]
@@ -67,6 +72,8 @@ def plot_convergence(result, path) -> None:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.plot:
+        _pyplot()          # say so before solving, not after
     import solvers
     from solvers.ply import write_ply
 
