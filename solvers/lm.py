@@ -3,8 +3,9 @@
 What this follows (Ceres 2.x ``TrustRegionMinimizer``, ``LevenbergMarquardtStrategy``,
 ``TrustRegionStepEvaluator``, monotonic steps, no inner iterations):
 
-- Jacobi scaling: at iteration 0, ``s = 1 / (1 + sqrt(diag(J^T J)))`` per parameter; every Jacobian
-  is then solved for in the scaled variables ``J diag(s)``.
+- Jacobi scaling: at iteration 0, ``s = 1 / (1 + sqrt(diag(J^T J)))`` per parameter; every step
+  is then solved for in the scaled variables of ``J diag(s)`` (applied to the normal equations'
+  diagonal rather than to every Jacobian entry: see ``_LMStrategy.compute_step``).
 - The step solves ``(J^T J + D^T D) y = J^T f`` with ``D = sqrt(clamp(diag(J^T J), 1e-6, 1e32) / radius)``
   (the diagonal is recomputed only after an accepted step), ``step = -y``; the model cost change is
   ``-(J step) . (f + J step / 2)`` and a step is valid only when it is positive (otherwise the radius
@@ -86,11 +87,20 @@ class _LMStrategy:
         self.reuse_diagonal = False
         self.diagonal = None
 
-    def compute_step(self, neq: NormalEquations, o: Options):
+    def compute_step(self, neq: NormalEquations, o: Options, scale):
+        """Solve ``(Js^T Js + D^2) y = Js^T f`` for the Jacobi-scaled ``Js = J diag(scale)``.
+
+        ``neq`` holds the unscaled blocks: with ``y = u / scale`` the system is
+        ``(J^T J + (D / scale)^2) u = J^T f``, the same solution without scaling every Jacobian
+        entry (and, for CG with the Schur-Jacobi preconditioner, the same iterates: PCG is invariant
+        under a diagonal change of variables that its preconditioner shares)."""
         if not self.reuse_diagonal:
-            self.diagonal = np.clip(neq.column_norms2(), self.min_diag, self.max_diag)
+            # diag(Js^T Js) = scale^2 diag(J^T J)
+            self.diagonal = np.clip(neq.column_norms2() * scale * scale, self.min_diag, self.max_diag)
         D = np.sqrt(self.diagonal / self.radius)
-        sol = neq.solve(D, o.linear_solver, eta=o.eta, max_iterations=o.max_linear_solver_iterations)
+        sol = neq.solve(D / scale, o.linear_solver, eta=o.eta, max_iterations=o.max_linear_solver_iterations)
+        if sol.ok:
+            sol.y = sol.y / scale
         self.reuse_diagonal = True
         return sol
 
@@ -177,11 +187,6 @@ class Minimizer:
                 self.scale = 1.0 / (1.0 + np.sqrt(col2))
             else:
                 self.scale = np.ones(self.x.size)
-        nc9 = 9 * self.ev.nc
-        sc, sp = self.scale[:nc9].reshape(-1, 9), self.scale[nc9:].reshape(-1, 3)
-        if self.o.jacobi_scaling:
-            jc = jc * sc[st.cam][:, None, :]
-            jp = jp * sp[st.pt][:, None, :]
         t0 = time.perf_counter()
         if self.cl_structure is not None:
             from .schur_cl import NormalEquationsCL
@@ -189,16 +194,17 @@ class Minimizer:
         else:
             self.neq = NormalEquations(st, r, jc, jp)
         self.linear_solver_time += time.perf_counter() - t0
-        # The gradient of the unscaled problem; its norms as Ceres measures them, |x - Plus(x, -g)|.
-        g = np.concatenate([self.neq.gc.ravel(), self.neq.gp.ravel()]) / self.scale
+        # The gradient (of the unscaled problem); its norms as Ceres measures them, |x - Plus(x, -g)|.
+        g = np.concatenate([self.neq.gc.ravel(), self.neq.gp.ravel()])
         projected = self.x - (self.x + (-g))
         it.gradient_max_norm = float(np.max(np.abs(projected))) if projected.size else 0.0
         it.gradient_norm = _norm(projected)
         return True
 
-    def _model_residuals(self, step):
+    def _model_residuals(self, delta):
+        """``J delta`` per observation (n, 2): the scaled Jacobian times the scaled step."""
         st, nc9 = self.st, 9 * self.ev.nc
-        sc, sp = step[:nc9].reshape(-1, 9), step[nc9:].reshape(-1, 3)
+        sc, sp = delta[:nc9].reshape(-1, 9), delta[nc9:].reshape(-1, 3)
         return j_x(self.neq.Jc, sc[st.cam]) + j_x(self.neq.Jp, sp[st.pt])
 
     # ------------------------------------------------------------------ the loop
@@ -287,7 +293,7 @@ class Minimizer:
     def _compute_trust_region_step(self):
         it = self.it
         t0 = time.perf_counter()
-        sol = self.strategy.compute_step(self.neq, self.o)
+        sol = self.strategy.compute_step(self.neq, self.o, self.scale)
         dt = time.perf_counter() - t0
         self.linear_solver_time += dt
         self.num_linear_solves += 1
@@ -297,12 +303,13 @@ class Minimizer:
         it.step_is_valid = False
         if not sol.ok:
             return
-        step = -sol.y
-        m = self._model_residuals(step)
+        step = -sol.y                                   # in the scaled variables
+        delta = step * self.scale                       # undo the Jacobian column scaling
+        m = self._model_residuals(delta)                # = Js step
         self.model_cost_change = float(-np.sum(m * (self.neq.r + m / 2.0)))
         it.step_is_valid = self.model_cost_change > 0.0
         if it.step_is_valid:
-            self.delta = step * self.scale
+            self.delta = delta
             self.num_consecutive_invalid_steps = 0
 
     def _handle_invalid_step(self) -> bool:
