@@ -19,8 +19,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-import numpy as np  # noqa: E402
-
 import harness  # noqa: E402
 import ceres_peer  # noqa: E402
 import solvers  # noqa: E402

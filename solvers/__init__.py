@@ -135,11 +135,10 @@ def bundle_adjust(problem: BALProblem, linear_solver: str = "sparse_schur", loss
             try:
                 from clkernels import get_runtime
                 runtime = get_runtime(device)
-            except Exception as e:  # no OpenCL at all: the numpy Schur complement still works
+            except Exception:  # no OpenCL at all: the numpy Schur complement still works
                 if opts.schur_backend == "opencl":
                     raise
                 runtime = None
-                del e
     s = minimize(evaluator, x0, opts, callback=report, stop=stop, handle_sigint=handle_sigint,
                  runtime=runtime)
     if not np.isfinite(s.initial_cost):

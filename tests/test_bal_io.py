@@ -5,7 +5,6 @@ the numpy Snavely reference, and the camera-centre definition R c + t = 0.
 """
 import bz2
 import gzip
-import os
 import pathlib
 
 import numpy as np

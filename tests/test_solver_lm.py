@@ -1,6 +1,7 @@
 """Levenberg-Marquardt end to end: Ceres' trajectory and final costs on the real BAL problems,
 the hard cases (points behind cameras, NaN mid-solve, few observations, gauge freedom, Ctrl-C),
 the camera models and the command line."""
+import importlib.util
 import json
 import os
 import pathlib
@@ -247,12 +248,7 @@ def test_command_line_synthetic_and_file(tmp_path, capsys, device):
     bad.write_text("1 2\n")
     assert cli_main([str(bad)]) == 2
     assert "bad header" in capsys.readouterr().err
-    try:
-        import matplotlib  # noqa: F401
-        have_mpl = True
-    except ImportError:
-        have_mpl = False
-    if have_mpl:
+    if importlib.util.find_spec("matplotlib") is not None:
         assert cli_main([str(src), "-q", "--plot", str(tmp_path / "c.png")]) == 0
         assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
     else:

@@ -6,7 +6,6 @@ Ctrl-C stops after the current iteration; the best state found is still written 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
