@@ -31,7 +31,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from .schur import LINEAR_SOLVERS, NormalEquations, Structure, _norm, j_x
+from .cg import _norm
+from .schur import LINEAR_SOLVERS, NormalEquations, Structure, j_x
 from .summary import IterationSummary, SolverSummary
 
 DBL_MAX = np.finfo(np.float64).max

@@ -31,7 +31,7 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
 from .blas_threads import single_threaded_blas
-from .cg import _dot, _norm, conjugate_gradients  # noqa: F401  (re-exported)
+from .cg import conjugate_gradients
 
 LINEAR_SOLVERS = ("sparse_schur", "iterative_schur")
 PAIR_CHUNK = 1 << 12
