@@ -39,13 +39,13 @@ CAMS, POINTS, GROUPS, CHANNELS = 6, 13, 8, 256
 CEILING_GBPS = 4260.0  # H200, OpenCL float4 copy (read + write), ../shared/device/README.md
 CUDA_MS = {("inference", "forward"): 0.81, ("inference", "backward"): 12.0,  # original operator,
            ("training", "forward"): 6.0, ("training", "backward"): 96.0}     # same H200
-GPU_SWEEP = {
+GPU_SWEEP = {  # besides the default configuration
     "forward": [da.Config(cpt=2, vec=2), da.Config(cpt=8, vec=4), da.Config(cpt=4, vec=4, split=2),
-                da.Config(cpt=2, vec=1, interleave=True), da.Config(cpt=1, vec=1)],
+                da.Config(cpt=2, vec=1, interleave=True)],
     "backward": [da.Config(cpt=2, vec=1, interleave=True), da.Config(cpt=8, vec=1, interleave=True),
-                 da.Config(cpt=4, vec=4), da.Config(cpt=1, vec=1),
+                 da.Config(cpt=4, vec=4),
                  da.Config(cpt=4, vec=4, feature_grad="gather", index_size=64),
-                 da.Config(cpt=2, vec=1, interleave=True, feature_grad="gather", index_size=128)],
+                 da.Config(cpt=2, vec=1, interleave=True, feature_grad="gather", index_size=128, groups_per_item=2)],
 }
 CPU_SWEEP = {"forward": [], "backward": [da.Config(cpt=32, vec=8, local_size=64, feature_grad="scatter")]}
 
