@@ -196,7 +196,11 @@ def tuning(report, rt, args, n):
             for wg in (64, 128, 256, 512):
                 if wg > rt.info.max_work_group_size:
                     continue
-                t = time_forward(rt, args, x, om, o, KernelConfig(cpw, vw, True, wg))
+                try:
+                    t = time_forward(rt, args, x, om, o, KernelConfig(cpw, vw, True, wg))
+                except ValueError as exc:  # more work-items than this variant's registers allow
+                    print(f"  skipped cpw={cpw} vw={vw} wg={wg}: {exc}", flush=True)
+                    continue
                 report.add(case=f"tune forward N={n} 56x56 G=4 C=32", variant=f"cpw={cpw} vw={vw} wg={wg}",
                            dtype=np.dtype(dtype).name, timing=t, bytes_moved=forward_bytes(x, om))
         configs = [("default", None), ("owner cpw=8", KernelConfig(8, 8, scatter="owner")),

@@ -259,6 +259,15 @@ def _geometry_args(opts: Options, h, w, ho, wo, p):
             np.float32(opts.offset_scale))
 
 
+def _check_work_group(runtime, kernel, wg):
+    """An explicit work-group size must fit this kernel on this device (registers bound it
+    below the device's maximum); the default sizes always do."""
+    limit = kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, runtime.device)
+    if wg > limit:
+        raise ValueError(f"config.work_group_size={wg} exceeds this kernel's limit of {limit} "
+                         f"work-items on {runtime.info.name}; use a smaller size or leave it 0")
+
+
 def launch_forward(runtime, input, offset_mask, output, opts: Options,
                    config: Optional[KernelConfig] = None, info=None) -> cl.Event:
     """Enqueue the forward kernel on device arrays (already validated); returns its event."""
@@ -270,6 +279,7 @@ def launch_forward(runtime, input, offset_mask, output, opts: Options,
     kernel = _kernel(program, "dcnv4_forward")
     items = n * ho * wo * opts.group * (opts.group_channels // cfg.channels_per_item)
     wg = cfg.work_group_size or arrays.work_group_size(runtime, kernel, 256 if not info.is_cpu else 64)
+    _check_work_group(runtime, kernel, wg)
     return kernel(runtime.queue, (arrays.round_up(items, wg),), (wg,), input.data, offset_mask.data,
                   output.data, np.int32(items), *_geometry_args(opts, h, w, ho, wo, p),
                   wait_for=input.events + offset_mask.events)
@@ -299,6 +309,7 @@ def launch_backward(runtime, grad_out, input, offset_mask, opts: Options,
         wg = cfg.work_group_size or arrays.work_group_size(
             runtime, kernel, max(slots_p2, 64 if info.is_cpu else 256))
         if wg % slots_p2 == 0:
+            _check_work_group(runtime, kernel, wg)
             break
         if cfg.work_group_size:
             raise ValueError(f"config.work_group_size={wg} must be a multiple of {slots_p2}, "
