@@ -237,20 +237,41 @@ class BatchFunction:
             return out, jacs
         dev_params = [arrays.to_device(runtime, p, f"params[{g}]") for g, p in enumerate(params)]
         chunk = min(n, self._chunk(runtime, n, jacobians))
-        bufs = _ChunkBuffers(runtime, self, chunk, jacobians)
+        # On a CPU device the kernel can read and write the numpy arrays in place (no copy
+        # either way). Oclgrind's checker does not follow host memory, so it gets copies.
+        in_place = runtime.info.is_cpu and not runtime.info.is_simulator
+        bufs = None if in_place else _ChunkBuffers(runtime, self, chunk, jacobians)
         for start in range(0, n, chunk):
             stop = min(n, start + chunk)
             idx = np.ascontiguousarray(index[start:stop], dtype=np.int32)
+            rows = np.ascontiguousarray(data[start:stop]) if data is not None else None
+            outs = [out[start:stop]] + [j[start:stop] for j in jacs]
+            if in_place:
+                self._run_in_place(runtime, kernel, dev_params, idx, rows, outs, jacobians)
+                continue
             cl.enqueue_copy(queue, bufs.index.data, idx)
-            if data is not None:
-                cl.enqueue_copy(queue, bufs.data.data, np.ascontiguousarray(data[start:stop]))
+            if rows is not None:
+                cl.enqueue_copy(queue, bufs.data.data, rows)
             self._launch(runtime, kernel, dev_params, bufs.index, bufs.data, bufs.out, bufs.jacs,
                          stop - start, jacobians)
-            cl.enqueue_copy(queue, out[start:stop], bufs.out.data)
-            for host, dev in zip(jacs, bufs.jacs):
-                cl.enqueue_copy(queue, host[start:stop], dev.data)
+            for host, dev in zip(outs, [bufs.out, *bufs.jacs]):
+                cl.enqueue_copy(queue, host, dev.data)
         queue.finish()
         return out, jacs
+
+    def _run_in_place(self, runtime, kernel, params, idx, rows, outs, jacobians):
+        """One chunk on a CPU device with buffers over the host arrays (USE_HOST_PTR);
+        mapping the outputs afterwards is what makes the results visible in them."""
+        mf, ctx = cl.mem_flags, runtime.context
+        wrap = lambda a, flags: _HostBuffer(cl.Buffer(ctx, flags | mf.USE_HOST_PTR, hostbuf=a))  # noqa: E731
+        index = wrap(idx, mf.READ_ONLY)
+        data = wrap(rows, mf.READ_ONLY) if rows is not None else None
+        targets = [wrap(o, mf.WRITE_ONLY) for o in outs]
+        self._launch(runtime, kernel, params, index, data, targets[0], targets[1:], len(idx), jacobians)
+        for host, target in zip(outs, targets):
+            mapped, _ = cl.enqueue_map_buffer(runtime.queue, target.data, cl.map_flags.READ, 0,
+                                              host.shape, host.dtype, is_blocking=True)
+            mapped.base.release(runtime.queue)
 
     def _run_device(self, runtime, kernel, params, index, data, jacobians):
         n = index.shape[0]
@@ -294,6 +315,13 @@ class BatchFunction:
 
 def _kernel_name(backend):
     return "pyclad_eval" if backend == "codegen" else "pyclad_tape"
+
+
+class _HostBuffer:
+    """A buffer over host memory, shaped like a device array for ``_launch``."""
+
+    def __init__(self, buffer):
+        self.data = buffer
 
 
 class _ChunkBuffers:

@@ -57,10 +57,12 @@ class SnavelyModel:
         if backend != "numpy":
             runtime = get_runtime(device)
             self.runtime = runtime
-            # Keep everything on the device when it fits comfortably; otherwise the
-            # function evaluates host arrays in chunks.
+            # Keep index and observations on the device when they fit comfortably; a CPU
+            # device instead works on the host arrays in place, and anything too large is
+            # evaluated from the host in chunks.
             per_obs = 4 * 2 + self.dtype.itemsize * (2 + 2 + 2 * 12)
-            if per_obs * self.n_obs < runtime.info.global_mem_bytes // 3 and \
+            in_place = runtime.info.is_cpu and not runtime.info.is_simulator
+            if not in_place and per_obs * self.n_obs < runtime.info.global_mem_bytes // 3 and \
                     self.dtype.itemsize * 2 * 9 * self.n_obs < runtime.info.max_alloc_bytes:
                 self._device = (cla.to_device(runtime.queue, index), cla.to_device(runtime.queue, observed))
 
