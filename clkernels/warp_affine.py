@@ -284,8 +284,9 @@ def _pack_device(runtime, items) -> _Packed:
 
 def _lanes(runtime, dst_w: int) -> int:
     """Destination pixels per work-item: explicit SIMD on CPUs (PoCL does not vectorise
-    this gather-heavy kernel across work-items by itself); one on GPUs."""
-    want = 8 if runtime.info.is_cpu else 1
+    this gather-heavy kernel across work-items by itself); two on GPUs (on an H200, 1.23x
+    faster than one for a batch of 1080p images, and faster than four)."""
+    want = 8 if runtime.info.is_cpu else 2
     while dst_w % want:
         want //= 2
     return want
