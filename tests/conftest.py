@@ -6,7 +6,6 @@
 - On the Oclgrind device a test fails if Oclgrind wrote any diagnostic while it ran
   (``OCLGRIND_LOG`` must name the log file; ``.ci/run`` sets it up).
 """
-import glob
 import os
 
 import pytest
@@ -85,25 +84,9 @@ def device(request):
         pytest.fail(f"Oclgrind reported problems:\n{text[:20000]}")
 
 
-# -- real BAL problems -----------------------------------------------------------------
-
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def bal_problem_paths():
-    """The shared real BAL problems, smallest first: $PYCLAD_BAL_DIR, else shared/data/bal
-    inside or beside the checkout (where CI lays it)."""
-    for folder in (os.environ.get("PYCLAD_BAL_DIR", ""), os.path.join(_ROOT, "shared", "data", "bal"),
-                   os.path.join(os.path.dirname(_ROOT), "shared", "data", "bal")):
-        paths = sorted(glob.glob(os.path.join(folder, "problem-*.txt*"))) if folder else []
-        if paths:
-            return sorted(paths, key=os.path.getsize)
-    return []
-
+# -- real BAL problems (tests/bal_data.py says where they are looked for) --------------
 
 @pytest.fixture(scope="session")
 def bal_paths():
-    paths = bal_problem_paths()
-    if not paths:
-        pytest.skip("no real BAL problems found: set PYCLAD_BAL_DIR (the data is not part of the package)")
-    return paths
+    import bal_data
+    return bal_data.bal_paths()

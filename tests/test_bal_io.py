@@ -18,7 +18,6 @@ from solvers.rotation import rotate
 
 from reference_snavely import ReferenceSnavelyModel
 
-BAL_DIR = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "bal"
 # From shared/data/bal/README.md: cameras, points, observations, initial cost.
 README = {
     "problem-49-7776-pre": (49, 7776, 31843, 8.509125e+05),
@@ -29,11 +28,7 @@ README = {
 }
 
 
-def bal_file(name):
-    path = BAL_DIR / f"{name}.txt.bz2"
-    if not path.exists():
-        pytest.fail(f"{path} is missing: the shared BAL data (../shared/data/bal) must be present")
-    return path
+from bal_data import bal_file  # noqa: E402  (skips or fails clearly when the data is absent)
 
 
 def slow_parse(text):

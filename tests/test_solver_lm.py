@@ -13,18 +13,15 @@ import pytest
 import solvers
 from solvers.bal.__main__ import main as cli_main
 
+from bal_data import bal_file
 from reference_snavely import ReferenceSnavelyModel
 
 HERE = pathlib.Path(__file__).resolve().parent
-BAL_DIR = HERE.parents[1] / "shared" / "data" / "bal"
 CERES = HERE / "data" / "ceres_bal_reference.json"
 
 
 def bal(name):
-    path = BAL_DIR / f"{name}.txt.bz2"
-    if not path.exists():
-        pytest.fail(f"{path} is missing: the shared BAL data (../shared/data/bal) must be present")
-    return solvers.read_bal(path)
+    return solvers.read_bal(bal_file(name))
 
 
 def ceres_reference():
