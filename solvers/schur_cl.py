@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 import pyopencl.array as cla
 
+from clkernels import arrays
+
 from .schur import NormalEquations, Structure
 from .segment_products import Segments, segment_products
 
@@ -116,9 +118,9 @@ class NormalEquationsCL(NormalEquations):
         q = cs.rt.queue
         # The Jacobian blocks go over as the model returns them, (n, 2, 9) and (n, 2, 3): the
         # kernel reads them as transposed (9, 2) and (3, 2) blocks.
-        self.Jc_dev = cla.to_device(q, np.ascontiguousarray(Jc))
-        self.Jp_dev = cla.to_device(q, np.ascontiguousarray(Jp))
-        r_dev = cla.to_device(q, np.ascontiguousarray(r).reshape(-1, 1, 2))
+        self.Jc_dev = arrays.readable(cs.rt, Jc)  # no copy on a CPU device
+        self.Jp_dev = arrays.readable(cs.rt, Jp)
+        r_dev = arrays.readable(cs.rt, np.ascontiguousarray(r).reshape(-1, 1, 2))
         self.B = cs.cameras.run(self.Jc_dev, self.Jc_dev, True, True)              # (nc, 9, 9)
         self.gc = cs.cameras.run(self.Jc_dev, r_dev, True, False)[:, :, 0]         # (nc, 9)
         self.V = cs.points.run(self.Jp_dev, self.Jp_dev, True, True)               # (npt, 3, 3)
@@ -131,7 +133,7 @@ class NormalEquationsCL(NormalEquations):
 
     def _z_dev(self, Vinv):
         if getattr(self, "_zd_for", None) is not Vinv:
-            vinv = cla.to_device(self.cs.rt.queue, np.ascontiguousarray(Vinv))
+            vinv = arrays.readable(self.cs.rt, Vinv)
             self._zd, self._zd_for = segment_products(self.cs.per_obs_pt, self.W_dev, vinv), Vinv
         return self._zd
 
@@ -142,14 +144,14 @@ class NormalEquationsCL(NormalEquations):
     def _rhs(self, Vinv):
         # gc - sum_o W_o (V^-1 gp)_pt(o): the per-point product on the host, the sum on the device.
         v = (Vinv * self.gp[:, None, :]).sum(axis=2)
-        v_dev = cla.to_device(self.cs.rt.queue, np.ascontiguousarray(v[:, None, :]))
+        v_dev = arrays.readable(self.cs.rt, v[:, None, :])
         return self.gc - self.cs.cameras_pt.run(self.W_dev, v_dev)[:, :, 0]
 
     def _pcg_operator(self, Vinv, Dc2):
         if not self.cs.device_cg:
             return NormalEquations._pcg_operator(self, Vinv, Dc2)
         cs, st, q = self.cs, self.st, self.cs.rt.queue
-        vinv = cla.to_device(q, np.ascontiguousarray(Vinv))
+        vinv = arrays.readable(cs.rt, Vinv)
         dc2 = Dc2.ravel()
 
         def project_out_points(t):
@@ -161,13 +163,13 @@ class NormalEquationsCL(NormalEquations):
             return cs.cameras.run(self.Jc_dev, w, True, False)[:, :, 0].ravel()                  # F^T w
 
         def apply_S(x):
-            xd = cla.to_device(q, np.ascontiguousarray(x.reshape(st.nc, 1, 9)))
+            xd = arrays.readable(cs.rt, x.reshape(st.nc, 1, 9))
             t = segment_products(cs.per_obs_cam, self.Jc_dev, xd)                                 # F x
             return project_out_points(t) + dc2 * x
 
-        f = cla.to_device(q, np.ascontiguousarray(self.r).reshape(st.n, 2, 1))
+        f = arrays.readable(cs.rt, np.ascontiguousarray(self.r).reshape(st.n, 2, 1))
         return apply_S, project_out_points(f)
 
     def _wty(self, yc):
-        y = cla.to_device(self.cs.rt.queue, np.ascontiguousarray(yc[:, None, :]))
+        y = arrays.readable(self.cs.rt, yc[:, None, :])
         return self.cs.points_cam.run(self.W_dev, y, True, False)[:, :, 0]   # W read as W^T
