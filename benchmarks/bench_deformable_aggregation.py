@@ -29,7 +29,6 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 
-import clkernels  # noqa: E402
 from clkernels import arrays  # noqa: E402
 
 da = importlib.import_module("clkernels.deformable_aggregation")  # the module; clkernels.<name> is the function

@@ -6,7 +6,7 @@ the argument and the fix.
 """
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence, Tuple
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 import pyopencl as cl

@@ -3,13 +3,11 @@ the math functions (on nodes, vectors or plain numbers), and the geometry helper
 (``dot``, ``cross``, ``norm``, ``rotate_angle_axis``)."""
 from __future__ import annotations
 
-import numbers
 from typing import Iterable, List, Union
 
 import numpy as np
 
-from .graph import Graph, Node
-from .ops import PY_FUNCTIONS
+from .graph import Node
 
 Scalar = Union[Node, float, int]
 

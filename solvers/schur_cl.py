@@ -15,7 +15,6 @@ the back-substitution sums.
 from __future__ import annotations
 
 import numpy as np
-import pyopencl.array as cla
 
 from clkernels import arrays
 
@@ -115,7 +114,6 @@ class NormalEquationsCL(NormalEquations):
     def __init__(self, st: Structure, r, Jc, Jp, cl_structure: ClStructure):
         self.st, self.r, self.Jc, self.Jp = st, r, Jc, Jp
         self.cs = cs = cl_structure
-        q = cs.rt.queue
         # The Jacobian blocks go over as the model returns them, (n, 2, 9) and (n, 2, 3): the
         # kernel reads them as transposed (9, 2) and (3, 2) blocks.
         self.Jc_dev = arrays.readable(cs.rt, Jc)  # no copy on a CPU device
@@ -150,7 +148,7 @@ class NormalEquationsCL(NormalEquations):
     def _pcg_operator(self, Vinv, Dc2):
         if not self.cs.device_cg:
             return NormalEquations._pcg_operator(self, Vinv, Dc2)
-        cs, st, q = self.cs, self.st, self.cs.rt.queue
+        cs, st = self.cs, self.st
         vinv = arrays.readable(cs.rt, Vinv)
         dc2 = Dc2.ravel()
 

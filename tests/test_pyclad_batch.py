@@ -1,6 +1,5 @@
 """BatchFunction: backends agree, chunking, device arrays, and every bad-input path."""
 import dataclasses
-import warnings
 
 import numpy as np
 import pyopencl.array as cla

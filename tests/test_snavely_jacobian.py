@@ -1,7 +1,5 @@
 """The Snavely reprojection written with pyclad, on every observation of real BAL problems,
 against the independent numpy reference (complex-step Jacobians, tests/reference_snavely.py)."""
-import os
-
 import numpy as np
 import pytest
 
