@@ -14,7 +14,7 @@ import pyopencl.array as cla
 
 from .runtime import Runtime
 
-__all__ = ["is_device_array", "check_array", "to_device", "readable", "to_host_like", "empty",
+__all__ = ["is_device_array", "check_array", "to_device", "to_host_like", "empty",
            "zeros", "work_group_size", "round_up"]
 
 
@@ -60,21 +60,6 @@ def to_device(runtime: Runtime, a, name: str = "array") -> cla.Array:
             raise ValueError(f"{name} must be C-contiguous on the device")
         return a
     return cla.to_device(runtime.queue, np.ascontiguousarray(a))
-
-
-def readable(runtime: Runtime, a: np.ndarray) -> cla.Array:
-    """A device array that kernels may read, for host data: on a CPU device a buffer over
-    the numpy memory itself (USE_HOST_PTR, no copy), elsewhere a copy. The numpy array must
-    not change until the kernels reading it have finished; the result keeps it alive.
-    (The Oclgrind simulator gets a copy: its checks do not follow host memory.)"""
-    a = np.ascontiguousarray(a)
-    if not (runtime.info.is_cpu and not runtime.info.is_simulator) or a.size == 0:
-        return cla.to_device(runtime.queue, a)
-    flags = cl.mem_flags.READ_ONLY | cl.mem_flags.USE_HOST_PTR
-    out = cla.Array(runtime.queue, a.shape, a.dtype,
-                    data=cl.Buffer(runtime.context, flags, hostbuf=a))
-    out.host_memory = a  # the buffer reads this array: keep it alive with the device array
-    return out
 
 
 def to_host_like(result: cla.Array, like_device: bool):

@@ -121,9 +121,9 @@ class NormalEquationsCL(NormalEquations):
         self.cs = cs = cl_structure
         # The Jacobian blocks go over as the model returns them, (n, 2, 9) and (n, 2, 3): the
         # kernel reads them as transposed (9, 2) and (3, 2) blocks.
-        self.Jc_dev = arrays.readable(cs.rt, Jc)  # no copy on a CPU device
-        self.Jp_dev = arrays.readable(cs.rt, Jp)
-        r_dev = arrays.readable(cs.rt, np.ascontiguousarray(r).reshape(-1, 1, 2))
+        self.Jc_dev = arrays.to_device(cs.rt, Jc)
+        self.Jp_dev = arrays.to_device(cs.rt, Jp)
+        r_dev = arrays.to_device(cs.rt, np.ascontiguousarray(r).reshape(-1, 1, 2))
         self.B = cs.cameras.run(self.Jc_dev, self.Jc_dev, True, True)              # (nc, 9, 9)
         self.gc = cs.cameras.run(self.Jc_dev, r_dev, True, False)[:, :, 0]         # (nc, 9)
         self.V = cs.points.run(self.Jp_dev, self.Jp_dev, True, True)               # (npt, 3, 3)
@@ -136,7 +136,7 @@ class NormalEquationsCL(NormalEquations):
 
     def _z_dev(self, Vinv):
         if getattr(self, "_zd_for", None) is not Vinv:
-            vinv = arrays.readable(self.cs.rt, Vinv)
+            vinv = arrays.to_device(self.cs.rt, Vinv)
             self._zd, self._zd_for = segment_products(self.cs.per_obs_pt, self.W_dev, vinv), Vinv
         return self._zd
 
@@ -147,7 +147,7 @@ class NormalEquationsCL(NormalEquations):
     def _rhs(self, Vinv):
         # gc - sum_o W_o (V^-1 gp)_pt(o): the per-point product on the host, the sum on the device.
         v = (Vinv * self.gp[:, None, :]).sum(axis=2)
-        v_dev = arrays.readable(self.cs.rt, v[:, None, :])
+        v_dev = arrays.to_device(self.cs.rt, v[:, None, :])
         return self.gc - self.cs.cameras_pt.run(self.W_dev, v_dev)[:, :, 0]
 
     def _pcg_operator(self, Vinv, Dc2):
@@ -162,7 +162,7 @@ class NormalEquationsCL(NormalEquations):
         F_x = BoundProduct(cs.per_obs_cam, self.Jc_dev, x_dev)                              # t = F x
         t = F_x.out                                                                          # (n, 2, 1)
         Et_t = BoundProduct(cs.points_whole, self.Jp_dev, t.reshape(st.n, 1, 2), x_t=True)  # u = E^T t
-        Vinv_u = BoundProduct(cs.per_point, arrays.readable(rt, Vinv),
+        Vinv_u = BoundProduct(cs.per_point, arrays.to_device(rt, Vinv),
                               Et_t.out.reshape(st.npt, 1, 3))                                # v = V^-1 u
         E_v = BoundProduct(cs.per_obs_pt, self.Jp_dev, Vinv_u.out.reshape(st.npt, 1, 3))    # E v
         w = arrays.empty(rt, (st.n, 1, 2), np.float64)
@@ -189,7 +189,7 @@ class NormalEquationsCL(NormalEquations):
         return apply_S, project_out_points()
 
     def _wty(self, yc):
-        y = arrays.readable(self.cs.rt, yc[:, None, :])
+        y = arrays.to_device(self.cs.rt, yc[:, None, :])
         return self.cs.points_cam.run(self.W_dev, y, True, False)[:, :, 0]   # W read as W^T
 
 
