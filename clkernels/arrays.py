@@ -15,7 +15,7 @@ import pyopencl.array as cla
 from .runtime import Runtime
 
 __all__ = ["is_device_array", "check_array", "to_device", "to_host_like", "empty",
-           "zeros", "work_group_size", "round_up"]
+           "zeros", "convert", "work_group_size", "round_up"]
 
 
 def is_device_array(a) -> bool:
@@ -76,14 +76,41 @@ def zeros(runtime: Runtime, shape, dtype) -> cla.Array:
     """A zero-filled device array, filled by a kernel. (pyopencl's ``zeros`` may use
     clEnqueueFillBuffer, whose result Oclgrind's checks do not count as initialised.)
     The fill writes integers of the element's size: all-zero bits are 0 in every type, and
-    no device needs cl_khr_fp16 to zero a half buffer."""
+    no device needs cl_khr_fp16 to zero a half buffer.
+
+    On the Oclgrind simulator the zeros are written from the host instead: its
+    uninitialised-memory checker keeps the shadow of a released buffer and reuses it, at the
+    old size, for the next buffer given the same index, so a fill kernel's stores past the
+    old size are lost and later reads are reported as uninitialised. A host write resizes
+    the shadow."""
     from .templates import build, kernel
+    if runtime.info.is_simulator:
+        shape = (shape,) if np.isscalar(shape) else tuple(shape)
+        return cla.to_device(runtime.queue, np.zeros(shape, dtype))
     out = empty(runtime, shape, dtype)
     if out.size:
         bits = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}[out.dtype.itemsize]
         src = f"__kernel void zero_fill(__global {bits} *a) {{ a[get_global_id(0)] = 0; }}"
         k = kernel(build(src, runtime), "zero_fill")
         out.add_event(k(runtime.queue, (out.size,), None, out.data))
+    return out
+
+
+def convert(runtime: Runtime, src: cla.Array, dtype, wait_for=None) -> cla.Array:
+    """A float32 device array (an accumulator) in storage ``dtype`` (float16 through
+    ``vstore_half_rte``, so no device needs cl_khr_fp16); the event is on the result."""
+    from .templates import Storage, build, kernel
+    if np.dtype(dtype) == src.dtype:
+        return src
+    st = Storage(dtype)
+    out = empty(runtime, src.shape, st.dtype)
+    if out.size:
+        source = (("#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" if st.compute == "double" else "")
+                  + f"__kernel void convert(__global const float *src, __global {st.ptr} *dst) "
+                  f"{{ const size_t i = get_global_id(0); {st.store('src[i]', 'dst', 'i')}; }}")
+        k = kernel(build(source, runtime), "convert")
+        out.add_event(k(runtime.queue, (out.size,), None, src.data, out.data,
+                        wait_for=wait_for if wait_for is not None else src.events))
     return out
 
 

@@ -290,13 +290,6 @@ ${zero_tail()}
     }
 }
 
-// The input gradient is accumulated in float; this stores it in the caller's precision.
-__kernel void float_to_storage(__global const float *restrict src, __global ${T} *restrict dst,
-                               const int count)
-{
-    const int i = get_global_id(0);
-    if (i < count) ${st.store('src[i]', 'dst', 'i')};
-}
 
 %else:
 ## 'backward_owner': work-item (image n, group g, slot) zeroes its slice of the float

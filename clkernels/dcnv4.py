@@ -40,7 +40,7 @@ import pyopencl as cl
 
 from . import arrays
 from .runtime import get_runtime
-from .templates import BuildError, Storage, get_program
+from .templates import BuildError, Storage, get_program, kernel
 
 __all__ = ["dcnv4", "dcnv4_backward", "Options", "KernelConfig", "LADDER", "offset_mask_channels",
            "forward_config", "backward_config", "launch_forward", "launch_backward", "used_ptx",
@@ -159,18 +159,13 @@ def backward_config(info, group_channels: int, dtype, batch: int = 1, group: int
     return KernelConfig(cpw, vw, True, 0, "owner")
 
 
-@functools.lru_cache(maxsize=None)
-def _storage(dtype) -> Storage:
-    return Storage(dtype)  # one object per dtype, so the render cache sees equal parameters
-
-
 _ptx_refused: dict = {}  # device -> the build log, when its compiler refused inline PTX
 
 
 def _program(runtime, info, direction, dtype, opts: Options, cfg: KernelConfig, slots_p2=1):
     """Render + build; on NVIDIA try the inline-PTX variant first, and fall back to the
     portable one (remembered per device) if the driver refuses it."""
-    params = dict(direction=direction, info=info, st=_storage(np.dtype(dtype)),
+    params = dict(direction=direction, info=info, st=Storage(dtype),
                   group=opts.group, channels=opts.group_channels, kernel_h=opts.kernel_h,
                   kernel_w=opts.kernel_w, remove_center=bool(opts.remove_center),
                   cpw=cfg.channels_per_item, vw=cfg.vector_width, reuse=bool(cfg.reuse),
@@ -190,15 +185,7 @@ def _program(runtime, info, direction, dtype, opts: Options, cfg: KernelConfig, 
     return get_program(TEMPLATE, runtime, options, ptx=False, **params), False
 
 
-_kernels: dict = {}
-
-
-def _kernel(program, name) -> cl.Kernel:
-    """One kernel object per (program, name): each retrieval would build a new one."""
-    key = (program.int_ptr, name)
-    if key not in _kernels:
-        _kernels[key] = getattr(program, name)
-    return _kernels[key]
+_kernel = kernel  # one kernel object per (program, name), from clkernels.templates
 
 
 def used_ptx(runtime) -> bool:
@@ -338,11 +325,8 @@ def launch_backward(runtime, grad_out, input, offset_mask, opts: Options,
     if input.dtype == np.float32:
         g_in32.add_event(events[-1])
         return g_in32, g_om, events
-    g_in = arrays.empty(runtime, input.shape, input.dtype)
-    events.append(_kernel(program, "float_to_storage")(
-        runtime.queue, (g_in.size,), None, g_in32.data, g_in.data, np.int32(g_in.size),
-        wait_for=events[-1:]))
-    g_in.add_event(events[-1])
+    g_in = arrays.convert(runtime, g_in32, input.dtype, wait_for=events[-1:])
+    events.extend(g_in.events)
     return g_in, g_om, events
 
 

@@ -544,11 +544,4 @@ __kernel void da_backward_original(
     atomic_add_float(grad_loc + 2 * qc + 1, (float)H * dh * top);
 }
 
-// float accumulator -> half storage (half results of the atomic paths).
-__kernel void da_float_to_half(__global const float *restrict src, __global half *restrict dst,
-                               const int n)
-{
-    const int i = get_global_id(0);
-    if (i < n) vstore_half_rte(src[i], i, dst);
-}
 %endif

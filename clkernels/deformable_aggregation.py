@@ -224,10 +224,8 @@ def _to_storage(prob: Problem, cfg: Config, acc, st: Storage, events: list):
     """A float accumulator as storage ``st`` (a kernel conversion for half)."""
     if not st.is_half:
         return acc
-    out = arrays.empty(prob.runtime, acc.shape, np.float16)
-    if acc.size:
-        events.append(_launch_1d(prob, _kernel(prob, cfg, 'da_float_to_half'), acc.size, acc.data,
-                                 out.data, np.int32(acc.size), wait_for=acc.events))
+    out = arrays.convert(prob.runtime, acc, np.float16)
+    events.extend(out.events)
     return out
 
 
@@ -239,20 +237,14 @@ def _check_original(prob: Problem):
 
 def _scratch(runtime: Runtime, shape, dtype):
     """A buffer that kernels write and later kernels read (host-written on the simulator,
-    for the reason given in :func:`_zeros`)."""
+    for the reason given in :func:`clkernels.arrays.zeros`)."""
     if runtime.info.is_simulator:
         return arrays.to_device(runtime, np.zeros(shape, dtype))
     return arrays.empty(runtime, shape, dtype)
 
 
 def _zeros(runtime: Runtime, shape, dtype, events: list):
-    """Zero-filled accumulator. On the Oclgrind simulator it is written from the host: its
-    uninitialised-memory checker keeps the shadow of a released buffer and reuses it, at the
-    old size, for the next buffer given the same index, so stores past the old size made by a
-    zero-fill kernel are lost and later atomics read "uninitialised" memory. A host write
-    resizes the shadow. Elsewhere a kernel fills it (no host transfer)."""
-    if runtime.info.is_simulator:
-        return arrays.to_device(runtime, np.zeros(shape, dtype))
+    """Zero-filled accumulator (see :func:`clkernels.arrays.zeros` for the simulator)."""
     out = arrays.zeros(runtime, shape, dtype)
     events.extend(out.events)  # the fill is part of the operation's time
     return out

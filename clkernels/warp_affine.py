@@ -19,6 +19,7 @@ import pyopencl as cl
 
 from . import arrays
 from .runtime import get_runtime
+from . import templates
 from .templates import get_program, storage
 
 __all__ = ["letterbox", "warp_affine", "scale_boxes", "letterbox_matrix"]
@@ -298,20 +299,6 @@ def _fma_name(runtime) -> str:
     return "__builtin_fmaf" if runtime.info.vendor == "pocl" else "fma"
 
 
-_kernels: dict = {}
-# One Storage per dtype: the render cache keys on the parameters, and a Storage compares by
-# identity, so a fresh one per call would render the template again every time.
-_STORAGE: dict = {}
-
-
-def _kernel(program, name: str) -> cl.Kernel:
-    """One kernel object per built program (retrieving it again costs a lookup each time)."""
-    key = (program.int_ptr, name)
-    if key not in _kernels:
-        _kernels[key] = cl.Kernel(program, name)
-    return _kernels[key]
-
-
 def _launch(runtime, program_name, program, packed: _Packed, d2i: np.ndarray, out_buf,
             dst_w: int, dst_h: int, n_first: int, vec: int, extra_args) -> cl.Event:
     queue = runtime.queue
@@ -323,7 +310,7 @@ def _launch(runtime, program_name, program, packed: _Packed, d2i: np.ndarray, ou
 
     offs, geom = table(packed.offsets), table(packed.geom)
     mats = table(np.asarray(d2i, dtype=np.float32).reshape(n, 6))
-    kernel = _kernel(program, program_name)
+    kernel = templates.kernel(program, program_name)
     gx = dst_w // vec
     wg = arrays.work_group_size(runtime, kernel, 16 if runtime.info.is_cpu else 128)
     lx = min(wg, 1 << max(0, (gx - 1).bit_length()))  # no wider than a row needs
@@ -488,7 +475,7 @@ def letterbox(images, size=(640, 640), fill=114, swap_rb: bool = True, mean=(0, 
         return _invert_affine(i2d, f"the letterbox matrix of image {i}")
 
     runtime = get_runtime(device)
-    st = _STORAGE.setdefault(dtype, storage(dtype, runtime))
+    st = storage(dtype, runtime)  # compares by dtype: the render cache still hits
     out, d2i, single = _run(
         images, "images", d2i_of, dst_w, dst_h, border, runtime, "letterbox_blob",
         dict(mode="blob", st=st, swap_rb=bool(swap_rb)), dtype,
