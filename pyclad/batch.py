@@ -74,6 +74,7 @@ class BatchFunction:
         self._real = "double" if self.dtype == np.float64 else "float"
         self._sources = {}
         self._tables = tape.Tables(self.traced, self.dtype) if backend == "tape" else None
+        self._device_tables = {}  # tape tables uploaded, per device
 
     # -- public API --------------------------------------------------------------------
     @property
@@ -335,7 +336,7 @@ class _ChunkBuffers:
 
 
 def _device_tables(runtime, f: BatchFunction):
-    cache = f.__dict__.setdefault("_device_tables_cache", {})
+    cache = f._device_tables
     key = runtime.device.int_ptr
     if key not in cache:
         tb = f._tables
