@@ -15,12 +15,11 @@ the back-substitution sums.
 from __future__ import annotations
 
 import numpy as np
-import pyopencl as cl
 
-from clkernels import arrays, templates
+from clkernels import arrays
 
 from .schur import NormalEquations, Structure
-from .segment_products import BoundProduct, Segments, segment_products
+from .segment_products import Segments, segment_products
 
 MAX_SEGMENT = 256
 
@@ -84,14 +83,16 @@ class ClStructure:
         self.cameras = _Reducer(runtime, cam_starts, np.arange(nc), nc, order, order, n, n)
         self.cameras_pt = _Reducer(runtime, cam_starts, np.arange(nc), nc, order, st.pt[order], n, npt)
         self._pairs = {}
-        # For the implicit Schur complement of iterative_schur: F x per observation, E^T t per
-        # point (whole points, so the result stays on the device), V^-1 u per point. With the
-        # products bound once per solve, this beats scipy's single-threaded sparse products on a
-        # 2-core CPU too (16-31 % faster whole solves on the BAL problems), so every device uses it.
+        # iterative_schur's CG runs whole on the device (solvers.schur_pcg): per iteration three
+        # launches and no transfer. False: the host CG with scipy's sparse products.
         self.device_cg = True
-        self.per_obs_cam = Segments(runtime, np.arange(n + 1), None, st.cam, n, nc)
-        self.points_whole = Segments(runtime, pt_starts, None, None, n, n)
-        self.per_point = Segments(runtime, np.arange(npt + 1), None, None, npt, npt)
+        self._pcg = None
+
+    def device_pcg(self):
+        if self._pcg is None:
+            from .schur_pcg import DevicePCG
+            self._pcg = DevicePCG(self.rt, self.st.cam, self.st.pt, self.st.nc, self.st.npt)
+        return self._pcg
 
     def pairs(self, which):
         if which not in self._pairs:
@@ -123,7 +124,7 @@ class NormalEquationsCL(NormalEquations):
         # kernel reads them as transposed (9, 2) and (3, 2) blocks.
         self.Jc_dev = arrays.to_device(cs.rt, Jc)
         self.Jp_dev = arrays.to_device(cs.rt, Jp)
-        r_dev = arrays.to_device(cs.rt, np.ascontiguousarray(r).reshape(-1, 1, 2))
+        self.r_dev = r_dev = arrays.to_device(cs.rt, np.ascontiguousarray(r, dtype=np.float64).reshape(-1, 1, 2))
         self.B = cs.cameras.run(self.Jc_dev, self.Jc_dev, True, True)              # (nc, 9, 9)
         self.gc = cs.cameras.run(self.Jc_dev, r_dev, True, False)[:, :, 0]         # (nc, 9)
         self.V = cs.points.run(self.Jp_dev, self.Jp_dev, True, True)               # (npt, 3, 3)
@@ -150,52 +151,15 @@ class NormalEquationsCL(NormalEquations):
         v_dev = arrays.to_device(self.cs.rt, v[:, None, :])
         return self.gc - self.cs.cameras_pt.run(self.W_dev, v_dev)[:, :, 0]
 
-    def _pcg_operator(self, Vinv, Dc2):
+    def _solve_pcg(self, Vinv, Dc2, eta, max_iterations, r_tolerance):
         if not self.cs.device_cg:
-            return NormalEquations._pcg_operator(self, Vinv, Dc2)
-        cs, st = self.cs, self.st
-        rt, q = cs.rt, cs.rt.queue
-        dc2 = Dc2.ravel()
-        # Every product of the implicit Schur complement, bound once to its buffers: an
-        # application of S is then five kernel enqueues, one small copy in and one out.
-        x_dev = arrays.empty(rt, (st.nc, 1, 9), np.float64)
-        F_x = BoundProduct(cs.per_obs_cam, self.Jc_dev, x_dev)                              # t = F x
-        t = F_x.out                                                                          # (n, 2, 1)
-        Et_t = BoundProduct(cs.points_whole, self.Jp_dev, t.reshape(st.n, 1, 2), x_t=True)  # u = E^T t
-        Vinv_u = BoundProduct(cs.per_point, arrays.to_device(rt, Vinv),
-                              Et_t.out.reshape(st.npt, 1, 3))                                # v = V^-1 u
-        E_v = BoundProduct(cs.per_obs_pt, self.Jp_dev, Vinv_u.out.reshape(st.npt, 1, 3))    # E v
-        w = arrays.empty(rt, (st.n, 1, 2), np.float64)
-        subtract = _subtract_kernel(rt)
-        Ft_w = BoundProduct(cs.cameras.seg, self.Jc_dev, w, True, False)                    # F^T w
-
-        def project_out_points():
-            """``F^T (t - E V^-1 E^T t)`` for the per-observation 2-vectors in ``t``."""
-            Et_t.run()
-            Vinv_u.run()
-            E_v.run()
-            subtract(q, (2 * st.n,), None, t.data, E_v.out.data, w.data)
-            Ft_w.run()
-            part = np.empty(Ft_w.out.shape)
-            cl.enqueue_copy(q, part, Ft_w.out.data)  # blocking: the queue is in order
-            return cs.cameras.finish(part)[:, :, 0].ravel()
-
-        def apply_S(x):
-            cl.enqueue_copy(q, x_dev.data, np.ascontiguousarray(x, dtype=np.float64))
-            F_x.run()
-            return project_out_points() + dc2 * x
-
-        cl.enqueue_copy(q, t.data, np.ascontiguousarray(self.r, dtype=np.float64))  # t = f
-        return apply_S, project_out_points()
+            return NormalEquations._solve_pcg(self, Vinv, Dc2, eta, max_iterations, r_tolerance)
+        pcg = self.cs.device_pcg()
+        pcg.bind_jacobian(self.Jc_dev, self.Jp_dev, self.r_dev)
+        x, ok, its, msg = pcg.solve(Vinv, Dc2, self._schur_jacobi(Vinv, Dc2), q_tolerance=eta,
+                                    r_tolerance=r_tolerance, max_iterations=max_iterations)
+        return (x.reshape(self.st.nc, 9) if x is not None else None), ok, its, msg
 
     def _wty(self, yc):
         y = arrays.to_device(self.cs.rt, yc[:, None, :])
         return self.cs.points_cam.run(self.W_dev, y, True, False)[:, :, 0]   # W read as W^T
-
-
-def _subtract_kernel(runtime):
-    """``c = a - b`` over float64 buffers, as a bound kernel."""
-    src = ("#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
-           "__kernel void subtract(__global const double *a, __global const double *b, "
-           "__global double *c) { const size_t i = get_global_id(0); c[i] = a[i] - b[i]; }")
-    return templates.kernel(templates.build(src, runtime), "subtract")

@@ -1,0 +1,200 @@
+"""Launcher of ``schur_pcg.cl.mako``: iterative_schur's preconditioned conjugate gradients run
+entirely on the OpenCL device, on the implicit Schur complement.
+
+The host version (:func:`solvers.cg.conjugate_gradients` with a matrix-free product) waits for
+the device once per CG iteration; at a few tens of thousands of observations that wait, not the
+arithmetic, is most of the time. Here one iteration is three kernel enqueues with nothing read
+back: the host enqueues a few iterations ahead, reads the 6-number state every ``CHECK_EVERY``
+iterations, and the kernels do nothing once the state says the solve has ended. Same algorithm,
+termination tests, iteration counts and messages as ``conjugate_gradients`` (Ceres'
+``ConjugateGradientsSolver``); only the order of the floating-point sums differs.
+"""
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pyopencl as cl
+
+from clkernels import arrays
+from clkernels.templates import get_program
+
+TEMPLATE = "solvers/schur_pcg.cl.mako"
+# Longest run of one camera's observations one work-item of camera_partials sums: cameras seen
+# thousands of times spread over many work-items, whose partial sums cg_update adds.
+MAX_SEGMENT = 256
+# Iterations enqueued between two reads of the state (the reads overlap the next batch).
+CHECK_EVERY = 4
+RESIDUAL_RESET_PERIOD = 10
+
+# State slots and statuses (the #defines of the template).
+S_STATUS, S_ITER, S_RHO, S_Q0, S_TOL_R, S_VALUE = range(6)
+RUNNING, B_ZERO, R_SMALL, ZETA, MAX_ITER, INDEFINITE = 0, 1, 2, 3, 4, 5
+FAIL_RHO, FAIL_BETA, FAIL_ALPHA = -1, -2, -3
+START, STEP, STEP_NO_R, RESET = 0, 1, 2, 3
+
+
+def _camera_segments(cam, nc, max_len):
+    """Observations in camera order cut into runs of at most ``max_len`` of one camera: returns the
+    observation order, the runs' starts (nseg + 1) and each camera's first run (nc + 1)."""
+    order = np.argsort(cam, kind="stable")
+    counts = np.bincount(cam, minlength=nc)
+    pieces = -(-counts // max_len)                       # a camera without observations: none
+    cam_seg = np.concatenate(([0], np.cumsum(pieces)))
+    first_obs = np.concatenate(([0], np.cumsum(counts)))
+    owner = np.repeat(np.arange(nc), pieces)
+    k = np.arange(owner.size) - cam_seg[owner]
+    seg_start = np.concatenate((first_obs[owner] + k * max_len, [cam.size]))
+    return order, seg_start, cam_seg
+
+
+class DevicePCG:
+    """The device buffers, index arrays and kernels of one problem's iterative_schur solves.
+
+    Built once per solve (the structure does not change); :meth:`bind_jacobian` after every new
+    Jacobian, :meth:`solve` for every linear system."""
+
+    def __init__(self, runtime, cam, pt, num_cameras, num_points):
+        self.rt = rt = runtime
+        cam = np.asarray(cam, dtype=np.int64)
+        pt = np.asarray(pt, dtype=np.int64)
+        n, nc, npt = cam.size, int(num_cameras), int(num_points)
+        if max(n, 9 * nc, 9 * npt) >= 2 ** 31:
+            raise ValueError("the device CG indexes with 32-bit ints: problem too large")
+        self.n, self.nc, self.npt = n, nc, npt
+        order, seg_start, cam_seg = _camera_segments(cam, nc, MAX_SEGMENT)
+        self.nseg = seg_start.size - 1
+        pt_start = np.concatenate((np.searchsorted(pt, np.arange(npt)), [n]))
+        i32 = lambda a: arrays.to_device(rt, np.ascontiguousarray(a, dtype=np.int32))  # noqa: E731
+        self.cam, self.pt_start = i32(cam), i32(pt_start)
+        self.obs, self.seg_start, self.cam_seg = i32(order), i32(seg_start), i32(cam_seg)
+        f64 = lambda shape: arrays.empty(rt, shape, np.float64)  # noqa: E731
+        self.w, self.partial = f64(max(1, 2 * n)), f64(max(1, 9 * self.nseg))
+        self.b, self.x, self.r, self.p, self.z, self.q, self.dc2 = (f64(max(1, 9 * nc)) for _ in range(7))
+        self.Vinv, self.Pinv = f64(max(1, 9 * npt)), f64(max(1, 81 * nc))
+        self.state = f64(8)
+        self.L = self._group_size()
+        prg = get_program(TEMPLATE, rt, L=self.L)
+        # Kernel objects of this instance alone: their arguments are set once here, and only
+        # the launch mode and iteration change per enqueue (templates.kernel's shared objects
+        # would let two solves overwrite each other's arguments).
+        self.k_project = cl.Kernel(prg, "project_points")
+        self.k_partials = cl.Kernel(prg, "camera_partials")
+        self.k_update = cl.Kernel(prg, "cg_update")
+        self.ls_points = arrays.work_group_size(rt, self.k_project, 64)
+        self.ls_partials = arrays.work_group_size(rt, self.k_partials, 64)
+        self.gs_points = arrays.round_up(max(1, npt), self.ls_points)
+        self.gs_partials = arrays.round_up(max(1, self.nseg), self.ls_partials)
+        self.k_partials.set_args(None, self.w.data, self.obs.data, self.seg_start.data,
+                                 self.partial.data, self.state.data, np.int32(self.nseg))
+        self.k_update.set_args(self.partial.data, self.cam_seg.data, self.dc2.data, self.Pinv.data,
+                               self.b.data, self.x.data, self.r.data, self.p.data, self.z.data,
+                               self.q.data, self.state.data, np.int32(nc), np.int32(START),
+                               np.int32(0), np.int32(0), np.float64(0), np.float64(0))
+        self._jacobian = None
+
+    def _group_size(self):
+        """cg_update's single work-group: wide on GPUs (its loops run over the cameras), one
+        item per core's SIMD lanes' worth on CPUs, where a group runs on one thread anyway."""
+        info = self.rt.info
+        wanted = 16 if info.is_cpu else 256
+        size = 1
+        while size * 2 <= min(wanted, info.max_work_group_size):
+            size *= 2
+        return size
+
+    def bind_jacobian(self, Jc_dev, Jp_dev, r_dev):
+        """The device Jacobian blocks (n, 2, 9), (n, 2, 3) and residuals (n * 2) of the linear
+        systems to come (kept referenced while bound)."""
+        for a, shape in ((Jc_dev, (self.n, 2, 9)), (Jp_dev, (self.n, 2, 3))):
+            if a.dtype != np.float64 or a.size != int(np.prod(shape)):
+                raise ValueError(f"expected float64 device blocks of shape {shape}, got {a.shape} {a.dtype}")
+        if r_dev.dtype != np.float64 or r_dev.size != 2 * self.n:
+            raise ValueError(f"expected {2 * self.n} float64 residuals, got {r_dev.shape} {r_dev.dtype}")
+        self._jacobian = (Jc_dev, Jp_dev, r_dev)
+        self.k_project.set_args(Jc_dev.data, Jp_dev.data, self.cam.data, self.pt_start.data,
+                                self.Vinv.data, r_dev.data, self.w.data, self.state.data,
+                                np.int32(self.npt), np.int32(1))
+        self.k_partials.set_arg(0, Jc_dev.data)
+
+    def _apply(self, v, from_residuals=False):
+        """Enqueue ``w = (I - E V^-1 E^T) t`` per observation (t = F v, or f) and its camera sums."""
+        q = self.rt.queue
+        self.k_project.set_arg(5, v)
+        self.k_project.set_arg(9, np.int32(1 if from_residuals else 0))
+        if self.npt:
+            cl.enqueue_nd_range_kernel(q, self.k_project, (self.gs_points,), (self.ls_points,))
+        if self.nseg:
+            cl.enqueue_nd_range_kernel(q, self.k_partials, (self.gs_partials,), (self.ls_partials,))
+
+    def _update(self, mode, it):
+        self.k_update.set_arg(12, np.int32(mode))
+        self.k_update.set_arg(13, np.int32(it))
+        cl.enqueue_nd_range_kernel(self.rt.queue, self.k_update, (self.L,), (self.L,))
+
+    def solve(self, Vinv, Dc2, Pinv, q_tolerance=0.1, r_tolerance=-1.0, max_iterations=500):
+        """PCG from ``x = 0`` on ``S = F^T (I - E V^-1 E^T) F + diag(Dc2)`` with right-hand side
+        ``F^T (f - E V^-1 E^T f)`` and preconditioner blocks ``Pinv`` (nc, 9, 9). Returns
+        ``(x (nc * 9) or None, ok, iterations, message)`` as ``conjugate_gradients`` does."""
+        if self._jacobian is None:
+            raise RuntimeError("bind_jacobian() before solve()")
+        q = self.rt.queue
+        max_iterations = max(1, int(max_iterations))
+        for dev, host in ((self.Vinv, Vinv), (self.dc2, Dc2), (self.Pinv, Pinv)):
+            host = np.ascontiguousarray(host, dtype=np.float64).ravel()
+            if host.size:
+                cl.enqueue_copy(q, dev.data, host)
+        cl.enqueue_copy(q, self.state.data, np.zeros(8))            # RUNNING
+        self.k_update.set_arg(14, np.int32(max_iterations))
+        self.k_update.set_arg(15, np.float64(q_tolerance))
+        self.k_update.set_arg(16, np.float64(r_tolerance))
+        self._apply(self._jacobian[2].data, from_residuals=True)
+        self._update(START, 0)
+        # Batches of CHECK_EVERY iterations, each followed by a non-blocking read of the state;
+        # the host looks at a batch's state only once the next batch is queued, so the device
+        # never idles while the host decides. The last iteration always ends the solve.
+        reads, it, state = collections.deque(), 1, None
+        try:
+            while state is None:
+                if it <= max_iterations:
+                    stop = min(max_iterations, it + CHECK_EVERY - 1)
+                    for i in range(it, stop + 1):
+                        self._apply(self.p.data)
+                        if i % RESIDUAL_RESET_PERIOD == 0:      # r = b - S x, as Ceres does
+                            self._update(STEP_NO_R, i)
+                            self._apply(self.x.data)
+                            self._update(RESET, i)
+                        else:
+                            self._update(STEP, i)
+                    it = stop + 1
+                    host = np.empty(8)
+                    reads.append((host, cl.enqueue_copy(q, host, self.state.data, is_blocking=False)))
+                    if len(reads) < 2 and it <= max_iterations:
+                        continue
+                if not reads:
+                    raise RuntimeError("device CG ended without a termination state")
+                host, event = reads.popleft()
+                event.wait()
+                if host[S_STATUS] != RUNNING:
+                    state = host
+        finally:
+            for _, event in reads:   # the reads write into host arrays: let them land first
+                event.wait()
+        return self._result(state, q_tolerance)
+
+    def _result(self, state, q_tolerance):
+        status, its, value = int(state[S_STATUS]), int(state[S_ITER]), state[S_VALUE]
+        if status < 0:
+            msg = {FAIL_RHO: f"Numerical failure. rho = r'z = {value:e}.",
+                   FAIL_BETA: f"Numerical failure. beta = rho_n / rho_(n-1) = {value:e}.",
+                   FAIL_ALPHA: f"Numerical failure. alpha = rho / pq = {value:e}."}[status]
+            return None, False, its, msg
+        msg = {B_ZERO: "Convergence. |b| = 0.",
+               R_SMALL: "Convergence. |r| <= tol_r.",
+               ZETA: f"Iteration: {its} Convergence: zeta = {value:e} < {q_tolerance:e}.",
+               MAX_ITER: "Maximum number of iterations reached.",
+               INDEFINITE: f"Matrix is indefinite, no more progress can be made. p'q = {value:e}."}[status]
+        x = np.zeros(9 * self.nc)
+        if status != B_ZERO and x.size:
+            cl.enqueue_copy(self.rt.queue, x, self.x.data)
+        return x, True, its, msg

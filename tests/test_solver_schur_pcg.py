@@ -1,0 +1,115 @@
+"""iterative_schur's device CG (solvers.schur_pcg) against the host CG (solvers.cg) on the same
+systems: same iterations, same termination, same solution up to the order of the sums."""
+import re
+
+import numpy as np
+import pytest
+
+import solvers.schur_pcg as schur_pcg
+from solvers.cg import conjugate_gradients
+from solvers.schur import NormalEquations
+from solvers.schur_cl import ClStructure, NormalEquationsCL
+
+from test_solver_linear import small_system
+
+NUMBER = re.compile(r"-?\d+\.\d+e[+-]\d+")
+
+
+def _system(seed, Dscale=1.0, zero_residuals=False):
+    st, r, jc, jp = small_system(seed=seed)
+    if zero_residuals:
+        r = np.zeros_like(r)
+    neq = NormalEquations(st, r, jc, jp)
+    D = Dscale * np.random.default_rng(seed).uniform(0.05, 1.0, 9 * st.nc + 3 * st.npt)
+    D2 = D * D
+    Dc2, Dp2 = D2[:9 * st.nc].reshape(st.nc, 9), D2[9 * st.nc:].reshape(st.npt, 3)
+    return st, r, jc, jp, neq, neq._v_inverse(Dp2), Dc2
+
+
+def _host_cg(neq, Vinv, Dc2, Pinv, **kw):
+    apply_S, b = neq._pcg_operator(Vinv, Dc2)
+    nc = neq.st.nc
+    M = lambda v: np.einsum("cij,cj->ci", Pinv, v.reshape(nc, 9)).ravel()  # noqa: E731
+    return conjugate_gradients(apply_S, b, M, **kw)
+
+
+def _same_message(got, want):
+    """Equal messages, the numbers they quote equal to 1e-6 (the sums' order differs)."""
+    assert NUMBER.sub("#", got) == NUMBER.sub("#", want), (got, want)
+    for a, b in zip(NUMBER.findall(got), NUMBER.findall(want)):
+        assert float(a) == pytest.approx(float(b), rel=1e-6, abs=1e-300)
+
+
+CASES = {
+    # name: (system options, CG options, expected ending)
+    "nash-sofer": ({}, dict(q_tolerance=0.1), "Convergence: zeta"),
+    "residual-resets": (dict(Dscale=30.0), dict(q_tolerance=-np.inf, r_tolerance=1e-10, max_iterations=1000), "tol_r"),
+    "max-iterations": ({}, dict(q_tolerance=-np.inf, max_iterations=12), "Maximum number"),
+    "zero-rhs": (dict(zero_residuals=True), {}, "|b| = 0"),
+    "indefinite": ({}, {}, "Matrix is indefinite"),
+}
+
+
+@pytest.mark.oclgrind
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("max_segment", [256, 2], ids=["whole-cameras", "split-cameras"])
+def test_device_cg_matches_host_cg(device, case, max_segment, monkeypatch):
+    if not device.info.fp64:
+        pytest.skip("the device CG needs fp64")
+    monkeypatch.setattr(schur_pcg, "MAX_SEGMENT", max_segment)
+    system, kw, ending = CASES[case]
+    st, r, jc, jp, neq, Vinv, Dc2 = _system(seed=7, **system)
+    Pinv = neq._schur_jacobi(Vinv, Dc2)
+    if case == "indefinite":
+        # S = F^T (I - E V^-1 E^T) F - c I with c past its largest eigenvalue, no preconditioner:
+        # p'q < 0 at the first iteration.
+        apply_S, _ = neq._pcg_operator(Vinv, np.zeros_like(Dc2))
+        S = np.stack([apply_S(e) for e in np.eye(9 * st.nc)])
+        Dc2 = np.full_like(Dc2, -2.0 * np.linalg.eigvalsh(S).max() - 1.0)
+        Pinv = np.broadcast_to(np.eye(9), (st.nc, 9, 9))
+    x_h, ok_h, its_h, msg_h = _host_cg(neq, Vinv, Dc2, Pinv, **kw)
+    cs = ClStructure(st, device)
+    cl_neq = NormalEquationsCL(st, r, jc, jp, cs)
+    pcg = cs.device_pcg()
+    assert (pcg.nseg > st.nc) == (max_segment == 2)
+    pcg.bind_jacobian(cl_neq.Jc_dev, cl_neq.Jp_dev, cl_neq.r_dev)
+    x_d, ok_d, its_d, msg_d = pcg.solve(Vinv, Dc2, Pinv, **kw)
+    assert (ok_d, its_d) == (ok_h, its_h), (msg_d, msg_h)
+    _same_message(msg_d, msg_h)
+    assert ending in msg_d
+    if x_h is None:
+        assert x_d is None
+    else:
+        scale = max(1e-300, np.abs(x_h).max())
+        np.testing.assert_allclose(x_d, x_h, rtol=1e-8, atol=1e-10 * scale)
+    if device.info.is_simulator:
+        # Oclgrind 21.10 reuses the shadow memory of released buffers at their old size and then
+        # reports fully written later buffers as uninitialised: keep this case's buffers alive.
+        _SIMULATOR_KEEP.append((cs, cl_neq))
+    if case == "residual-resets":
+        assert its_d > 20                   # went through at least two residual resets
+    if case == "indefinite":
+        assert its_d == 1 and not np.any(x_d)
+
+
+_SIMULATOR_KEEP = []
+
+
+def test_device_cg_needs_a_jacobian(device):
+    if not device.info.fp64:
+        pytest.skip("the device CG needs fp64")
+    st, r, jc, jp, neq, Vinv, Dc2 = _system(seed=1)
+    pcg = ClStructure(st, device).device_pcg()
+    with pytest.raises(RuntimeError, match="bind_jacobian"):
+        pcg.solve(Vinv, Dc2, np.zeros((st.nc, 9, 9)))
+    cl_neq = NormalEquationsCL(st, r, jc, jp, ClStructure(st, device))
+    with pytest.raises(ValueError, match="float64 device blocks"):
+        pcg.bind_jacobian(cl_neq.Jp_dev, cl_neq.Jc_dev, cl_neq.r_dev)
+
+
+def test_camera_segments():
+    cam = np.array([2, 0, 2, 2, 0, 2, 2])      # camera 1 unobserved, camera 2 seen 5 times
+    order, seg_start, cam_seg = schur_pcg._camera_segments(cam, 3, 2)
+    assert order.tolist() == [1, 4, 0, 2, 3, 5, 6]
+    assert seg_start.tolist() == [0, 2, 4, 6, 7]
+    assert cam_seg.tolist() == [0, 1, 1, 4]
