@@ -213,8 +213,11 @@ class NormalEquations:
             self._z_cache, self._z_for = np.matmul(self.W, Vinv[self.st.pt]), Vinv
         return self._z_cache
 
-    def _pair_sums(self, pairs, Vinv):
-        """``sum over the pairs of each block of Z[o1] W[o2]^T`` -> (num_blocks, 9, 9)."""
+    def _pair_sums(self, which, Vinv):
+        """``sum over the pairs of each block of Z[o1] W[o2]^T`` -> (num_blocks, 9, 9), for the
+        pairs of all blocks (``which="all"``, :meth:`Structure.pairs`) or of the diagonal ones
+        (``"diag"``, :meth:`Structure.diag_pairs`)."""
+        pairs = self.st.pairs() if which == "all" else self.st.diag_pairs()
         return sum_pair_products(pairs, self._z(Vinv), self.W)
 
     def _rhs(self, Vinv):
@@ -257,7 +260,7 @@ class NormalEquations:
     def _solve_explicit(self, Vinv, Dc2):
         st = self.st
         pairs = st.pairs()
-        blocks = -self._pair_sums(pairs, Vinv)
+        blocks = -self._pair_sums("all", Vinv)
         rhs = self._rhs(Vinv).ravel()
         nc = st.nc
         diag = self.B.copy()
@@ -325,7 +328,7 @@ class NormalEquations:
         dp = self.st.diag_pairs()
         Sd = self.B.copy()
         Sd[:, np.arange(9), np.arange(9)] += Dc2
-        Sd[dp.block_row] -= self._pair_sums(dp, Vinv)
+        Sd[dp.block_row] -= self._pair_sums("diag", Vinv)
         with np.errstate(all="ignore"):
             try:
                 L = np.linalg.cholesky(Sd)

@@ -15,6 +15,7 @@ the back-substitution sums.
 from __future__ import annotations
 
 import numpy as np
+import pyopencl as cl
 
 from clkernels import arrays
 
@@ -49,7 +50,18 @@ class _Reducer:
         self.empty_owner = np.diff(np.asarray(owner_starts)) == 0
 
     def run(self, X, Y, x_t=False, y_t=False):
-        return self.finish(segment_products(self.seg, X, Y, x_t, y_t).get())
+        return self.start(X, Y, x_t, y_t)()
+
+    def start(self, X, Y, x_t=False, y_t=False):
+        """Enqueue the product and a non-blocking read of its partial sums; returns a function
+        that waits for them and gives the owners' sums. (Starting several products before the
+        first wait saves a round trip to the device per product.)"""
+        part = segment_products(self.seg, X, Y, x_t, y_t)
+        host = np.empty(part.shape)
+        if not host.size:
+            return lambda: self.finish(host)
+        event = cl.enqueue_copy(part.queue, host, part.data, is_blocking=False)
+        return lambda: (event.wait(), self.finish(host))[1]
 
     def finish(self, part):
         """The owners' sums from the segments' partial sums (host)."""
@@ -122,14 +134,17 @@ class NormalEquationsCL(NormalEquations):
         self.cs = cs = cl_structure
         # The Jacobian blocks go over as the model returns them, (n, 2, 9) and (n, 2, 3): the
         # kernel reads them as transposed (9, 2) and (3, 2) blocks.
-        self.Jc_dev = arrays.to_device(cs.rt, Jc)
-        self.Jp_dev = arrays.to_device(cs.rt, Jp)
-        self.r_dev = r_dev = arrays.to_device(cs.rt, np.ascontiguousarray(r, dtype=np.float64).reshape(-1, 1, 2))
-        self.B = cs.cameras.run(self.Jc_dev, self.Jc_dev, True, True)              # (nc, 9, 9)
-        self.gc = cs.cameras.run(self.Jc_dev, r_dev, True, False)[:, :, 0]         # (nc, 9)
-        self.V = cs.points.run(self.Jp_dev, self.Jp_dev, True, True)               # (npt, 3, 3)
-        self.gp = cs.points.run(self.Jp_dev, r_dev, True, False)[:, :, 0]          # (npt, 3)
+        # Everything is enqueued before the first wait: uploads, products, reads.
+        uploads = []
+        self.Jc_dev = _upload(cs.rt, Jc, uploads)
+        self.Jp_dev = _upload(cs.rt, Jp, uploads)
+        self.r_dev = r_dev = _upload(cs.rt, np.reshape(r, (-1, 1, 2)), uploads)
+        B = cs.cameras.start(self.Jc_dev, self.Jc_dev, True, True)              # (nc, 9, 9)
+        gc = cs.cameras.start(self.Jc_dev, r_dev, True, False)                  # (nc, 9, 1)
+        V = cs.points.start(self.Jp_dev, self.Jp_dev, True, True)               # (npt, 3, 3)
+        gp = cs.points.start(self.Jp_dev, r_dev, True, False)                   # (npt, 3, 1)
         self.W_dev = segment_products(cs.per_obs, self.Jc_dev, self.Jp_dev, True, True)    # (n, 9, 3)
+        self.B, self.gc, self.V, self.gp = B(), gc()[:, :, 0], V(), gp()[:, :, 0]
 
     @property
     def W(self):
@@ -137,12 +152,12 @@ class NormalEquationsCL(NormalEquations):
 
     def _z_dev(self, Vinv):
         if getattr(self, "_zd_for", None) is not Vinv:
-            vinv = arrays.to_device(self.cs.rt, Vinv)
+            self._vinv_upload = []   # a pending upload, done by the time anything reads Z
+            vinv = _upload(self.cs.rt, Vinv, self._vinv_upload)
             self._zd, self._zd_for = segment_products(self.cs.per_obs_pt, self.W_dev, vinv), Vinv
         return self._zd
 
-    def _pair_sums(self, pairs, Vinv):
-        which = "all" if pairs is self.st.pairs() else "diag"
+    def _pair_sums(self, which, Vinv):
         return self.cs.pairs(which).run(self._z_dev(Vinv), self.W_dev)
 
     def _rhs(self, Vinv):
@@ -161,5 +176,17 @@ class NormalEquationsCL(NormalEquations):
         return (x.reshape(self.st.nc, 9) if x is not None else None), ok, its, msg
 
     def _wty(self, yc):
-        y = arrays.to_device(self.cs.rt, yc[:, None, :])
+        pending = []
+        y = _upload(self.cs.rt, yc[:, None, :], pending)
         return self.cs.points_cam.run(self.W_dev, y, True, False)[:, :, 0]   # W read as W^T
+
+
+def _upload(runtime, a, pending):
+    """A float64 device copy of ``a`` by a non-blocking write; its event goes to ``pending``,
+    which must live until a later wait on the (in-order) queue: pyopencl's transfer events keep
+    the host array alive and, when released, wait for the transfer."""
+    a = np.ascontiguousarray(a, dtype=np.float64)
+    out = arrays.empty(runtime, a.shape, np.float64)
+    if a.size:
+        pending.append(cl.enqueue_copy(runtime.queue, out.data, a, is_blocking=False))
+    return out

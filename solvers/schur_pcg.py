@@ -21,8 +21,11 @@ from clkernels.templates import get_program
 
 TEMPLATE = "solvers/schur_pcg.cl.mako"
 # Longest run of one camera's observations one work-item of camera_partials sums: cameras seen
-# thousands of times spread over many work-items, whose partial sums cg_update adds.
-MAX_SEGMENT = 256
+# thousands of times spread over many work-items, whose partial sums cg_update adds. Short on
+# GPUs, which need many work-items and whose loop iterations are slow; long on CPUs, where the
+# work-items run one after another anyway and cg_update's sum over the partials is serial.
+MAX_SEGMENT_CPU = 256
+MAX_SEGMENT_GPU = 16
 # Iterations enqueued between two reads of the state (the reads overlap the next batch).
 CHECK_EVERY = 4
 RESIDUAL_RESET_PERIOD = 10
@@ -62,7 +65,8 @@ class DevicePCG:
         if max(n, 9 * nc, 9 * npt) >= 2 ** 31:
             raise ValueError("the device CG indexes with 32-bit ints: problem too large")
         self.n, self.nc, self.npt = n, nc, npt
-        order, seg_start, cam_seg = _camera_segments(cam, nc, MAX_SEGMENT)
+        max_segment = MAX_SEGMENT_CPU if runtime.info.is_cpu else MAX_SEGMENT_GPU
+        order, seg_start, cam_seg = _camera_segments(cam, nc, max_segment)
         self.nseg = seg_start.size - 1
         pt_start = np.concatenate((np.searchsorted(pt, np.arange(npt)), [n]))
         i32 = lambda a: arrays.to_device(rt, np.ascontiguousarray(a, dtype=np.int32))  # noqa: E731
@@ -140,11 +144,13 @@ class DevicePCG:
             raise RuntimeError("bind_jacobian() before solve()")
         q = self.rt.queue
         max_iterations = max(1, int(max_iterations))
-        for dev, host in ((self.Vinv, Vinv), (self.dc2, Dc2), (self.Pinv, Pinv)):
-            host = np.ascontiguousarray(host, dtype=np.float64).ravel()
+        # Non-blocking uploads: their events (kept until the solve has waited on the queue)
+        # hold the host arrays.
+        uploads = []
+        for dev, host in ((self.Vinv, Vinv), (self.dc2, Dc2), (self.Pinv, Pinv), (self.state, np.zeros(8))):
+            host = np.ascontiguousarray(host, dtype=np.float64).ravel()    # state: all RUNNING
             if host.size:
-                cl.enqueue_copy(q, dev.data, host)
-        cl.enqueue_copy(q, self.state.data, np.zeros(8))            # RUNNING
+                uploads.append(cl.enqueue_copy(q, dev.data, host, is_blocking=False))
         self.k_update.set_arg(14, np.int32(max_iterations))
         self.k_update.set_arg(15, np.float64(q_tolerance))
         self.k_update.set_arg(16, np.float64(r_tolerance))
@@ -179,6 +185,8 @@ class DevicePCG:
                     state = host
         finally:
             for _, event in reads:   # the reads write into host arrays: let them land first
+                event.wait()
+            for event in uploads:
                 event.wait()
         return self._result(state, q_tolerance)
 

@@ -56,7 +56,8 @@ CASES = {
 def test_device_cg_matches_host_cg(device, case, max_segment, monkeypatch):
     if not device.info.fp64:
         pytest.skip("the device CG needs fp64")
-    monkeypatch.setattr(schur_pcg, "MAX_SEGMENT", max_segment)
+    monkeypatch.setattr(schur_pcg, "MAX_SEGMENT_CPU", max_segment)
+    monkeypatch.setattr(schur_pcg, "MAX_SEGMENT_GPU", max_segment)
     system, kw, ending = CASES[case]
     st, r, jc, jp, neq, Vinv, Dc2 = _system(seed=7, **system)
     Pinv = neq._schur_jacobi(Vinv, Dc2)
