@@ -323,12 +323,16 @@ class NormalEquations:
         f = self.r.ravel()
         return apply_S, Ft @ (f - E @ (Vi @ (Et @ f)))
 
+    def _diagonal_pair_sums(self, Vinv):
+        """The pairs' sums of S's diagonal blocks (nc, 9, 9); zero for unobserved cameras."""
+        out = np.zeros((self.st.nc, 9, 9))
+        out[self.st.diag_pairs().block_row] = self._pair_sums("diag", Vinv)
+        return out
+
     def _schur_jacobi(self, Vinv, Dc2):
         """The Schur-Jacobi preconditioner: inverses of the diagonal 9x9 blocks of S (nc, 9, 9)."""
-        dp = self.st.diag_pairs()
-        Sd = self.B.copy()
+        Sd = self.B - self._diagonal_pair_sums(Vinv)
         Sd[:, np.arange(9), np.arange(9)] += Dc2
-        Sd[dp.block_row] -= self._pair_sums("diag", Vinv)
         with np.errstate(all="ignore"):
             try:
                 L = np.linalg.cholesky(Sd)

@@ -143,8 +143,16 @@ class NormalEquationsCL(NormalEquations):
         gc = cs.cameras.start(self.Jc_dev, r_dev, True, False)                  # (nc, 9, 1)
         V = cs.points.start(self.Jp_dev, self.Jp_dev, True, True)               # (npt, 3, 3)
         gp = cs.points.start(self.Jp_dev, r_dev, True, False)                   # (npt, 3, 1)
-        self.W_dev = segment_products(cs.per_obs, self.Jc_dev, self.Jp_dev, True, True)    # (n, 9, 3)
         self.B, self.gc, self.V, self.gp = B(), gc()[:, :, 0], V(), gp()[:, :, 0]
+        self._W_dev = None
+
+    @property
+    def W_dev(self):
+        """``W = Jc^T Jp`` per observation (n, 9, 3) on the device, made when first needed:
+        sparse_schur's products use it, the device CG's never do."""
+        if self._W_dev is None:
+            self._W_dev = segment_products(self.cs.per_obs, self.Jc_dev, self.Jp_dev, True, True)
+        return self._W_dev
 
     @property
     def W(self):
@@ -166,14 +174,36 @@ class NormalEquationsCL(NormalEquations):
         v_dev = arrays.to_device(self.cs.rt, v[:, None, :])
         return self.gc - self.cs.cameras_pt.run(self.W_dev, v_dev)[:, :, 0]
 
+    # With the device CG (iterative_schur's default) the preconditioner's blocks, the solve and
+    # the back-substitution all run in solvers.schur_pcg, straight from Jc and Jp.
+    def _device_pcg(self):
+        pcg = self.cs.device_pcg()
+        if pcg._jacobian is None or pcg._jacobian[0] is not self.Jc_dev:
+            pcg.bind_jacobian(self.Jc_dev, self.Jp_dev, self.r_dev)
+        return pcg
+
+    def _diagonal_pair_sums(self, Vinv):
+        if not self.cs.device_cg:
+            return NormalEquations._diagonal_pair_sums(self, Vinv)
+        return self._device_pcg().jacobi_sums(Vinv)
+
     def _solve_pcg(self, Vinv, Dc2, eta, max_iterations, r_tolerance):
         if not self.cs.device_cg:
             return NormalEquations._solve_pcg(self, Vinv, Dc2, eta, max_iterations, r_tolerance)
-        pcg = self.cs.device_pcg()
-        pcg.bind_jacobian(self.Jc_dev, self.Jp_dev, self.r_dev)
-        x, ok, its, msg = pcg.solve(Vinv, Dc2, self._schur_jacobi(Vinv, Dc2), q_tolerance=eta,
-                                    r_tolerance=r_tolerance, max_iterations=max_iterations)
+        Pinv = self._schur_jacobi(Vinv, Dc2)
+        x, ok, its, msg = self._device_pcg().solve(Vinv, Dc2, Pinv, q_tolerance=eta,
+                                                   r_tolerance=r_tolerance, max_iterations=max_iterations)
         return (x.reshape(self.st.nc, 9) if x is not None else None), ok, its, msg
+
+    def solve(self, D, method="sparse_schur", **kw):
+        # sparse_schur has W on the device anyway; iterative_schur back-substitutes without it.
+        self._device_back_substitution = self.cs.device_cg and method == "iterative_schur"
+        return NormalEquations.solve(self, D, method, **kw)
+
+    def _back_substitute(self, Vinv, yc):
+        if getattr(self, "_device_back_substitution", False):
+            return self._device_pcg().back_substitute(Vinv, self.gp, yc)
+        return NormalEquations._back_substitute(self, Vinv, yc)
 
     def _wty(self, yc):
         pending = []

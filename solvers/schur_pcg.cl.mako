@@ -7,7 +7,9 @@
 ##   cg_update        one work-group: S v = (sum of the camera's partials) + Dc^2 v, then the CG
 ##                    vector updates, dot products and termination tests of solvers/cg.py
 ##
-## so S v = F^T (I - E V^-1 E^T) F v + Dc^2 v without forming S. The host enqueues iterations
+## so S v = F^T (I - E V^-1 E^T) F v + Dc^2 v without forming S. Per linear system also
+## jacobi_blocks (the preconditioner's blocks of S, less B + Dc^2) and, after the solve,
+## back_substitute (the points' step); neither forms W = F^T E or W V^-1 per observation. The host enqueues iterations
 ## ahead and reads the small state vector now and then: every kernel returns at once when the state
 ## says the solve has ended, so iterations enqueued past the end cost only their launches.
 ## Observations are sorted by point; Jacobian blocks are as the model returns them, F (n, 2, 9)
@@ -105,6 +107,95 @@ __kernel void camera_partials(__global const double *restrict Jc,     // (n, 2, 
     }
 %for a in range(9):
     partial[(size_t)s * 9 + ${a}] = acc${a};
+%endfor
+}
+
+// Per run of one camera's observations (camera order, point order within a camera; runs never
+// split one camera-point group): the upper triangle (45 entries, row-major) of
+//   sum over the camera's points p of G_p V_p^-1 G_p^T,  G_p = sum over its observations of p of W_o,
+// W_o = F_o^T E_o (9x3). That is the pairs' sum of S's diagonal block for this camera, a point seen
+// twice by one camera included: sum over o1, o2 of W_o1 V^-1 W_o2^T = G V^-1 G^T.
+__kernel void jacobi_blocks(__global const double *restrict Jc,      // (n, 2, 9)
+                            __global const double *restrict Jp,      // (n, 2, 3)
+                            __global const int *restrict obs,        // (n) in camera order
+                            __global const int *restrict pt,         // (n)
+                            __global const int *restrict seg_start,  // (nseg + 1)
+                            __global const double *restrict Vinv,    // (npt, 3, 3)
+                            __global double *restrict out,           // (nseg, 45)
+                            const int nseg)
+{
+    const int s = get_global_id(0);
+    if (s >= nseg) return;
+<% tri = [(a, b) for a in range(9) for b in range(a, 9)] %>
+%for a, b in tri:
+    double acc${a}_${b} = 0.0;
+%endfor
+    const int end = seg_start[s + 1];
+    int k = seg_start[s];
+    while (k < end) {
+        const int p = pt[obs[k]];
+%for a in range(9):
+%for j in range(3):
+        double g${a}_${j} = 0.0;
+%endfor
+%endfor
+        for (; k < end && pt[obs[k]] == p; ++k) {
+            __global const double *f = Jc + (size_t)obs[k] * 18;
+            __global const double *e = Jp + (size_t)obs[k] * 6;
+%for a in range(9):
+%for j in range(3):
+            g${a}_${j} += f[${a}] * e[${j}] + f[${9 + a}] * e[${3 + j}];
+%endfor
+%endfor
+        }
+        __global const double *M = Vinv + (size_t)p * 9;
+%for j in range(3):
+%for i in range(3):
+        const double m${j}${i} = M[${3 * j + i}];
+%endfor
+%endfor
+%for a in range(9):
+%for i in range(3):
+        const double z${a}_${i} = ${' + '.join(f'g{a}_{j} * m{j}{i}' for j in range(3))};
+%endfor
+%endfor
+%for a, b in tri:
+        acc${a}_${b} += ${' + '.join(f'z{a}_{i} * g{b}_{i}' for i in range(3))};
+%endfor
+    }
+%for t, (a, b) in enumerate(tri):
+    out[(size_t)s * 45 + ${t}] = acc${a}_${b};
+%endfor
+}
+
+// The points' step after the cameras' (y_c): y_p = V_p^-1 (g_p - sum over the observations of p
+// of E_o^T F_o y_c).
+__kernel void back_substitute(__global const double *restrict Jc,     // (n, 2, 9)
+                              __global const double *restrict Jp,     // (n, 2, 3)
+                              __global const int *restrict cam,       // (n)
+                              __global const int *restrict pt_start,  // (npt + 1)
+                              __global const double *restrict Vinv,   // (npt, 3, 3)
+                              __global const double *restrict gp,     // (npt, 3)
+                              __global const double *restrict yc,     // (nc, 9)
+                              __global double *restrict yp,           // (npt, 3)
+                              const int npt)
+{
+    const int p = get_global_id(0);
+    if (p >= npt) return;
+    double u0 = gp[3 * p], u1 = gp[3 * p + 1], u2 = gp[3 * p + 2];
+    for (int o = pt_start[p]; o < pt_start[p + 1]; ++o) {
+        __global const double *f = Jc + (size_t)o * 18;
+        __global const double *x = yc + (size_t)cam[o] * 9;
+        const double t0 = ${' + '.join(f'f[{k}] * x[{k}]' for k in range(9))};
+        const double t1 = ${' + '.join(f'f[{9 + k}] * x[{k}]' for k in range(9))};
+        __global const double *E = Jp + (size_t)o * 6;
+%for k in range(3):
+        u${k} -= E[${k}] * t0 + E[${3 + k}] * t1;
+%endfor
+    }
+    __global const double *M = Vinv + (size_t)p * 9;
+%for k in range(3):
+    yp[3 * p + ${k}] = M[${3 * k}] * u0 + M[${3 * k + 1}] * u1 + M[${3 * k + 2}] * u2;
 %endfor
 }
 

@@ -37,18 +37,26 @@ FAIL_RHO, FAIL_BETA, FAIL_ALPHA = -1, -2, -3
 START, STEP, STEP_NO_R, RESET = 0, 1, 2, 3
 
 
-def _camera_segments(cam, nc, max_len):
-    """Observations in camera order cut into runs of at most ``max_len`` of one camera: returns the
-    observation order, the runs' starts (nseg + 1) and each camera's first run (nc + 1)."""
-    order = np.argsort(cam, kind="stable")
+def _camera_segments(cam, pt, nc, max_len):
+    """Observations in camera order (point order within a camera) cut into runs of about
+    ``max_len`` of one camera, never inside one camera-point group (jacobi_blocks sums a group
+    before its product). Returns the observation order, the runs' starts (nseg + 1; a run may be
+    empty) and each camera's first run (nc + 1)."""
+    n = cam.size
+    order = np.argsort(cam, kind="stable")               # stable: point order within a camera
+    c, p = cam[order], pt[order]
+    group_start = np.flatnonzero(np.concatenate(([True], (c[1:] != c[:-1]) | (p[1:] != p[:-1])))) \
+        if n else np.zeros(0, np.int64)
+    group_start = np.concatenate((group_start, [n]))
     counts = np.bincount(cam, minlength=nc)
     pieces = -(-counts // max_len)                       # a camera without observations: none
     cam_seg = np.concatenate(([0], np.cumsum(pieces)))
     first_obs = np.concatenate(([0], np.cumsum(counts)))
     owner = np.repeat(np.arange(nc), pieces)
     k = np.arange(owner.size) - cam_seg[owner]
-    seg_start = np.concatenate((first_obs[owner] + k * max_len, [cam.size]))
-    return order, seg_start, cam_seg
+    want = first_obs[owner] + k * max_len
+    start = np.minimum(group_start[np.searchsorted(group_start, want)], first_obs[owner + 1])
+    return order, np.concatenate((start, [n])), cam_seg
 
 
 class DevicePCG:
@@ -66,16 +74,20 @@ class DevicePCG:
             raise ValueError("the device CG indexes with 32-bit ints: problem too large")
         self.n, self.nc, self.npt = n, nc, npt
         max_segment = MAX_SEGMENT_CPU if runtime.info.is_cpu else MAX_SEGMENT_GPU
-        order, seg_start, cam_seg = _camera_segments(cam, nc, max_segment)
+        order, seg_start, cam_seg = _camera_segments(cam, pt, nc, max_segment)
         self.nseg = seg_start.size - 1
         pt_start = np.concatenate((np.searchsorted(pt, np.arange(npt)), [n]))
         i32 = lambda a: arrays.to_device(rt, np.ascontiguousarray(a, dtype=np.int32))  # noqa: E731
-        self.cam, self.pt_start = i32(cam), i32(pt_start)
+        self.cam, self.pt, self.pt_start = i32(cam), i32(pt), i32(pt_start)
+        self.cam_seg_host = cam_seg
         self.obs, self.seg_start, self.cam_seg = i32(order), i32(seg_start), i32(cam_seg)
         f64 = lambda shape: arrays.empty(rt, shape, np.float64)  # noqa: E731
         self.w, self.partial = f64(max(1, 2 * n)), f64(max(1, 9 * self.nseg))
         self.b, self.x, self.r, self.p, self.z, self.q, self.dc2 = (f64(max(1, 9 * nc)) for _ in range(7))
         self.Vinv, self.Pinv = f64(max(1, 9 * npt)), f64(max(1, 81 * nc))
+        self.gp, self.yc, self.yp = f64(max(1, 3 * npt)), f64(max(1, 9 * nc)), f64(max(1, 3 * npt))
+        self.blocks = f64(max(1, 45 * self.nseg))
+        self._vinv_for = None       # the host V^-1 whose copy self.Vinv holds
         self.state = f64(8)
         self.L = self._group_size()
         prg = get_program(TEMPLATE, rt, L=self.L)
@@ -85,8 +97,13 @@ class DevicePCG:
         self.k_project = cl.Kernel(prg, "project_points")
         self.k_partials = cl.Kernel(prg, "camera_partials")
         self.k_update = cl.Kernel(prg, "cg_update")
-        self.ls_points = arrays.work_group_size(rt, self.k_project, 64)
-        self.ls_partials = arrays.work_group_size(rt, self.k_partials, 64)
+        self.k_jacobi = cl.Kernel(prg, "jacobi_blocks")
+        self.k_back = cl.Kernel(prg, "back_substitute")
+        # Small groups on CPUs: PoCL runs a group per core at a time, and a few hundred segments
+        # in groups of 64 leave one core idle at the end (8 was a third faster for the partials).
+        ls = 8 if rt.info.is_cpu else 64
+        self.ls_points = arrays.work_group_size(rt, self.k_project, ls)
+        self.ls_partials = arrays.work_group_size(rt, self.k_partials, ls)
         self.gs_points = arrays.round_up(max(1, npt), self.ls_points)
         self.gs_partials = arrays.round_up(max(1, self.nseg), self.ls_partials)
         self.k_partials.set_args(None, self.w.data, self.obs.data, self.seg_start.data,
@@ -120,6 +137,57 @@ class DevicePCG:
                                 self.Vinv.data, r_dev.data, self.w.data, self.state.data,
                                 np.int32(self.npt), np.int32(1))
         self.k_partials.set_arg(0, Jc_dev.data)
+        self.k_jacobi.set_args(Jc_dev.data, Jp_dev.data, self.obs.data, self.pt.data, self.seg_start.data,
+                               self.Vinv.data, self.blocks.data, np.int32(self.nseg))
+        self.k_back.set_args(Jc_dev.data, Jp_dev.data, self.cam.data, self.pt_start.data, self.Vinv.data,
+                             self.gp.data, self.yc.data, self.yp.data, np.int32(self.npt))
+        self._vinv_for = None
+
+    def _upload_vinv(self, Vinv, pending):
+        """Copy ``Vinv`` (npt, 3, 3) to the device unless this very array is there already."""
+        if self._vinv_for is not Vinv:
+            host = np.ascontiguousarray(Vinv, dtype=np.float64)
+            if host.size:
+                pending.append(cl.enqueue_copy(self.rt.queue, self.Vinv.data, host, is_blocking=False))
+            self._vinv_for = Vinv
+
+    def jacobi_sums(self, Vinv):
+        """Per camera, ``sum over its points of G V^-1 G^T`` (nc, 9, 9): what the pairs subtract
+        from ``B + Dc^2`` in S's diagonal blocks (the Schur-Jacobi preconditioner)."""
+        self._check_bound()
+        q, pending = self.rt.queue, []
+        self._upload_vinv(Vinv, pending)
+        out = np.zeros((self.nc, 9, 9))
+        if not self.nseg:
+            return out
+        cl.enqueue_nd_range_kernel(q, self.k_jacobi, (self.gs_partials,), (self.ls_partials,))
+        part = np.empty((self.nseg, 45))
+        cl.enqueue_copy(q, part, self.blocks.data)
+        has = np.diff(self.cam_seg_host) > 0
+        tri = np.add.reduceat(part, self.cam_seg_host[:-1][has], axis=0)   # (cameras seen, 45)
+        rows, cols = np.triu_indices(9)
+        out[np.flatnonzero(has)[:, None], rows, cols] = tri
+        out[np.flatnonzero(has)[:, None], cols, rows] = tri
+        return out
+
+    def back_substitute(self, Vinv, gp, yc):
+        """The points' step ``V^-1 (gp - W^T yc)`` per point (npt, 3), on the device."""
+        self._check_bound()
+        q, pending = self.rt.queue, []
+        self._upload_vinv(Vinv, pending)
+        for dev, host in ((self.gp, gp), (self.yc, yc)):
+            host = np.ascontiguousarray(host, dtype=np.float64)
+            if host.size:
+                pending.append(cl.enqueue_copy(q, dev.data, host, is_blocking=False))
+        yp = np.zeros((self.npt, 3))
+        if self.npt:
+            cl.enqueue_nd_range_kernel(q, self.k_back, (self.gs_points,), (self.ls_points,))
+            cl.enqueue_copy(q, yp, self.yp.data)
+        return yp
+
+    def _check_bound(self):
+        if self._jacobian is None:
+            raise RuntimeError("bind_jacobian() before solve()")
 
     def _apply(self, v, from_residuals=False):
         """Enqueue ``w = (I - E V^-1 E^T) t`` per observation (t = F v, or f) and its camera sums."""
@@ -140,14 +208,14 @@ class DevicePCG:
         """PCG from ``x = 0`` on ``S = F^T (I - E V^-1 E^T) F + diag(Dc2)`` with right-hand side
         ``F^T (f - E V^-1 E^T f)`` and preconditioner blocks ``Pinv`` (nc, 9, 9). Returns
         ``(x (nc * 9) or None, ok, iterations, message)`` as ``conjugate_gradients`` does."""
-        if self._jacobian is None:
-            raise RuntimeError("bind_jacobian() before solve()")
+        self._check_bound()
         q = self.rt.queue
         max_iterations = max(1, int(max_iterations))
         # Non-blocking uploads: their events (kept until the solve has waited on the queue)
         # hold the host arrays.
         uploads = []
-        for dev, host in ((self.Vinv, Vinv), (self.dc2, Dc2), (self.Pinv, Pinv), (self.state, np.zeros(8))):
+        self._upload_vinv(Vinv, uploads)
+        for dev, host in ((self.dc2, Dc2), (self.Pinv, Pinv), (self.state, np.zeros(8))):
             host = np.ascontiguousarray(host, dtype=np.float64).ravel()    # state: all RUNNING
             if host.size:
                 uploads.append(cl.enqueue_copy(q, dev.data, host, is_blocking=False))

@@ -96,6 +96,29 @@ def test_device_cg_matches_host_cg(device, case, max_segment, monkeypatch):
 _SIMULATOR_KEEP = []
 
 
+@pytest.mark.oclgrind
+@pytest.mark.parametrize("max_segment", [256, 2], ids=["whole-cameras", "split-cameras"])
+def test_preconditioner_blocks_and_back_substitution(device, max_segment, monkeypatch):
+    """jacobi_sums and back_substitute (from Jc and Jp) against the numpy pair sums and W^T y
+    (from W), on a system where a camera sees a point three times."""
+    monkeypatch.setattr(schur_pcg, "MAX_SEGMENT_CPU", max_segment)
+    monkeypatch.setattr(schur_pcg, "MAX_SEGMENT_GPU", max_segment)
+    st, r, jc, jp, neq, Vinv, Dc2 = _system(seed=3)
+    assert np.any((st.cam[1:] == st.cam[:-1]) & (st.pt[1:] == st.pt[:-1]))
+    cs = ClStructure(st, device)
+    cl_neq = NormalEquationsCL(st, r, jc, jp, cs)
+    pcg = cs.device_pcg()
+    pcg.bind_jacobian(cl_neq.Jc_dev, cl_neq.Jp_dev, cl_neq.r_dev)
+    want = neq._diagonal_pair_sums(Vinv)
+    np.testing.assert_allclose(pcg.jacobi_sums(Vinv), want, rtol=1e-11, atol=1e-11 * np.abs(want).max())
+    yc = np.random.default_rng(0).standard_normal((st.nc, 9))
+    want = neq._back_substitute(Vinv, yc)
+    np.testing.assert_allclose(pcg.back_substitute(Vinv, neq.gp, yc), want, rtol=1e-11,
+                               atol=1e-11 * np.abs(want).max())
+    if device.info.is_simulator:
+        _SIMULATOR_KEEP.append((cs, cl_neq))
+
+
 def test_device_cg_needs_a_jacobian(device):
     if not device.info.fp64:
         pytest.skip("the device CG needs fp64")
@@ -110,7 +133,14 @@ def test_device_cg_needs_a_jacobian(device):
 
 def test_camera_segments():
     cam = np.array([2, 0, 2, 2, 0, 2, 2])      # camera 1 unobserved, camera 2 seen 5 times
-    order, seg_start, cam_seg = schur_pcg._camera_segments(cam, 3, 2)
+    order, seg_start, cam_seg = schur_pcg._camera_segments(cam, np.arange(7), 3, 2)
     assert order.tolist() == [1, 4, 0, 2, 3, 5, 6]
     assert seg_start.tolist() == [0, 2, 4, 6, 7]
+    assert cam_seg.tolist() == [0, 1, 1, 4]
+    # Camera 2 sees point 1 twice (observations 2 and 3, camera-order positions 3 and 4): the run
+    # that would end at position 4 ends after the group instead.
+    pt = np.array([0, 0, 1, 1, 1, 2, 3])
+    order, seg_start, cam_seg = schur_pcg._camera_segments(cam, pt, 3, 2)
+    assert order.tolist() == [1, 4, 0, 2, 3, 5, 6]
+    assert seg_start.tolist() == [0, 2, 5, 6, 7]
     assert cam_seg.tolist() == [0, 1, 1, 4]
