@@ -14,7 +14,7 @@ import pyopencl.array as cla
 
 from .runtime import Runtime
 
-__all__ = ["is_device_array", "check_array", "to_device", "to_host_like", "empty",
+__all__ = ["is_device_array", "check_array", "to_device", "write_async", "to_host_like", "empty",
            "zeros", "convert", "work_group_size", "round_up"]
 
 
@@ -60,6 +60,17 @@ def to_device(runtime: Runtime, a, name: str = "array") -> cla.Array:
             raise ValueError(f"{name} must be C-contiguous on the device")
         return a
     return cla.to_device(runtime.queue, np.ascontiguousarray(a))
+
+
+def write_async(runtime: Runtime, dest: cla.Array, host, pending: list) -> cla.Array:
+    """Copy ``host`` (converted to ``dest``'s dtype) into ``dest`` by a non-blocking write and
+    return ``dest``. The transfer's event goes to ``pending``, which must live until a later
+    wait on the (in-order) queue: pyopencl's transfer events keep the host array alive and,
+    when released, wait for the transfer."""
+    host = np.ascontiguousarray(host, dtype=dest.dtype)
+    if host.size:
+        pending.append(cl.enqueue_copy(runtime.queue, dest.data, host, is_blocking=False))
+    return dest
 
 
 def to_host_like(result: cla.Array, like_device: bool):

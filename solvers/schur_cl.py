@@ -7,10 +7,11 @@ camera matrix's factorisation, segment reductions). Segments are cut at most ``M
 products long so that a camera seen in thousands of observations still spreads over many
 work-items; their partial sums are added on the host.
 
-Per Jacobian: ``Jc^T Jc`` and ``Jc^T f`` per camera, ``Jp^T Jp`` and ``Jp^T f`` per point,
-``W = Jc^T Jp`` per observation. Per linear solve: ``Z = W V^-1`` per observation,
-the pair sums ``Z W^T`` per block of the reduced camera matrix, the reduced right-hand side and
-the back-substitution sums.
+Per Jacobian: ``Jc^T Jc`` and ``Jc^T f`` per camera, ``Jp^T Jp`` and ``Jp^T f`` per point.
+Per sparse_schur solve: ``W = Jc^T Jp`` and ``Z = W V^-1`` per observation, the pair sums
+``Z W^T`` per block of the reduced camera matrix, the reduced right-hand side and the
+back-substitution sums. iterative_schur's preconditioner, CG and back-substitution run in
+:mod:`solvers.schur_pcg` instead, straight from ``Jc`` and ``Jp``.
 """
 from __future__ import annotations
 
@@ -178,8 +179,7 @@ class NormalEquationsCL(NormalEquations):
     # the back-substitution all run in solvers.schur_pcg, straight from Jc and Jp.
     def _device_pcg(self):
         pcg = self.cs.device_pcg()
-        if pcg._jacobian is None or pcg._jacobian[0] is not self.Jc_dev:
-            pcg.bind_jacobian(self.Jc_dev, self.Jp_dev, self.r_dev)
+        pcg.bind_jacobian(self.Jc_dev, self.Jp_dev, self.r_dev)
         return pcg
 
     def _diagonal_pair_sums(self, Vinv):
@@ -212,11 +212,5 @@ class NormalEquationsCL(NormalEquations):
 
 
 def _upload(runtime, a, pending):
-    """A float64 device copy of ``a`` by a non-blocking write; its event goes to ``pending``,
-    which must live until a later wait on the (in-order) queue: pyopencl's transfer events keep
-    the host array alive and, when released, wait for the transfer."""
-    a = np.ascontiguousarray(a, dtype=np.float64)
-    out = arrays.empty(runtime, a.shape, np.float64)
-    if a.size:
-        pending.append(cl.enqueue_copy(runtime.queue, out.data, a, is_blocking=False))
-    return out
+    """A float64 device copy of ``a`` by a non-blocking write (see ``arrays.write_async``)."""
+    return arrays.write_async(runtime, arrays.empty(runtime, np.shape(a), np.float64), a, pending)

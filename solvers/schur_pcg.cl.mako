@@ -17,6 +17,8 @@
 ## Parameters: L, the work-group size of cg_update (a power of two).
 <%namespace name="common" file="/clkernels/common.cl.mako"/>
 ${common.fp64_pragma()}
+## camera_row(j): row j of the observation's camera block F_o (at f) times the camera vector at x
+<%def name="camera_row(row)">${' + '.join(f'f[{9 * row + k}] * x[{k}]' for k in range(9))}</%def>
 
 // state[]: what the host reads back (kept in step with schur_pcg.py)
 #define S_STATUS 0   // RUNNING or how the solve ended
@@ -62,8 +64,8 @@ __kernel void project_points(__global const double *restrict Jc,      // (n, 2, 
         } else {
             __global const double *f = Jc + (size_t)o * 18;
             __global const double *x = v + (size_t)cam[o] * 9;
-            t0 = ${' + '.join(f'f[{k}] * x[{k}]' for k in range(9))};
-            t1 = ${' + '.join(f'f[{9 + k}] * x[{k}]' for k in range(9))};
+            t0 = ${camera_row(0)};
+            t1 = ${camera_row(1)};
         }
         w[2 * o] = t0;
         w[2 * o + 1] = t1;
@@ -186,8 +188,8 @@ __kernel void back_substitute(__global const double *restrict Jc,     // (n, 2, 
     for (int o = pt_start[p]; o < pt_start[p + 1]; ++o) {
         __global const double *f = Jc + (size_t)o * 18;
         __global const double *x = yc + (size_t)cam[o] * 9;
-        const double t0 = ${' + '.join(f'f[{k}] * x[{k}]' for k in range(9))};
-        const double t1 = ${' + '.join(f'f[{9 + k}] * x[{k}]' for k in range(9))};
+        const double t0 = ${camera_row(0)};
+        const double t1 = ${camera_row(1)};
         __global const double *E = Jp + (size_t)o * 6;
 %for k in range(3):
         u${k} -= E[${k}] * t0 + E[${3 + k}] * t1;

@@ -79,7 +79,9 @@ class DevicePCG:
         pt_start = np.concatenate((np.searchsorted(pt, np.arange(npt)), [n]))
         i32 = lambda a: arrays.to_device(rt, np.ascontiguousarray(a, dtype=np.int32))  # noqa: E731
         self.cam, self.pt, self.pt_start = i32(cam), i32(pt), i32(pt_start)
-        self.cam_seg_host = cam_seg
+        # Cameras with observations and their first runs: where jacobi_sums' partials go.
+        self._seen_cams = np.flatnonzero(np.diff(cam_seg) > 0)
+        self._seen_first_run = cam_seg[self._seen_cams]
         self.obs, self.seg_start, self.cam_seg = i32(order), i32(seg_start), i32(cam_seg)
         f64 = lambda shape: arrays.empty(rt, shape, np.float64)  # noqa: E731
         self.w, self.partial = f64(max(1, 2 * n)), f64(max(1, 9 * self.nseg))
@@ -89,7 +91,9 @@ class DevicePCG:
         self.blocks = f64(max(1, 45 * self.nseg))
         self._vinv_for = None       # the host V^-1 whose copy self.Vinv holds
         self.state = f64(8)
-        self.L = self._group_size()
+        # cg_update's single work-group: wide on GPUs (its loops run over the cameras), one
+        # item per core's SIMD lanes' worth on CPUs, where a group runs on one thread anyway.
+        self.L = arrays.work_group_size(rt, None, 16 if rt.info.is_cpu else 256)
         prg = get_program(TEMPLATE, rt, L=self.L)
         # Kernel objects of this instance alone: their arguments are set once here, and only
         # the launch mode and iteration change per enqueue (templates.kernel's shared objects
@@ -114,19 +118,11 @@ class DevicePCG:
                                np.int32(0), np.int32(0), np.float64(0), np.float64(0))
         self._jacobian = None
 
-    def _group_size(self):
-        """cg_update's single work-group: wide on GPUs (its loops run over the cameras), one
-        item per core's SIMD lanes' worth on CPUs, where a group runs on one thread anyway."""
-        info = self.rt.info
-        wanted = 16 if info.is_cpu else 256
-        size = 1
-        while size * 2 <= min(wanted, info.max_work_group_size):
-            size *= 2
-        return size
-
     def bind_jacobian(self, Jc_dev, Jp_dev, r_dev):
         """The device Jacobian blocks (n, 2, 9), (n, 2, 3) and residuals (n * 2) of the linear
-        systems to come (kept referenced while bound)."""
+        systems to come (kept referenced while bound); nothing to do when they are bound already."""
+        if self._jacobian is not None and all(a is b for a, b in zip(self._jacobian, (Jc_dev, Jp_dev, r_dev))):
+            return
         for a, shape in ((Jc_dev, (self.n, 2, 9)), (Jp_dev, (self.n, 2, 3))):
             if a.dtype != np.float64 or a.size != int(np.prod(shape)):
                 raise ValueError(f"expected float64 device blocks of shape {shape}, got {a.shape} {a.dtype}")
@@ -146,9 +142,7 @@ class DevicePCG:
     def _upload_vinv(self, Vinv, pending):
         """Copy ``Vinv`` (npt, 3, 3) to the device unless this very array is there already."""
         if self._vinv_for is not Vinv:
-            host = np.ascontiguousarray(Vinv, dtype=np.float64)
-            if host.size:
-                pending.append(cl.enqueue_copy(self.rt.queue, self.Vinv.data, host, is_blocking=False))
+            arrays.write_async(self.rt, self.Vinv, Vinv, pending)
             self._vinv_for = Vinv
 
     def jacobi_sums(self, Vinv):
@@ -163,11 +157,10 @@ class DevicePCG:
         cl.enqueue_nd_range_kernel(q, self.k_jacobi, (self.gs_partials,), (self.ls_partials,))
         part = np.empty((self.nseg, 45))
         cl.enqueue_copy(q, part, self.blocks.data)
-        has = np.diff(self.cam_seg_host) > 0
-        tri = np.add.reduceat(part, self.cam_seg_host[:-1][has], axis=0)   # (cameras seen, 45)
+        tri = np.add.reduceat(part, self._seen_first_run, axis=0)   # (cameras seen, 45)
         rows, cols = np.triu_indices(9)
-        out[np.flatnonzero(has)[:, None], rows, cols] = tri
-        out[np.flatnonzero(has)[:, None], cols, rows] = tri
+        out[self._seen_cams[:, None], rows, cols] = tri
+        out[self._seen_cams[:, None], cols, rows] = tri
         return out
 
     def back_substitute(self, Vinv, gp, yc):
@@ -175,10 +168,8 @@ class DevicePCG:
         self._check_bound()
         q, pending = self.rt.queue, []
         self._upload_vinv(Vinv, pending)
-        for dev, host in ((self.gp, gp), (self.yc, yc)):
-            host = np.ascontiguousarray(host, dtype=np.float64)
-            if host.size:
-                pending.append(cl.enqueue_copy(q, dev.data, host, is_blocking=False))
+        arrays.write_async(self.rt, self.gp, gp, pending)
+        arrays.write_async(self.rt, self.yc, yc, pending)
         yp = np.zeros((self.npt, 3))
         if self.npt:
             cl.enqueue_nd_range_kernel(q, self.k_back, (self.gs_points,), (self.ls_points,))
@@ -216,9 +207,7 @@ class DevicePCG:
         uploads = []
         self._upload_vinv(Vinv, uploads)
         for dev, host in ((self.dc2, Dc2), (self.Pinv, Pinv), (self.state, np.zeros(8))):
-            host = np.ascontiguousarray(host, dtype=np.float64).ravel()    # state: all RUNNING
-            if host.size:
-                uploads.append(cl.enqueue_copy(q, dev.data, host, is_blocking=False))
+            arrays.write_async(self.rt, dev, host, uploads)                 # state: all RUNNING
         self.k_update.set_arg(14, np.int32(max_iterations))
         self.k_update.set_arg(15, np.float64(q_tolerance))
         self.k_update.set_arg(16, np.float64(r_tolerance))

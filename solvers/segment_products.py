@@ -38,51 +38,29 @@ class Segments:
         self.i2 = None if i2 is None else cla.to_device(q, np.ascontiguousarray(i2, dtype=np.int32))
 
 
-class BoundProduct:
-    """One segmented product with its kernel, arguments and output bound once: ``run()``
-    enqueues it again on whatever the bound buffers hold now (the implicit Schur complement
-    of the CG applies the same products many times; binding keeps the host work per call to
-    one kernel enqueue)."""
-
-    def __init__(self, seg: Segments, X: cla.Array, Y: cla.Array, x_t: bool = False, y_t: bool = False):
-        if X.dtype != np.float64 or Y.dtype != np.float64 or X.ndim != 3 or Y.ndim != 3:
-            raise ValueError(f"X and Y must be float64 3-d arrays; got {X.shape} {X.dtype}, {Y.shape} {Y.dtype}")
-        NA, KX = (X.shape[2], X.shape[1]) if x_t else (X.shape[1], X.shape[2])
-        NB, KY = (Y.shape[2], Y.shape[1]) if y_t else (Y.shape[1], Y.shape[2])
-        if KX != KY:
-            raise ValueError(f"X and Y blocks must share their inner size; got {X.shape} (x_t={x_t}), {Y.shape} (y_t={y_t})")
-        if X.shape[0] < seg.n1 or Y.shape[0] < seg.n2:
-            raise ValueError(f"X has {X.shape[0]} blocks and Y {Y.shape[0]}; the segments address {seg.n1} and {seg.n2}")
-        rt = self.runtime = seg.runtime
-        # Rows per work-item: as many as keep R * NB accumulators <= 27 (registers), dividing NA.
-        R = max(r for r in range(1, NA + 1) if NA % r == 0 and (r * NB <= 27 or r == 1))
-        prg = get_program(TEMPLATE, rt, NA=NA, NB=NB, K=KX, R=R, identity1=seg.i1 is None,
-                          identity2=seg.i2 is None, x_t=bool(x_t), y_t=bool(y_t))
-        self.kernel = kernel(prg, "segment_products")
-        self.out = empty(rt, (seg.nseg, NA, NB), np.float64)
-        self.inputs = (X, Y)  # keep the bound buffers alive
-        self.args = [X.data, Y.data] + [i.data for i in (seg.i1, seg.i2) if i is not None] + \
-            [seg.starts.data, self.out.data, np.int32(seg.nseg)]
-        self.local = work_group_size(rt, self.kernel, 64)
-        self.global_size = round_up(seg.nseg * (NA // R), self.local)
-        self.nseg = seg.nseg
-
-    def run(self):
-        """Enqueue the product; returns its event (None when there are no segments)."""
-        if self.nseg == 0:
-            return None
-        return self.kernel(self.runtime.queue, (self.global_size,), (self.local,), *self.args)
-
-
 def segment_products(seg: Segments, X: cla.Array, Y: cla.Array, x_t: bool = False, y_t: bool = False) -> cla.Array:
     """``out[s, a, b] = sum_{p in s} sum_k X[i1(p), a, k] Y[i2(p), b, k]`` -> device (nseg, NA, NB).
 
     ``x_t`` / ``y_t``: X (Y) is stored as (n, K, NA) blocks, i.e. its transposes, as Jacobian
     blocks come from the model."""
-    product = BoundProduct(seg, X, Y, x_t, y_t)
-    event = product.run()
-    if event is not None:
-        product.out.add_event(event)
-    return product.out
-
-
+    if X.dtype != np.float64 or Y.dtype != np.float64 or X.ndim != 3 or Y.ndim != 3:
+        raise ValueError(f"X and Y must be float64 3-d arrays; got {X.shape} {X.dtype}, {Y.shape} {Y.dtype}")
+    NA, KX = (X.shape[2], X.shape[1]) if x_t else (X.shape[1], X.shape[2])
+    NB, KY = (Y.shape[2], Y.shape[1]) if y_t else (Y.shape[1], Y.shape[2])
+    if KX != KY:
+        raise ValueError(f"X and Y blocks must share their inner size; got {X.shape} (x_t={x_t}), {Y.shape} (y_t={y_t})")
+    if X.shape[0] < seg.n1 or Y.shape[0] < seg.n2:
+        raise ValueError(f"X has {X.shape[0]} blocks and Y {Y.shape[0]}; the segments address {seg.n1} and {seg.n2}")
+    rt = seg.runtime
+    # Rows per work-item: as many as keep R * NB accumulators <= 27 (registers), dividing NA.
+    R = max(r for r in range(1, NA + 1) if NA % r == 0 and (r * NB <= 27 or r == 1))
+    prg = get_program(TEMPLATE, rt, NA=NA, NB=NB, K=KX, R=R, identity1=seg.i1 is None,
+                      identity2=seg.i2 is None, x_t=bool(x_t), y_t=bool(y_t))
+    k = kernel(prg, "segment_products")
+    out = empty(rt, (seg.nseg, NA, NB), np.float64)
+    if seg.nseg:
+        local = work_group_size(rt, k, 64)
+        args = [X.data, Y.data] + [i.data for i in (seg.i1, seg.i2) if i is not None] + \
+            [seg.starts.data, out.data, np.int32(seg.nseg)]
+        out.add_event(k(rt.queue, (round_up(seg.nseg * (NA // R), local),), (local,), *args))
+    return out
