@@ -73,8 +73,9 @@ class BatchFunction:
         self.name = getattr(fn, "__name__", "function")
         self._real = "double" if self.dtype == np.float64 else "float"
         self._sources = {}
+        self._plans = {}          # (device, jacobians) -> _Plan: what a launch needs, found once
         self._tables = tape.Tables(self.traced, self.dtype) if backend == "tape" else None
-        self._device_tables = {}  # tape tables uploaded, per device
+        self._device_tables = {}  # tape tables uploaded, per context
 
     # -- public API --------------------------------------------------------------------
     @property
@@ -97,7 +98,7 @@ class BatchFunction:
         if self.backend == "numpy":
             raise ValueError("the numpy backend runs no OpenCL source")
         runtime = get_runtime(device if device is not None else self.device)
-        stage, lanes = self._stage_wg(runtime), self._lanes(runtime)
+        stage, lanes = self._stage_wg(runtime, jacobians), self._lanes(runtime)
         key = (jacobians, stage, lanes)
         if key not in self._sources:
             t = self.traced
@@ -109,8 +110,9 @@ class BatchFunction:
                                                  self._real, jacobians)
         return self._sources[key]
 
-    def _stage_wg(self, runtime) -> int:
-        if self.backend != "codegen" or self._lanes(runtime) > 1:
+    def _stage_wg(self, runtime, jacobians: bool) -> int:
+        """Work-group size of staged Jacobian stores (codegen, one tuple per work-item), or 0."""
+        if self.backend != "codegen" or not jacobians or self._lanes(runtime) > 1:
             return 0
         return codegen.stage_size(self.traced, self.dtype.itemsize, runtime.info)
 
@@ -203,11 +205,23 @@ class BatchFunction:
         runtime = get_runtime(device if device is not None else self.device)
         templates.storage(self.dtype, runtime)  # refuses float64 on a device without fp64
         self._validate_range(runtime, params, index)
-        kernel = templates.kernel(templates.build(self.kernel_source(jacobians, runtime), runtime),
-                                  _kernel_name(self.backend))
+        plan = self._plan(runtime, jacobians)
         if device_args:
-            return self._run_device(runtime, kernel, params, index, data, jacobians)
-        return self._run_host(runtime, kernel, params, index, data, jacobians)
+            return self._run_device(runtime, plan, params, index, data, jacobians)
+        return self._run_host(runtime, plan, params, index, data, jacobians)
+
+    def _plan(self, runtime, jacobians) -> "_Plan":
+        """The kernel and launch geometry for a device, worked out on the first call only (the
+        source, its hash for the build cache and the work-group queries are not per-call work)."""
+        key = (runtime.device.int_ptr, jacobians)
+        plan = self._plans.get(key)
+        if plan is None:
+            kernel = templates.kernel(templates.build(self.kernel_source(jacobians, runtime), runtime),
+                                      _kernel_name(self.backend))
+            stage = self._stage_wg(runtime, jacobians)
+            wg = stage or arrays.work_group_size(runtime, kernel, 64)
+            plan = self._plans[key] = _Plan(kernel, wg, self._lanes(runtime))
+        return plan
 
     def _output_shapes(self, n):
         m = self.n_outputs
@@ -218,7 +232,7 @@ class BatchFunction:
         b = 4 * len(t.group_sizes) + item * (t.data_size + t.n_outputs)
         if jacobians:
             b += item * t.n_outputs * sum(t.group_sizes)
-        if self.backend == "tape":
+        if self.backend == "tape":   # the scratch: values and adjoints
             b += 2 * item * self._tables.n_nodes
         return b
 
@@ -229,7 +243,7 @@ class BatchFunction:
         budget = min(info.max_alloc_bytes, info.global_mem_bytes // 4, 512 << 20)
         return max(256, min(n, budget // self._per_tuple_bytes(jacobians)))
 
-    def _run_host(self, runtime, kernel, params, index, data, jacobians):
+    def _run_host(self, runtime, plan, params, index, data, jacobians):
         queue, n = runtime.queue, index.shape[0]
         out_shape, jac_shapes = self._output_shapes(n)
         out = np.empty(out_shape, self.dtype)
@@ -248,19 +262,19 @@ class BatchFunction:
             rows = np.ascontiguousarray(data[start:stop]) if data is not None else None
             outs = [out[start:stop]] + [j[start:stop] for j in jacs]
             if in_place:
-                self._run_in_place(runtime, kernel, dev_params, idx, rows, outs, jacobians)
+                self._run_in_place(runtime, plan, dev_params, idx, rows, outs, jacobians)
                 continue
             cl.enqueue_copy(queue, bufs.index.data, idx)
             if rows is not None:
                 cl.enqueue_copy(queue, bufs.data.data, rows)
-            self._launch(runtime, kernel, dev_params, bufs.index, bufs.data, bufs.out, bufs.jacs,
+            self._launch(runtime, plan, dev_params, bufs.index, bufs.data, bufs.out, bufs.jacs,
                          stop - start, jacobians)
             for host, dev in zip(outs, [bufs.out, *bufs.jacs]):
                 cl.enqueue_copy(queue, host, dev.data)
         queue.finish()
         return out, jacs
 
-    def _run_in_place(self, runtime, kernel, params, idx, rows, outs, jacobians):
+    def _run_in_place(self, runtime, plan, params, idx, rows, outs, jacobians):
         """One chunk on a CPU device with buffers over the host arrays (USE_HOST_PTR);
         mapping the outputs afterwards is what makes the results visible in them."""
         mf, ctx = cl.mem_flags, runtime.context
@@ -268,13 +282,13 @@ class BatchFunction:
         index = wrap(idx, mf.READ_ONLY)
         data = wrap(rows, mf.READ_ONLY) if rows is not None else None
         targets = [wrap(o, mf.WRITE_ONLY) for o in outs]
-        self._launch(runtime, kernel, params, index, data, targets[0], targets[1:], len(idx), jacobians)
+        self._launch(runtime, plan, params, index, data, targets[0], targets[1:], len(idx), jacobians)
         for host, target in zip(outs, targets):
             mapped, _ = cl.enqueue_map_buffer(runtime.queue, target.data, cl.map_flags.READ, 0,
                                               host.shape, host.dtype, is_blocking=True)
             mapped.base.release(runtime.queue)
 
-    def _run_device(self, runtime, kernel, params, index, data, jacobians):
+    def _run_device(self, runtime, plan, params, index, data, jacobians):
         n = index.shape[0]
         dev = [arrays.to_device(runtime, a, name) for a, name in
                zip([*params, index], [f"params[{g}]" for g in range(len(params))] + ["index"])]
@@ -286,32 +300,36 @@ class BatchFunction:
         out = arrays.empty(runtime, out_shape, self.dtype)
         jacs = [arrays.empty(runtime, s, self.dtype) for s in jac_shapes] if jacobians else []
         if n:
-            events = self._launch(runtime, kernel, dev_params, dev_index, dev_data, out, jacs, n, jacobians)
+            events = self._launch(runtime, plan, dev_params, dev_index, dev_data, out, jacs, n, jacobians)
             for a in (out, *jacs):  # later device work (and benchmarks) can wait on them
                 for event in events:
                     a.add_event(event)
         return out, jacs
 
-    def _launch(self, runtime, kernel, params, index, data, out, jacs, n, jacobians):
+    def _launch(self, runtime, plan, params, index, data, out, jacs, n, jacobians):
         args: List = [p.data for p in params] + [index.data]
         if self.traced.data_size:
             args.append(data.data)
         args.append(out.data)
         args += [j.data for j in jacs]
-        queue = runtime.queue
+        queue, kernel, wg = runtime.queue, plan.kernel, plan.wg
         if self.backend == "codegen":
-            stage = self._stage_wg(runtime) if jacobians else 0
-            wg = stage or arrays.work_group_size(runtime, kernel, 64)
-            items = -(-n // self._lanes(runtime))
+            items = -(-n // plan.lanes)
             return [kernel(queue, (arrays.round_up(items, wg),), (wg,), *args, np.int32(n))]
         tables = _device_tables(runtime, self)
         stride = min(n, self._chunk(runtime, n, jacobians))
         scratch = _scratch(runtime, self, stride)
-        wg = arrays.work_group_size(runtime, kernel, 64)
         return [kernel(queue, (arrays.round_up(min(stride, n - base), wg),), (wg,), *args,
                        *tables, scratch[0].data, scratch[1].data, np.int32(stride),
                        np.int32(base), np.int32(n))
                 for base in range(0, n, stride)]
+
+
+class _Plan:
+    """A launch's kernel, work-group size and tuples per work-item on one device."""
+
+    def __init__(self, kernel, wg, lanes):
+        self.kernel, self.wg, self.lanes = kernel, wg, lanes
 
 
 def _kernel_name(backend):
@@ -337,11 +355,11 @@ class _ChunkBuffers:
 
 def _device_tables(runtime, f: BatchFunction):
     cache = f._device_tables
-    key = runtime.device.int_ptr
+    key = runtime.context.int_ptr   # buffers belong to a context
     if key not in cache:
         tb = f._tables
         up = lambda a: cla.to_device(runtime.queue, a).data  # noqa: E731
-        cache[key] = [up(tb.nodes), up(tb.consts), up(tb.fwd), np.int32(tb.n_nodes),
+        cache[key] = [up(tb.nodes), up(tb.consts), np.int32(tb.n_nodes),
                       up(tb.rev), up(tb.rev_offsets), up(tb.seeds), up(tb.outputs), up(tb.leaves)]
     return cache[key]
 

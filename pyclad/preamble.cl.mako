@@ -2,9 +2,10 @@
 ## table's expressions use (pyclad/ops.py). Parameters: real ('float' or 'double') and lanes:
 ## with lanes > 1 every value is an OpenCL vector holding that many tuples (CPUs: SIMD through
 ## the vector types, which the compiler maps to AVX/NEON), else a scalar (GPUs).
+<%namespace name="common" file="/clkernels/common.cl.mako"/>
 <%def name="preamble(real, lanes=1)">
 %if real == 'double':
-#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+${common.fp64_pragma()}
 %endif
 typedef ${real} scalar_t;
 %if lanes > 1:

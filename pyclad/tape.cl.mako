@@ -25,7 +25,7 @@ __kernel void pyclad_tape(
 %endif
     __global const int4 *restrict nodes,    // (op, arg0, arg1, arg2); leaves: (op, group, component, 0)
     __global const real_t *restrict consts, // value of each constant node
-    __global const int *restrict fwd, const int n_fwd,
+    const int n_nodes,                      // the forward sweep: nodes 0 .. n_nodes - 1, operands first
     __global const int *restrict rev,       // reverse sequences of all outputs, concatenated
     __global const int *restrict rev_offsets,  // output o's sequence: rev[rev_offsets[o] .. rev_offsets[o + 1])
     __global const int *restrict seeds,     // per output: its node, or -1 if it has no derivative
@@ -39,8 +39,7 @@ __kernel void pyclad_tape(
     if (s >= stride || t >= n) return;
 #define V(i) val[(size_t)(i) * stride + s]
 #define A(i) adj[(size_t)(i) * stride + s]
-    for (int k = 0; k < n_fwd; ++k) {
-        const int i = fwd[k];
+    for (int i = 0; i < n_nodes; ++i) {
         const int4 nd = nodes[i];
         real_t r;
         switch (nd.x & ~${guard_bit}) {  // the guard bit only matters in the reverse sweep
@@ -68,7 +67,7 @@ __kernel void pyclad_tape(
 %endfor
 %if jacobians:
     for (int o = 0; o < ${n_outputs}; ++o) {
-        for (int k = 0; k < n_fwd; ++k) A(fwd[k]) = (real_t)0;
+        for (int i = 0; i < n_nodes; ++i) A(i) = (real_t)0;
         if (seeds[o] >= 0) A(seeds[o]) = (real_t)1;
         for (int k = rev_offsets[o]; k < rev_offsets[o + 1]; ++k) {
             const int i = rev[k];

@@ -1,7 +1,7 @@
 """The ``tape`` backend: the original design of a generic interpreter kernel.
 
-The graph is flattened into a node table (compact ids in forward order) and two
-sequences; one kernel per (parameter layout, dtype) runs any graph of that layout, so
+The graph is flattened into a node table (compact ids in forward order, so the forward
+sweep is a plain loop over the table) and the reverse sequences; one kernel per (parameter layout, dtype) runs any graph of that layout, so
 "compiling" a new function costs no OpenCL build. Values and adjoints live in a global
 scratch buffer, which bounds the chunk of tuples evaluated per launch.
 """
@@ -16,7 +16,7 @@ from clkernels import templates
 from .ops import LEAVES, OPS, to_c
 from .trace import Traced
 
-_LEAF_CODES = {"input": 100, "data": 101, "const": 102}
+_LEAF_CODES = {leaf: 100 + i for i, leaf in enumerate(LEAVES)}  # past every op code
 GUARDED = 128  # added to the op code of a guarded node (see pyclad.ops on guards)
 
 
@@ -24,14 +24,18 @@ def _operand_loads(arity: int) -> str:
     return "".join(f"const real_t x{s} = V(nd.{f}); " for s, f in list(zip("abc", "yzw"))[:arity])
 
 
+# The op table's operand names (a, b, c; r the result, g its adjoint) as the kernel's locals.
+_NAMES = {s: f"x{s}" for s in "abcrg"}
+
+
 def forward_cases(real: str) -> List[str]:
-    names = {s: f"x{s}" for s in "abcrg"}
+    names = _NAMES
     return [f"case OP_{op.name.upper()}: {{ {_operand_loads(op.arity)}r = {to_c(op.forward, names, real)}; break; }}"
             for op in OPS.values()]
 
 
 def reverse_cases(real: str) -> List[str]:
-    names = {s: f"x{s}" for s in "abcrg"}
+    names = _NAMES
     cases = []
     for op in OPS.values():
         if not op.differentiable:
@@ -75,7 +79,6 @@ class Tables:
                 self.nodes[i, 0] = OPS[op].code + (GUARDED if node in traced.guarded else 0)
                 for k, arg in enumerate(graph.args[node]):
                     self.nodes[i, 1 + k] = compact[arg]
-        self.fwd = np.arange(n, dtype=np.int32)
         # One reverse sequence per output, concatenated: a sweep visits only the nodes its
         # output depends on, as the unrolled codegen sweeps do (so both give the same bits).
         sweeps = [[compact[x] for x in traced.reverse_order(o)] for o in traced.outputs]
