@@ -15,7 +15,7 @@ import pyopencl.array as cla
 from .runtime import Runtime
 
 __all__ = ["is_device_array", "check_array", "to_device", "write_async", "to_host_like", "empty",
-           "zeros", "convert", "work_group_size", "round_up"]
+           "scratch", "zeros", "convert", "work_group_size", "round_up"]
 
 
 def is_device_array(a) -> bool:
@@ -83,6 +83,15 @@ def empty(runtime: Runtime, shape, dtype) -> cla.Array:
     return cla.empty(runtime.queue, tuple(int(s) for s in shape), np.dtype(dtype))
 
 
+def scratch(runtime: Runtime, shape, dtype) -> cla.Array:
+    """A buffer that kernels write and later kernels read: ``empty``, except on the Oclgrind
+    simulator, where it is written from the host (zeros) for the reason :func:`zeros` gives."""
+    if runtime.info.is_simulator:
+        shape = (shape,) if np.isscalar(shape) else tuple(shape)
+        return cla.to_device(runtime.queue, np.zeros(shape, dtype))
+    return empty(runtime, shape, dtype)
+
+
 def zeros(runtime: Runtime, shape, dtype) -> cla.Array:
     """A zero-filled device array, filled by a kernel. (pyopencl's ``zeros`` may use
     clEnqueueFillBuffer, whose result Oclgrind's checks do not count as initialised.)
@@ -96,8 +105,7 @@ def zeros(runtime: Runtime, shape, dtype) -> cla.Array:
     the shadow."""
     from .templates import build, kernel
     if runtime.info.is_simulator:
-        shape = (shape,) if np.isscalar(shape) else tuple(shape)
-        return cla.to_device(runtime.queue, np.zeros(shape, dtype))
+        return scratch(runtime, shape, dtype)
     out = empty(runtime, shape, dtype)
     if out.size:
         bits = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}[out.dtype.itemsize]

@@ -177,12 +177,12 @@ def _program(runtime, info, direction, dtype, opts: Options, cfg: KernelConfig, 
     key = runtime.device.int_ptr
     if info.vendor == "nvidia" and key not in _ptx_refused:
         try:
-            return get_program(TEMPLATE, runtime, options, ptx=True, **params), True
+            return get_program(TEMPLATE, runtime, options, ptx=True, **params)
         except BuildError as exc:
             _ptx_refused[key] = exc.log
             warnings.warn(f"dcnv4: {info.name} refused inline PTX; using portable half "
                           f"conversions and CAS atomics. Build log:\n{exc.log[:2000]}")
-    return get_program(TEMPLATE, runtime, options, ptx=False, **params), False
+    return get_program(TEMPLATE, runtime, options, ptx=False, **params)
 
 
 _kernel = kernel  # one kernel object per (program, name), from clkernels.templates
@@ -267,7 +267,7 @@ def launch_forward(runtime, input, offset_mask, output, opts: Options,
     n, h, w, ho, wo, p = (int(s) for s in (*input.shape[:3], *offset_mask.shape[1:]))
     cfg = _check_config(config or forward_config(info, opts.group_channels, input.dtype),
                         opts, input.dtype, runtime)
-    program, _ = _program(runtime, info, "forward", input.dtype, opts, cfg)
+    program = _program(runtime, info, "forward", input.dtype, opts, cfg)
     kernel = _kernel(program, "dcnv4_forward")
     items = n * ho * wo * opts.group * (opts.group_channels // cfg.channels_per_item)
     wg = cfg.work_group_size or arrays.work_group_size(runtime, kernel, 256 if not info.is_cpu else 64)
@@ -296,7 +296,7 @@ def launch_backward(runtime, grad_out, input, offset_mask, opts: Options,
         raise ValueError(f"config.scatter must be 'atomic', 'owner' or '', not {cfg.scatter!r}")
     while True:
         slots_p2 = 1 << (opts.group_channels // cfg.channels_per_item - 1).bit_length()
-        program, _ = _program(runtime, info, "backward", input.dtype, opts, cfg, slots_p2)
+        program = _program(runtime, info, "backward", input.dtype, opts, cfg, slots_p2)
         kernel = _kernel(program, "dcnv4_backward")
         wg = cfg.work_group_size or arrays.work_group_size(
             runtime, kernel, max(slots_p2, 64 if info.is_cpu else 256))
@@ -333,7 +333,7 @@ def launch_backward(runtime, grad_out, input, offset_mask, opts: Options,
 def _backward_owner(runtime, info, grad_out, input, offset_mask, opts: Options, cfg: KernelConfig):
     n, h, w, ho, wo, p = (int(s) for s in (*input.shape[:3], *offset_mask.shape[1:]))
     slots = opts.group_channels // cfg.channels_per_item
-    program, _ = _program(runtime, info, "backward_owner", input.dtype, opts, cfg)
+    program = _program(runtime, info, "backward_owner", input.dtype, opts, cfg)
     half = input.dtype == np.float16
     g_acc = arrays.empty(runtime, input.shape, np.float32)  # each work-item zeroes its slice
     g_in = arrays.empty(runtime, input.shape, input.dtype) if half else g_acc
@@ -355,10 +355,6 @@ def _backward_owner(runtime, info, grad_out, input, offset_mask, opts: Options, 
     g_om.add_event(events[-1])
     g_in.add_event(events[0])
     return g_in, g_om, events
-
-
-def _options(kw) -> Options:
-    return kw if isinstance(kw, Options) else Options(**kw)
 
 
 def dcnv4(input, offset_mask, kernel_h=3, kernel_w=3, stride_h=1, stride_w=1, pad_h=1, pad_w=1,

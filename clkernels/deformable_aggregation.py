@@ -16,6 +16,7 @@ storage, float arithmetic); weights float32 or float16; locations float32.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Optional, Sequence
 
 import numpy as np
@@ -28,7 +29,7 @@ from .templates import Storage, get_program, kernel, storage
 
 __all__ = ["deformable_aggregation", "deformable_aggregation_backward", "feature_maps_format",
            "Config", "default_config", "enqueue_forward", "enqueue_backward",
-           "DeformableAggregationFunction", "deformable_aggregation_torch"]
+           "deformable_aggregation_torch"]
 
 TEMPLATE = "clkernels/deformable_aggregation.cl.mako"
 FEAT_DTYPES = (np.float32, np.float16)
@@ -220,12 +221,11 @@ def _sizes(prob: Problem):
     return (np.int32(prob.A), np.int32(prob.P), np.int32(prob.cams), np.int32(prob.num_feat))
 
 
-def _to_storage(prob: Problem, cfg: Config, acc, st: Storage, events: list):
+def _to_storage(prob: Problem, acc, st: Storage, events: list):
     """A float accumulator as storage ``st`` (a kernel conversion for half)."""
-    if not st.is_half:
-        return acc
-    out = arrays.convert(prob.runtime, acc, np.float16)
-    events.extend(out.events)
+    out = arrays.convert(prob.runtime, acc, st.dtype)
+    if out is not acc:
+        events.extend(out.events)
     return out
 
 
@@ -233,14 +233,6 @@ def _check_original(prob: Problem):
     if prob.bs * prob.A * prob.P * prob.cams * prob.S * prob.C > INT32_MAX:
         raise ValueError("the original design needs one work-item per (sample, channel): "
                          "too many for 32-bit ids at these shapes")
-
-
-def _scratch(runtime: Runtime, shape, dtype):
-    """A buffer that kernels write and later kernels read (host-written on the simulator,
-    for the reason given in :func:`clkernels.arrays.zeros`)."""
-    if runtime.info.is_simulator:
-        return arrays.to_device(runtime, np.zeros(shape, dtype))
-    return arrays.empty(runtime, shape, dtype)
 
 
 def _zeros(runtime: Runtime, shape, dtype, events: list):
@@ -276,7 +268,7 @@ def enqueue_forward(prob: Problem, variant: str = "optimized", config: Optional[
                                      prob.start_dev.data, prob.loc.data, prob.weights.data, acc.data,
                                      *_sizes(prob), np.int32(n), wait_for=wait + acc.events))
             acc.add_event(events[-1])
-        return _to_storage(prob, cfg, acc, prob.st, events), events
+        return _to_storage(prob, acc, prob.st, events), events
     if variant != "optimized":
         raise ValueError(f"variant must be one of {VARIANTS}, not {variant!r}")
     out = arrays.empty(rt, (prob.bs, prob.A, prob.C), prob.st.dtype)
@@ -340,12 +332,12 @@ def enqueue_backward(prob: Problem, grad_out, variant: str = "optimized",
                                      np.int32(n), wait_for=wait + g_loc.events + g_w.events))
             for a in (g_feat, g_loc, g_w):
                 a.add_event(events[-1])
-        return (_to_storage(prob, cfg, g_feat, prob.st, events), g_loc,
-                _to_storage(prob, cfg, g_w, prob.ws, events)), events
+        return (_to_storage(prob, g_feat, prob.st, events), g_loc,
+                _to_storage(prob, g_w, prob.ws, events)), events
     if variant != "optimized":
         raise ValueError(f"variant must be one of {VARIANTS}, not {variant!r}")
     if not (n_qc and prob.C):  # nothing is sampled: every gradient is zero
-        return tuple(_to_storage(prob, cfg, _zeros(rt, shp, np.float32, events), st, events)
+        return tuple(_to_storage(prob, _zeros(rt, shp, np.float32, events), st, events)
                      for shp, st in (((prob.bs, prob.num_feat, prob.C), prob.st),
                                      (loc_shape, Storage(np.float32)), (w_shape, prob.ws))), events
     gather = cfg.feature_grad == "gather"
@@ -377,7 +369,7 @@ def enqueue_backward(prob: Problem, grad_out, variant: str = "optimized",
         a.add_event(events[-1])
     if gather:
         return (g_feat, g_loc, g_w), events
-    return (_to_storage(prob, cfg, g_feat, prob.st, events), g_loc, g_w), events
+    return (_to_storage(prob, g_feat, prob.st, events), g_loc, g_w), events
 
 
 def _gather_feature_grad(prob: Problem, cfg: Config, grad_out, g_feat, wait) -> list:
@@ -389,8 +381,8 @@ def _gather_feature_grad(prob: Problem, cfg: Config, grad_out, g_feat, wait) -> 
     if prob.bs * int(cell_base[-1]) > INT32_MAX:
         raise ValueError("spatial_shape: too many bilinear cells for 32-bit indexing; split the batch")
     base_dev = _device_table(rt, cell_base)
-    count, first, end = (_scratch(rt, prob.bs * int(cell_base[-1]), np.int32) for _ in range(3))
-    entries = _scratch(rt, max(n_planes * n_samples, 1), np.int32)
+    count, first, end = (arrays.scratch(rt, prob.bs * int(cell_base[-1]), np.int32) for _ in range(3))
+    entries = arrays.scratch(rt, max(n_planes * n_samples, 1), np.int32)
     events = []
     if n_planes:  # (the caller has checked that there are samples)
         index = _kernel(prob, cfg, 'da_index')
@@ -475,6 +467,7 @@ def feature_maps_format(levels: Sequence, *, device=None):
 
 # ----------------------------------------------------------------------------- PyTorch
 
+@functools.lru_cache(maxsize=None)
 def _torch_function():
     import torch
 
@@ -509,17 +502,11 @@ def _torch_function():
 
 def deformable_aggregation_torch(mc_ms_feat, spatial_shape, scale_start_index, sampling_location, weights):
     """:func:`deformable_aggregation` on CPU tensors, differentiable with ``torch.autograd``."""
-    return __getattr__("DeformableAggregationFunction").apply(mc_ms_feat, spatial_shape, scale_start_index,
-                                               sampling_location, weights)
-
-
-_lazy: dict = {}
+    return _torch_function().apply(mc_ms_feat, spatial_shape, scale_start_index, sampling_location, weights)
 
 
 def __getattr__(name):
     if name == "DeformableAggregationFunction":  # defined on first use: torch is optional
-        if name not in _lazy:
-            _lazy[name] = _torch_function()
-        return _lazy[name]
+        return _torch_function()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

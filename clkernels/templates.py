@@ -172,9 +172,6 @@ class Storage:
     def __repr__(self):
         return f"Storage({self.dtype})"
 
-    def vec(self, n: int) -> str:
-        return self.compute if n == 1 else f"{self.compute}{n}"
-
     def load(self, ptr: str, index: str) -> str:
         return f"vload_half({index}, {ptr})" if self.is_half else f"{ptr}[{index}]"
 

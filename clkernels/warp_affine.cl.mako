@@ -6,7 +6,7 @@
 ##   st       Storage of the blob (float32 or float16), None for 'hwc'
 ##   swap_rb  blob channel c is source channel 2 - c
 ##   vec      destination pixels per work-item, consecutive in a row, computed as one floatN
-##            (dst_w % vec == 0). CPUs: 8 (fewer if dst_w is not a multiple); GPUs: 1.
+##            (dst_w % vec == 0). CPUs: 8, GPUs: 2 (fewer if dst_w is not a multiple).
 ##   fma      'fma', or '__builtin_fmaf' where the library fma is an opaque call (PoCL)
 ##
 ## Images are packed in one byte buffer: image n starts at byte img_off[n] and has

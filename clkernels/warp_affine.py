@@ -158,7 +158,7 @@ def _chunks(items, out_bytes_per_image: int, limit: int, name: str) -> List[Tupl
     """Split the batch into runs whose packed input and output each fit one buffer."""
     runs, start, used = [], 0, 0
     for i, im in enumerate(items):
-        need = -(-_span(im) // _ALIGN) * _ALIGN
+        need = arrays.round_up(_span(im), _ALIGN)
         if need > limit or out_bytes_per_image > limit:
             raise ValueError(
                 f"{name}[{i}] needs {max(need, out_bytes_per_image)} bytes in one buffer, more "
@@ -222,7 +222,7 @@ def _aligned_offsets(items):
     offsets, total = [], 0
     for im in items:
         offsets.append(total)
-        total += -(-_span(im) // _ALIGN) * _ALIGN
+        total += arrays.round_up(_span(im), _ALIGN)
     return offsets, total
 
 
