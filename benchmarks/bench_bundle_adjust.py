@@ -58,8 +58,8 @@ def main():
     if not args.no_bal:
         folder = ceres_peer.bal_dir()
         for path in (ceres_peer.bal_files(folder) if folder else []):
-            cases.append((os.path.basename(path).split(".")[0], path, None, 50))
-    tmp = tempfile.mkdtemp(prefix="bench_ba_")
+            cases.append((solvers.bal.problem_name(path), path, None, 50))
+    tmp_dir = tempfile.TemporaryDirectory(prefix="bench_ba_")
     if not args.no_synthetic:
         for nc, npt, k, its in (SYNTHETIC_QUICK if args.quick else SYNTHETIC_FULL):
             cases.append((f"synthetic-{nc}-{npt}-{k}", None, (nc, npt, k), its))
@@ -67,7 +67,7 @@ def main():
     for name, path, size, iterations in cases:
         problem = solvers.read_bal(path) if path else solvers.synthetic_problem(*size, seed=1)
         if path is None:
-            path = os.path.join(tmp, name + ".txt")
+            path = os.path.join(tmp_dir.name, name + ".txt")
             solvers.write_bal(problem, path)
         n_obs = problem.num_observations
         for solver in chosen:
@@ -90,7 +90,7 @@ def main():
                     if out is None:
                         break
                     ceres_out = out
-                    ceres_samples.append(out["times"]["solve_wall_s"] if "times" in out else out["solve_wall_s"])
+                    ceres_samples.append(out["times"]["solve_wall_s"])
             if ceres_out is not None:
                 ct = harness.Timing(ceres_samples)
                 report.add(case=name, variant=f"ceres-{solver}", timing=ct, observations=n_obs,

@@ -39,7 +39,7 @@ PAPER_HALF_MS = 0.404
 # The official CUDA operator on the same H200, offsets and masks uniform in [-1, 1].
 OFFICIAL_H200_MS = {(64, 56, 56, 32): (0.374, 0.237), (64, 28, 28, 64): (0.188, 0.128),
                     (1, 200, 320, 16): (0.091, 0.059)}
-COPY_CEILING = 4.26e12  # bytes/s, OpenCL float4 copy on the H200
+COPY_CEILING = harness.H200_COPY_BYTES_PER_S
 DTYPES = (np.float32, np.float16)
 
 
@@ -85,11 +85,6 @@ def torch_dcnv4(torch, x, om, o: Options):
     return out.permute(0, 3, 4, 1, 2).reshape(n, ho, wo, G * C)
 
 
-def rel_err(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
-
-
 def check(report, rt, torch):
     """Every kernel variant on a small awkward problem against the torch peer in float64."""
     o = Options(kernel_h=3, kernel_w=3, stride_h=2, stride_w=1, pad_h=2, pad_w=1, dilation_h=2,
@@ -110,7 +105,7 @@ def check(report, rt, torch):
         variants = [(name, cfg) for name, cfg in LADDER] + [("device default", None)]
         for name, cfg in variants:
             out = dcnv4_module.dcnv4(xs, oms, **dataclasses.asdict(o), device=rt, config=cfg)
-            err = rel_err(out, ref)
+            err = harness.rel_err(out, ref)
             report.add(case="check forward", variant=name, dtype=np.dtype(dtype).name, rel_err=err)
             if not err < tol:
                 failures.append(f"forward {name} {np.dtype(dtype).name}: {err:.2e}")
@@ -119,7 +114,7 @@ def check(report, rt, torch):
                           ("owner 8/work-item", KernelConfig(8, 8, scatter="owner"))]:
             g_in, g_om = dcnv4_module.dcnv4_backward(gos, xs, oms, **dataclasses.asdict(o), device=rt,
                                                      config=cfg)
-            errs = (rel_err(g_in, tx.grad.numpy()), rel_err(g_om, tom.grad.numpy()))
+            errs = (harness.rel_err(g_in, tx.grad.numpy()), harness.rel_err(g_om, tom.grad.numpy()))
             report.add(case="check backward", variant=name, dtype=np.dtype(dtype).name,
                        rel_err=max(errs))
             if not max(errs) < 10 * tol:

@@ -35,7 +35,7 @@ da = importlib.import_module("clkernels.deformable_aggregation")  # the module; 
 
 MAPS = ((64, 176), (32, 88), (16, 44), (8, 22))
 CAMS, POINTS, GROUPS, CHANNELS = 6, 13, 8, 256
-CEILING_GBPS = 4260.0  # H200, OpenCL float4 copy (read + write), ../shared/device/README.md
+CEILING_GBPS = harness.H200_COPY_BYTES_PER_S / 1e9
 CUDA_MS = {("inference", "forward"): 0.81, ("inference", "backward"): 12.0,  # original operator,
            ("training", "forward"): 6.0, ("training", "backward"): 96.0}     # same H200
 GPU_SWEEP = {  # besides the default configuration
@@ -95,11 +95,6 @@ def reference_anchors(feat, shape, start, loc, weights, b, anchors):
     return out
 
 
-def rel_err(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
-
-
 def main():
     parser = harness.parser(__doc__)
     parser.add_argument("--cases", default="inference,training", help="inference, training or both")
@@ -138,12 +133,12 @@ def main():
             ref_out, _ = da.enqueue_forward(prob, "original")
             out, ref_out = out.get(), ref_out.get()
             pick = [0, anchors // 2, anchors - 1]
-            check = rel_err(out[0, pick], reference_anchors(feat, shape, start, loc, weights, 0, pick))
+            check = harness.rel_err(out[0, pick], reference_anchors(feat, shape, start, loc, weights, 0, pick))
             grads, _ = da.enqueue_backward(prob, go, "optimized")
             ref_grads, _ = da.enqueue_backward(prob, go, "original")
-            bwd_diff = max(rel_err(g.get(), r.get()) for g, r in zip(grads, ref_grads))
+            bwd_diff = max(harness.rel_err(g.get(), r.get()) for g, r in zip(grads, ref_grads))
             print(f"  check {label}: forward vs reference {check:.2e}, vs original "
-                  f"{rel_err(out, ref_out):.2e}; backward vs original {bwd_diff:.2e}", flush=True)
+                  f"{harness.rel_err(out, ref_out):.2e}; backward vs original {bwd_diff:.2e}", flush=True)
             del grads, ref_grads
 
             rows = {}

@@ -29,7 +29,7 @@ import clkernels  # noqa: E402
 # The module (clkernels.warp_affine is the function of the same name).
 wa = importlib.import_module("clkernels.warp_affine")
 
-PEAK_BYTES_PER_S = 4.26e12  # H200, OpenCL float4 copy (../shared/device/README.md)
+PEAK_BYTES_PER_S = harness.H200_COPY_BYTES_PER_S
 SRC_W, SRC_H, DST = 1920, 1080, 640
 
 

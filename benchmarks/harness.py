@@ -33,6 +33,17 @@ sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout without install
 import pyopencl as cl  # noqa: E402
 
 import clkernels  # noqa: E402
+import numpy as np  # noqa: E402
+
+# The bandwidth ceiling GPU kernels are quoted against: an OpenCL float4 copy (bytes read +
+# written) on the H200 machine (../shared/device/README.md).
+H200_COPY_BYTES_PER_S = 4.26e12
+
+
+def rel_err(a, b) -> float:
+    """Largest absolute difference relative to the largest magnitude of the reference ``b``."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
 
 
 @dataclasses.dataclass
@@ -154,10 +165,11 @@ class Report:
         base = os.path.join(self.args.out, f"{self.name}-{tag}")
         with open(base + ".json", "w") as f:
             json.dump({"meta": self.meta, "rows": self.rows}, f, indent=1)
+        table = self.table(columns)
         text = f"# {self.name}\n\n" + "\n".join(f"- {k}: {v}" for k, v in self.meta.items()) + \
-               "\n\n" + self.table(columns) + "\n"
+               "\n\n" + table + "\n"
         with open(base + ".md", "w") as f:
             f.write(text)
-        print("\n" + self.table(columns))
+        print("\n" + table)
         print(f"\nwritten: {base}.json and {base}.md")
         return base

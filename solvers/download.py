@@ -20,6 +20,8 @@ import urllib.error
 import urllib.request
 from typing import Optional
 
+from .bal import problem_name
+
 BASE_URL = "https://grail.cs.washington.edu/projects/bal/data"
 GROUPS = ("ladybug", "trafalgar", "dubrovnik", "venice", "final")
 
@@ -44,16 +46,8 @@ def cache_dir() -> str:
     return os.environ.get("PYCLAD_BAL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "pyclad", "bal")
 
 
-def _normalise(name: str) -> str:
-    base = os.path.basename(name)
-    for ext in (".bz2", ".txt"):
-        if base.endswith(ext):
-            base = base[:-len(ext)]
-    return base
-
-
 def find_group(name: str) -> Optional[str]:
-    name = _normalise(name)
+    name = problem_name(name)
     for group, names in KNOWN.items():
         if name in names:
             return group
@@ -69,7 +63,7 @@ def download(name: str, group: Optional[str] = None, cache: Optional[str] = None
     """
     if "/" in name and group is None:
         group, name = name.split("/", 1)
-    name = _normalise(name)
+    name = problem_name(name)
     group = group or find_group(name)
     if group is None:
         raise ValueError(f"the BAL group of {name!r} is unknown: pass group= one of {GROUPS}")

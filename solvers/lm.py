@@ -167,7 +167,7 @@ class Minimizer:
             raise ValueError("schur_backend='opencl' needs an OpenCL device with fp64; "
                              "pass device= one that has it, or schur_backend='numpy'")
         self.strategy = _LMStrategy(options)
-        self.summary = SolverSummary(options=options)
+        self.summary = SolverSummary()
         self.linear_solver_time = 0.0
         self.num_linear_solves = 0
 

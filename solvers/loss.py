@@ -99,9 +99,3 @@ def correct(loss: Loss, r, jacobians):
             Jn = Jn - (sqrt_rho1 * alpha_sq_norm)[:, None, None] * r[:, :, None] * rtJ[:, None, :]
         out.append(Jn)
     return 0.5 * float(np.sum(rho0)), r * residual_scaling[:, None], out
-
-
-def correct_residuals(loss: Loss, r):
-    """``(cost, r~)`` alone (no Jacobians)."""
-    cost, rn, _ = correct(loss, r, [])
-    return cost, rn

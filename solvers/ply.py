@@ -2,7 +2,6 @@
 ASCII, camera centres in green, points in white."""
 from __future__ import annotations
 
-import io
 import os
 
 import numpy as np
@@ -12,17 +11,15 @@ def write_ply(problem, path) -> None:
     """Write the points (white) and camera centres (green) of ``problem`` to an ASCII PLY file."""
     centers = problem.camera_centers()
     n = centers.shape[0] + problem.num_points
-    buf = io.StringIO()
-    buf.write("ply\nformat ascii 1.0\n"
-              f"element vertex {n}\n"
-              "property float x\nproperty float y\nproperty float z\n"
-              "property uchar red\nproperty uchar green\nproperty uchar blue\n"
-              "end_header\n")
-    np.savetxt(buf, centers, fmt="%f %f %f 0 255 0")
-    np.savetxt(buf, problem.points, fmt="%f %f %f 255 255 255")
-    tmp = os.fspath(path) + ".partial"
+    tmp = os.fspath(path) + ".partial"   # renamed into place only once complete
     with open(tmp, "w") as f:
-        f.write(buf.getvalue())
+        f.write("ply\nformat ascii 1.0\n"
+                f"element vertex {n}\n"
+                "property float x\nproperty float y\nproperty float z\n"
+                "property uchar red\nproperty uchar green\nproperty uchar blue\n"
+                "end_header\n")
+        np.savetxt(f, centers, fmt="%f %f %f 0 255 0")
+        np.savetxt(f, problem.points, fmt="%f %f %f 255 255 255")
     os.replace(tmp, path)
 
 

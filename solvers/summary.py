@@ -50,7 +50,6 @@ class IterationSummary:
 @dataclasses.dataclass
 class SolverSummary:
     """What the minimizer reports (see :class:`solvers.BundleAdjustResult` for the user's view)."""
-    options: object = None
     iterations: List[IterationSummary] = dataclasses.field(default_factory=list)
     initial_cost: float = float("nan")
     final_cost: float = float("nan")

@@ -17,13 +17,12 @@ from __future__ import annotations
 import bz2
 import dataclasses
 import gzip
-import io
 import os
 from typing import Iterator, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["BALProblem", "BALFormatError", "read_bal", "write_bal", "open_text"]
+__all__ = ["BALProblem", "BALFormatError", "read_bal", "write_bal", "open_text", "problem_name"]
 
 CHUNK_BYTES = 64 << 20
 
@@ -243,7 +242,7 @@ def _assemble(path, values, counts, name) -> BALProblem:
                              f"unexpected extra data after the last of the {n_params} parameter lines")
 
     obs = values[3:3 + 4 * no].reshape(no, 4)
-    params = values[3 + 4 * no:]
+    params = values[3 + 4 * no:].copy()   # a copy: views would keep all of values alive
     line_of_obs = np.arange(2, 2 + no)
     for col, label, limit in ((0, "camera index", nc), (1, "point index", npt)):
         idx = obs[:, col]
@@ -264,14 +263,19 @@ def _assemble(path, values, counts, name) -> BALProblem:
                 else f"point {(k - 9 * nc) // 3} coordinate {(k - 9 * nc) % 3}")
         raise BALFormatError(path, 2 + no + k, f"non-finite value {params[k]} for {what}: expected a finite number")
     if name is None:
-        base = os.path.basename(path)
-        for ext in (".bz2", ".gz", ".txt"):
-            if base.endswith(ext):
-                base = base[:-len(ext)]
-        name = base
+        name = problem_name(path)
     return BALProblem(cameras=params[:9 * nc].reshape(nc, 9), points=params[9 * nc:].reshape(npt, 3),
                       camera_index=obs[:, 0].astype(np.int64), point_index=obs[:, 1].astype(np.int64),
                       observations=obs[:, 2:].copy(), name=name)
+
+
+def problem_name(path) -> str:
+    """A BAL file's problem name: its file name without ``.bz2``/``.gz`` and ``.txt``."""
+    base = os.path.basename(os.fspath(path))
+    for ext in (".bz2", ".gz", ".txt"):
+        if base.endswith(ext):
+            base = base[:-len(ext)]
+    return base
 
 
 def write_bal(problem: BALProblem, path) -> None:
@@ -281,14 +285,12 @@ def write_bal(problem: BALProblem, path) -> None:
     same float64 values bit for bit.
     """
     p = problem
-    buf = io.BytesIO()
-    buf.write(f"{p.num_cameras} {p.num_points} {p.num_observations}\n".encode())
     obs = np.empty(p.num_observations, dtype=[("c", np.int64), ("p", np.int64), ("x", np.float64), ("y", np.float64)])
     obs["c"], obs["p"] = p.camera_index, p.point_index
     obs["x"], obs["y"] = p.observations[:, 0], p.observations[:, 1]
-    np.savetxt(buf, obs, fmt=["%d", "%d", "%.17g", "%.17g"], delimiter=" ")
-    np.savetxt(buf, np.concatenate([p.cameras.ravel(), p.points.ravel()]), fmt="%.17g")
-    tmp = os.fspath(path) + ".partial"
+    tmp = os.fspath(path) + ".partial"   # renamed into place only once complete
     with open_text(tmp, "wb", like=path) as f:
-        f.write(buf.getvalue())
+        f.write(f"{p.num_cameras} {p.num_points} {p.num_observations}\n".encode())
+        np.savetxt(f, obs, fmt=["%d", "%d", "%.17g", "%.17g"], delimiter=" ")
+        np.savetxt(f, np.concatenate([p.cameras.ravel(), p.points.ravel()]), fmt="%.17g")
     os.replace(tmp, path)

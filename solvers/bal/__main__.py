@@ -11,14 +11,17 @@ import time
 
 import numpy as np
 
+from ..loss import LOSSES
+from ..schur import LINEAR_SOLVERS
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m solvers.bal", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", nargs="?", help="BAL file (.txt, .bz2, .gz); omitted: a synthetic problem")
     p.add_argument("--iterations", type=int, default=50, help="maximum iterations (default 50)")
-    p.add_argument("--linear-solver", default="sparse_schur", choices=["sparse_schur", "iterative_schur"])
-    p.add_argument("--loss", default="none", choices=["none", "huber", "cauchy", "soft_l1"],
+    p.add_argument("--linear-solver", default="sparse_schur", choices=list(LINEAR_SOLVERS))
+    p.add_argument("--loss", default="none", choices=["none"] + [name for name in LOSSES if name != "trivial"],
                    help="robust loss (default none)")
     p.add_argument("--loss-scale", type=float, default=1.0, help="loss scale in pixels (default 1)")
     p.add_argument("--dtype", default="float64", choices=["float64", "float32"],
