@@ -84,6 +84,22 @@ def device(request):
         pytest.fail(f"Oclgrind reported problems:\n{text[:20000]}")
 
 
+# -- Oclgrind 21.10 reuses the shadow memory of released buffers at their old size and then
+# reports fully written later buffers as uninitialised. Tests that hit it keep their buffers
+# alive on the simulator (the shapes are tiny).
+
+_KEPT_ON_SIMULATOR = []
+
+
+@pytest.fixture
+def keep_on_simulator(device):
+    """``keep_on_simulator(*objects)``: never release these objects' buffers on Oclgrind."""
+    def keep(*objects):
+        if device.info.is_simulator:
+            _KEPT_ON_SIMULATOR.append(objects)
+    return keep
+
+
 # -- real BAL problems (tests/bal_data.py says where they are looked for) --------------
 
 @pytest.fixture(scope="session")

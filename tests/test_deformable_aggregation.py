@@ -387,9 +387,7 @@ def test_empty_dimensions(device, dims):
     for variant in ("optimized", "original"):
         g_feat, g_loc, g_w = clkernels.deformable_aggregation_backward(go, *args, device=device, variant=variant)
         assert g_feat.shape == args[0].shape and g_loc.shape == args[3].shape and g_w.shape == args[4].shape
-        if dims.get("bs", 1) and dims.get("A", 1) and dims.get("C", 1):
-            continue  # samples exist and may be inside: covered by the tests above
-        for g in (g_feat, g_loc, g_w):
+        for g in (g_feat, g_loc, g_w):   # an empty dimension leaves nothing to sample
             np.testing.assert_array_equal(g, 0)
 
 

@@ -8,7 +8,7 @@ from solvers.schur import NormalEquations
 from solvers.schur_cl import ClStructure, NormalEquationsCL, _split
 from solvers.segment_products import Segments, segment_products
 
-from test_solver_linear import dense_solution, small_system
+from small_systems import dense_solution, small_system
 
 
 def reference(starts, i1, i2, X, Y):
@@ -64,18 +64,19 @@ def test_split_segments():
     assert first.tolist() == [0, 2, 3]
 
 
-@pytest.mark.parametrize("method,device_cg", [("sparse_schur", False), ("iterative_schur", False)])
-def test_opencl_normal_equations_match_numpy_and_dense(device, method, device_cg, monkeypatch):
-    _check_normal_equations(device, method, device_cg, monkeypatch)
+@pytest.mark.parametrize("method", ["sparse_schur", "iterative_schur"])
+def test_opencl_normal_equations_match_numpy_and_dense(device, method, monkeypatch, keep_on_simulator):
+    """The OpenCL products, with iterative_schur's CG on the host (scipy products)."""
+    _check_normal_equations(device, method, False, monkeypatch, keep_on_simulator)
 
 
 @pytest.mark.oclgrind
-def test_implicit_schur_product_on_the_device(device, monkeypatch):
-    """iterative_schur's default path: the bound device products of the implicit complement."""
-    _check_normal_equations(device, "iterative_schur", True, monkeypatch)
+def test_implicit_schur_product_on_the_device(device, monkeypatch, keep_on_simulator):
+    """iterative_schur's default path: the whole CG on the device (solvers.schur_pcg)."""
+    _check_normal_equations(device, "iterative_schur", True, monkeypatch, keep_on_simulator)
 
 
-def _check_normal_equations(device, method, device_cg, monkeypatch):
+def _check_normal_equations(device, method, device_cg, monkeypatch, keep_on_simulator):
     import solvers.schur_cl as schur_cl
     monkeypatch.setattr(schur_cl, "MAX_SEGMENT", 4)     # force split segments and host reductions
     st, r, jc, jp = small_system(seed=5)
@@ -92,10 +93,4 @@ def _check_normal_equations(device, method, device_cg, monkeypatch):
     got = b.solve(D, method, **kw)
     assert got.ok
     np.testing.assert_allclose(got.y, want, rtol=1e-6, atol=1e-8 * np.abs(want).max())
-    if device.info.is_simulator:
-        # Oclgrind 21.10 reuses the shadow memory of released buffers at their old size and then
-        # reports fully written later buffers as uninitialised: keep this case's buffers alive.
-        _SIMULATOR_KEEP.append((b, cs))
-
-
-_SIMULATOR_KEEP = []
+    keep_on_simulator(b, cs)

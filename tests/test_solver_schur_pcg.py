@@ -10,7 +10,7 @@ from solvers.cg import conjugate_gradients
 from solvers.schur import NormalEquations
 from solvers.schur_cl import ClStructure, NormalEquationsCL
 
-from test_solver_linear import small_system
+from small_systems import small_system
 
 NUMBER = re.compile(r"-?\d+\.\d+e[+-]\d+")
 
@@ -53,7 +53,7 @@ CASES = {
 @pytest.mark.oclgrind
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("max_segment", [256, 2], ids=["whole-cameras", "split-cameras"])
-def test_device_cg_matches_host_cg(device, case, max_segment, monkeypatch):
+def test_device_cg_matches_host_cg(device, case, max_segment, monkeypatch, keep_on_simulator):
     if not device.info.fp64:
         pytest.skip("the device CG needs fp64")
     monkeypatch.setattr(schur_pcg, "MAX_SEGMENT_CPU", max_segment)
@@ -83,22 +83,16 @@ def test_device_cg_matches_host_cg(device, case, max_segment, monkeypatch):
     else:
         scale = max(1e-300, np.abs(x_h).max())
         np.testing.assert_allclose(x_d, x_h, rtol=1e-8, atol=1e-10 * scale)
-    if device.info.is_simulator:
-        # Oclgrind 21.10 reuses the shadow memory of released buffers at their old size and then
-        # reports fully written later buffers as uninitialised: keep this case's buffers alive.
-        _SIMULATOR_KEEP.append((cs, cl_neq))
+    keep_on_simulator(cs, cl_neq)
     if case == "residual-resets":
         assert its_d > 20                   # went through at least two residual resets
     if case == "indefinite":
         assert its_d == 1 and not np.any(x_d)
 
 
-_SIMULATOR_KEEP = []
-
-
 @pytest.mark.oclgrind
 @pytest.mark.parametrize("max_segment", [256, 2], ids=["whole-cameras", "split-cameras"])
-def test_preconditioner_blocks_and_back_substitution(device, max_segment, monkeypatch):
+def test_preconditioner_blocks_and_back_substitution(device, max_segment, monkeypatch, keep_on_simulator):
     """jacobi_sums and back_substitute (from Jc and Jp) against the numpy pair sums and W^T y
     (from W), on a system where a camera sees a point three times."""
     monkeypatch.setattr(schur_pcg, "MAX_SEGMENT_CPU", max_segment)
@@ -115,8 +109,7 @@ def test_preconditioner_blocks_and_back_substitution(device, max_segment, monkey
     want = neq._back_substitute(Vinv, yc)
     np.testing.assert_allclose(pcg.back_substitute(Vinv, neq.gp, yc), want, rtol=1e-11,
                                atol=1e-11 * np.abs(want).max())
-    if device.info.is_simulator:
-        _SIMULATOR_KEEP.append((cs, cl_neq))
+    keep_on_simulator(cs, cl_neq)
 
 
 def test_device_cg_needs_a_jacobian(device):

@@ -8,16 +8,18 @@ never differ by more than one level.
 """
 import importlib
 
+import cv2  # OpenCV and scikit-image are test requirements (setup.cfg's [test] extra)
 import numpy as np
 import pyopencl.array as cla
 import pytest
+import skimage.data as skdata
 
 import clkernels
 
 wa = importlib.import_module("clkernels.warp_affine")  # the module; clkernels.warp_affine is the function
 
-cv2 = pytest.importorskip("cv2", minversion="4.11")  # the float sampling this follows
-skdata = pytest.importorskip("skimage.data")
+assert tuple(int(v) for v in cv2.__version__.split(".")[:2]) >= (4, 11), \
+    f"OpenCV >= 4.11 is needed (its float sampling is what this follows), found {cv2.__version__}"
 
 LINEAR = dict(flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT)
 
