@@ -119,13 +119,18 @@ class BatchFunction:
     def _lanes(self, runtime) -> int:
         return codegen.lanes(runtime.info, self._real) if self.backend == "codegen" else 1
 
-    def values(self, params, index, data=None, device=None):
-        """Outputs ``(N, m)`` for every tuple."""
-        return self._run(params, index, data, False, device)[0]
+    def values(self, params, index, data=None, device=None, index_checked=False):
+        """Outputs ``(N, m)`` for every tuple.
 
-    def values_and_jacobians(self, params, index, data=None, device=None):
-        """Outputs ``(N, m)`` and, per parameter group, the Jacobian ``(N, m, d_g)``."""
-        out, jacs = self._run(params, index, data, True, device)
+        ``index_checked=True`` skips the range check of a device ``index`` (a reduction and a
+        wait) for a caller that checked this very array once and calls again with it; params
+        with fewer rows than then would corrupt memory."""
+        return self._run(params, index, data, False, device, index_checked)[0]
+
+    def values_and_jacobians(self, params, index, data=None, device=None, index_checked=False):
+        """Outputs ``(N, m)`` and, per parameter group, the Jacobian ``(N, m, d_g)``
+        (``index_checked`` as in :meth:`values`)."""
+        out, jacs = self._run(params, index, data, True, device, index_checked)
         return out, tuple(jacs)
 
     def __repr__(self):
@@ -193,7 +198,7 @@ class BatchFunction:
                              f"out of range in that group)")
 
     # -- evaluation ---------------------------------------------------------------------------
-    def _run(self, params, index, data, jacobians, device):
+    def _run(self, params, index, data, jacobians, device, index_checked=False):
         params, index, data = self._check(params, index, data)
         device_args = any(arrays.is_device_array(a) for a in [*params, index, data] if a is not None)
         if self.backend == "numpy":
@@ -204,7 +209,8 @@ class BatchFunction:
             return out, jacs
         runtime = get_runtime(device if device is not None else self.device)
         templates.storage(self.dtype, runtime)  # refuses float64 on a device without fp64
-        self._validate_range(runtime, params, index)
+        if not (index_checked and arrays.is_device_array(index)):
+            self._validate_range(runtime, params, index)
         plan = self._plan(runtime, jacobians)
         if device_args:
             return self._run_device(runtime, plan, params, index, data, jacobians)

@@ -31,8 +31,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from .cg import _norm
-from .schur import LINEAR_SOLVERS, NormalEquations, Structure, j_x
+from .host_state import HostState
+from .schur import LINEAR_SOLVERS
 from .summary import IterationSummary, SolverSummary
 
 DBL_MAX = np.finfo(np.float64).max
@@ -60,6 +60,9 @@ class Options:
     # Where the Schur complement's per-observation and per-pair products run: "opencl" (the
     # device of the camera model; needs fp64), "numpy", or "auto" (opencl when possible).
     schur_backend: str = "auto"
+    # Whether the iterations' vectors and arithmetic stay on the device (solvers.lm_device):
+    # None chooses (the device when it can), True requires it, False keeps the host reference.
+    device_resident: Optional[bool] = None
 
     def check(self):
         if self.linear_solver not in LINEAR_SOLVERS:
@@ -73,37 +76,24 @@ class Options:
                 raise ValueError(f"{name} must be a finite number >= 0, got {v}")
         if self.schur_backend not in ("auto", "opencl", "numpy"):
             raise ValueError(f"schur_backend={self.schur_backend!r} is not one of 'auto', 'opencl', 'numpy'")
+        if self.device_resident not in (None, True, False):
+            raise ValueError(f"device_resident must be None, True or False, got {self.device_resident!r}")
         if not (0 < self.min_lm_diagonal <= self.max_lm_diagonal):
             raise ValueError("need 0 < min_lm_diagonal <= max_lm_diagonal")
 
 
 class _LMStrategy:
-    """Ceres' ``LevenbergMarquardtStrategy``."""
+    """Ceres' ``LevenbergMarquardtStrategy``: the radius and when the diagonal is recomputed (the
+    step itself is the state's :meth:`solve_step`)."""
 
     def __init__(self, o: Options):
         self.radius = o.initial_trust_region_radius
         self.max_radius = o.max_trust_region_radius
-        self.min_diag, self.max_diag = o.min_lm_diagonal, o.max_lm_diagonal
         self.decrease_factor = 2.0
         self.reuse_diagonal = False
-        self.diagonal = None
 
-    def compute_step(self, neq: NormalEquations, o: Options, scale):
-        """Solve ``(Js^T Js + D^2) y = Js^T f`` for the Jacobi-scaled ``Js = J diag(scale)``.
-
-        ``neq`` holds the unscaled blocks: with ``y = u / scale`` the system is
-        ``(J^T J + (D / scale)^2) u = J^T f``, the same solution without scaling every Jacobian
-        entry (and, for CG with the Schur-Jacobi preconditioner, the same iterates: PCG is invariant
-        under a diagonal change of variables that its preconditioner shares)."""
-        if not self.reuse_diagonal:
-            # diag(Js^T Js) = scale^2 diag(J^T J)
-            self.diagonal = np.clip(neq.column_norms2() * scale * scale, self.min_diag, self.max_diag)
-        D = np.sqrt(self.diagonal / self.radius)
-        sol = neq.solve(D / scale, o.linear_solver, eta=o.eta, max_iterations=o.max_linear_solver_iterations)
-        if sol.ok:
-            sol.y = sol.y / scale
+    def step_computed(self):
         self.reuse_diagonal = True
-        return sol
 
     def step_accepted(self, quality):
         self.radius = self.radius / max(1.0 / 3.0, 1.0 - (2.0 * quality - 1.0) ** 3)
@@ -158,63 +148,47 @@ class Minimizer:
                  runtime=None):
         self.ev, self.o, self.callback = evaluator, options, callback
         self.stop = stop or StopFlag()
-        self.st = Structure(evaluator.cam, evaluator.pt, evaluator.nc, evaluator.npt)
-        self.cl_structure = None
-        if options.schur_backend != "numpy" and runtime is not None and runtime.info.fp64:
-            from .schur_cl import ClStructure
-            self.cl_structure = ClStructure(self.st, runtime)
-        elif options.schur_backend == "opencl":
-            raise ValueError("schur_backend='opencl' needs an OpenCL device with fp64; "
-                             "pass device= one that has it, or schur_backend='numpy'")
+        self.runtime = runtime
         self.strategy = _LMStrategy(options)
         self.summary = SolverSummary()
-        self.linear_solver_time = 0.0
         self.num_linear_solves = 0
+
+    def _make_state(self, x0):
+        """Where the iterations run: on the device (:class:`solvers.lm_device.DeviceState`) when
+        the options, the model and the device allow it, else the host reference."""
+        from .lm_device import device_state_or_reason
+        state, why = device_state_or_reason(self.ev, self.o, self.runtime, x0)
+        if state is not None:
+            return state
+        if self.o.device_resident is True:
+            raise ValueError(f"device_resident=True, but {why}")
+        self.host_reason = why
+        o, rt = self.o, self.runtime
+        if o.schur_backend != "numpy" and rt is not None and rt.info.fp64:
+            from .schur_cl import ClStructure
+            return HostState(self.ev, o, x0, cl_structure=lambda st: ClStructure(st, rt))
+        if o.schur_backend == "opencl":
+            raise ValueError("schur_backend='opencl' needs an OpenCL device with fp64; "
+                             "pass device= one that has it, or schur_backend='numpy'")
+        return HostState(self.ev, o, x0)
 
     # ------------------------------------------------------------------ evaluation
     def _evaluate_gradient_and_jacobian(self, it: IterationSummary) -> bool:
-        res = self.ev.evaluate(self.x)
+        res = self.state.evaluate_jacobian(first=it.iteration == 0)
         if res is None:
             self.summary.message = "Residual and Jacobian evaluation failed."
             self.summary.termination_type = "FAILURE"
             return False
-        self.x_cost, r, jc, jp = res
+        self.x_cost, it.gradient_max_norm, it.gradient_norm = res
         it.cost = self.x_cost
-        st = self.st
-        if it.iteration == 0:
-            if self.o.jacobi_scaling:
-                col2 = np.concatenate([st.camera_sum(jc[:, 0] ** 2 + jc[:, 1] ** 2).ravel(),
-                                       st.point_sum(jp[:, 0] ** 2 + jp[:, 1] ** 2).ravel()])
-                self.scale = 1.0 / (1.0 + np.sqrt(col2))
-            else:
-                self.scale = np.ones(self.x.size)
-        t0 = time.perf_counter()
-        if self.cl_structure is not None:
-            from .schur_cl import NormalEquationsCL
-            self.neq = NormalEquationsCL(st, r, jc, jp, self.cl_structure)
-        else:
-            self.neq = NormalEquations(st, r, jc, jp)
-        self.linear_solver_time += time.perf_counter() - t0
-        # The gradient (of the unscaled problem); its norms as Ceres measures them, |x - Plus(x, -g)|.
-        g = np.concatenate([self.neq.gc.ravel(), self.neq.gp.ravel()])
-        projected = self.x - (self.x + (-g))
-        it.gradient_max_norm = float(np.max(np.abs(projected))) if projected.size else 0.0
-        it.gradient_norm = _norm(projected)
         return True
-
-    def _model_residuals(self, delta):
-        """``J delta`` per observation (n, 2): the scaled Jacobian times the scaled step."""
-        st, nc9 = self.st, 9 * self.ev.nc
-        sc, sp = delta[:nc9].reshape(-1, 9), delta[nc9:].reshape(-1, 3)
-        return j_x(self.neq.Jc, sc[st.cam]) + j_x(self.neq.Jp, sp[st.pt])
 
     # ------------------------------------------------------------------ the loop
     def run(self, x0):
         o, s = self.o, self.summary
         self.start = time.perf_counter()
         self.iteration_start = self.start
-        self.x = np.array(x0, dtype=np.float64)
-        self.best_x = self.x.copy()
+        self.state = self._make_state(x0)
         # Ceres leaves |x| at an invalid -1 until the first accepted step (the parameter tolerance
         # test therefore cannot trigger before it); kept for identical termination.
         self.x_norm = -1.0
@@ -255,7 +229,7 @@ class Minimizer:
             s.num_successful_steps += 1
             if self.x_cost < self.minimum_cost:
                 self.minimum_cost = self.x_cost
-                self.best_x = self.x.copy()
+                self.state.remember_best()
         else:
             s.num_unsuccessful_steps += 1
         it.trust_region_radius = self.strategy.radius
@@ -294,23 +268,18 @@ class Minimizer:
     def _compute_trust_region_step(self):
         it = self.it
         t0 = time.perf_counter()
-        sol = self.strategy.compute_step(self.neq, self.o, self.scale)
-        dt = time.perf_counter() - t0
-        self.linear_solver_time += dt
+        sol = self.state.solve_step(self.strategy.radius, self.strategy.reuse_diagonal)
+        self.strategy.step_computed()
+        it.step_solver_time = time.perf_counter() - t0
         self.num_linear_solves += 1
-        it.step_solver_time = dt
         it.linear_solver_iterations = sol.iterations
         it.linear_solver_message = sol.message
         it.step_is_valid = False
         if not sol.ok:
             return
-        step = -sol.y                                   # in the scaled variables
-        delta = step * self.scale                       # undo the Jacobian column scaling
-        m = self._model_residuals(delta)                # = Js step
-        self.model_cost_change = float(-np.sum(m * (self.neq.r + m / 2.0)))
+        self.model_cost_change = sol.model_cost_change
         it.step_is_valid = self.model_cost_change > 0.0
         if it.step_is_valid:
-            self.delta = delta
             self.num_consecutive_invalid_steps = 0
 
     def _handle_invalid_step(self) -> bool:
@@ -333,13 +302,14 @@ class Minimizer:
         return True
 
     def _compute_candidate_point_and_evaluate_cost(self):
-        self.candidate_x = self.x + self.delta
-        c = self.ev.cost(self.candidate_x)
+        c, self.candidate_step_norm = self.state.evaluate_candidate()
         self.candidate_cost = DBL_MAX if c is None else c
 
     def _parameter_tolerance_reached(self) -> bool:
         it, o, s = self.it, self.o, self.summary
-        it.step_norm = _norm(self.x - self.candidate_x)
+        it.step_norm = self.candidate_step_norm
+        if self.x_norm is None:
+            self.x_norm = self.state.x_norm
         tol = o.parameter_tolerance * (self.x_norm + o.parameter_tolerance)
         if it.step_norm > tol:
             return False
@@ -367,8 +337,8 @@ class Minimizer:
         return it.relative_decrease > self.o.min_relative_decrease
 
     def _handle_successful_step(self) -> bool:
-        self.x = self.candidate_x
-        self.x_norm = _norm(self.x)
+        self.state.accept()
+        self.x_norm = None              # |x|, read from the state when a tolerance test needs it
         if not self._evaluate_gradient_and_jacobian(self.it):
             return False
         self.it.step_is_successful = True
@@ -383,10 +353,12 @@ class Minimizer:
 
     def _finish(self) -> SolverSummary:
         s = self.summary
-        s.x = self.best_x
+        s.x = self.state.best()
         s.final_cost = self.minimum_cost if np.isfinite(self.minimum_cost) else s.initial_cost
         s.total_time = time.perf_counter() - self.start
-        s.linear_solver_time = self.linear_solver_time
+        s.linear_solver_time = self.state.linear_solver_time
+        s.state = self.state.where
+        s.transfers = self.state.transfers()
         s.num_linear_solves = self.num_linear_solves
         s.jacobian_time = self.ev.jacobian_time
         s.num_jacobian_evaluations = self.ev.num_jacobian_evaluations

@@ -117,6 +117,9 @@ class DevicePCG:
                                self.q.data, self.state.data, np.int32(nc), np.int32(START),
                                np.int32(0), np.int32(0), np.float64(0), np.float64(0))
         self._jacobian = None
+        # Kernel events of the solves (for a profile; None: not kept) and bytes read back.
+        self.events = None
+        self.bytes_to_host = 0
 
     def bind_jacobian(self, Jc_dev, Jp_dev, r_dev):
         """The device Jacobian blocks (n, 2, 9), (n, 2, 3) and residuals (n * 2) of the linear
@@ -138,6 +141,10 @@ class DevicePCG:
         self.k_back.set_args(Jc_dev.data, Jp_dev.data, self.cam.data, self.pt_start.data, self.Vinv.data,
                              self.gp.data, self.yc.data, self.yp.data, np.int32(self.npt))
         self._vinv_for = None
+
+    def unbind_jacobian(self):
+        """Forget the bound Jacobian (its memory can go before the next one is made)."""
+        self._jacobian = None
 
     def _upload_vinv(self, Vinv, pending):
         """Copy ``Vinv`` (npt, 3, 3) to the device unless this very array is there already."""
@@ -186,28 +193,45 @@ class DevicePCG:
         self.k_project.set_arg(5, v)
         self.k_project.set_arg(9, np.int32(1 if from_residuals else 0))
         if self.npt:
-            cl.enqueue_nd_range_kernel(q, self.k_project, (self.gs_points,), (self.ls_points,))
+            self._record(cl.enqueue_nd_range_kernel(q, self.k_project, (self.gs_points,), (self.ls_points,)))
         if self.nseg:
-            cl.enqueue_nd_range_kernel(q, self.k_partials, (self.gs_partials,), (self.ls_partials,))
+            self._record(cl.enqueue_nd_range_kernel(q, self.k_partials, (self.gs_partials,), (self.ls_partials,)))
 
     def _update(self, mode, it):
         self.k_update.set_arg(12, np.int32(mode))
         self.k_update.set_arg(13, np.int32(it))
-        cl.enqueue_nd_range_kernel(self.rt.queue, self.k_update, (self.L,), (self.L,))
+        self._record(cl.enqueue_nd_range_kernel(self.rt.queue, self.k_update, (self.L,), (self.L,)))
 
     def solve(self, Vinv, Dc2, Pinv, q_tolerance=0.1, r_tolerance=-1.0, max_iterations=500):
         """PCG from ``x = 0`` on ``S = F^T (I - E V^-1 E^T) F + diag(Dc2)`` with right-hand side
-        ``F^T (f - E V^-1 E^T f)`` and preconditioner blocks ``Pinv`` (nc, 9, 9). Returns
-        ``(x (nc * 9) or None, ok, iterations, message)`` as ``conjugate_gradients`` does."""
+        ``F^T (f - E V^-1 E^T f)`` and preconditioner blocks ``Pinv`` (nc, 9, 9), all host arrays.
+        Returns ``(x (nc * 9) or None, ok, iterations, message)`` as ``conjugate_gradients`` does."""
         self._check_bound()
-        q = self.rt.queue
-        max_iterations = max(1, int(max_iterations))
         # Non-blocking uploads: their events (kept until the solve has waited on the queue)
         # hold the host arrays.
         uploads = []
         self._upload_vinv(Vinv, uploads)
-        for dev, host in ((self.dc2, Dc2), (self.Pinv, Pinv), (self.state, np.zeros(8))):
-            arrays.write_async(self.rt, dev, host, uploads)                 # state: all RUNNING
+        for dev, host in ((self.dc2, Dc2), (self.Pinv, Pinv)):
+            arrays.write_async(self.rt, dev, host, uploads)
+        try:
+            return self.run(q_tolerance, r_tolerance, max_iterations)
+        finally:
+            for event in uploads:
+                event.wait()
+
+    def device_inputs_written(self):
+        """``Vinv``, ``dc2`` and ``Pinv`` were written on the device (solvers.lm_device): no host
+        copy of V^-1 is current any more."""
+        self._vinv_for = None
+
+    def run(self, q_tolerance=0.1, r_tolerance=-1.0, max_iterations=500, read_x=True):
+        """The PCG of :meth:`solve` on what ``self.Vinv``, ``self.dc2`` and ``self.Pinv`` hold on the
+        device. With ``read_x=False`` the solution stays in ``self.x`` (x is None in the result)."""
+        self._check_bound()
+        q = self.rt.queue
+        max_iterations = max(1, int(max_iterations))
+        uploads = []
+        arrays.write_async(self.rt, self.state, np.zeros(8), uploads)       # state: all RUNNING
         self.k_update.set_arg(14, np.int32(max_iterations))
         self.k_update.set_arg(15, np.float64(q_tolerance))
         self.k_update.set_arg(16, np.float64(r_tolerance))
@@ -232,6 +256,7 @@ class DevicePCG:
                     it = stop + 1
                     host = np.empty(8)
                     reads.append((host, cl.enqueue_copy(q, host, self.state.data, is_blocking=False)))
+                    self.bytes_to_host += host.nbytes
                     if len(reads) < 2 and it <= max_iterations:
                         continue
                 if not reads:
@@ -245,9 +270,34 @@ class DevicePCG:
                 event.wait()
             for event in uploads:
                 event.wait()
-        return self._result(state, q_tolerance)
+        return self._result(state, q_tolerance, read_x)
 
-    def _result(self, state, q_tolerance):
+    def jacobi_blocks(self):
+        """Enqueue ``jacobi_blocks`` into ``self.blocks`` (nseg, 45) from the device ``self.Vinv``."""
+        self._check_bound()
+        if self.nseg:
+            self._record(cl.enqueue_nd_range_kernel(self.rt.queue, self.k_jacobi, (self.gs_partials,),
+                                                    (self.ls_partials,)))
+        return self.blocks
+
+    def back_substitute_device(self, gp_dev):
+        """Enqueue the points' step ``V^-1 (gp - W^T x)`` for the device CG solution ``self.x``
+        and device ``gp_dev`` (npt * 3) into ``self.yp``; returns ``self.yp``."""
+        self._check_bound()
+        if self.npt:
+            self.k_back.set_arg(5, gp_dev.data)
+            self.k_back.set_arg(6, self.x.data)
+            self._record(cl.enqueue_nd_range_kernel(self.rt.queue, self.k_back, (self.gs_points,),
+                                                    (self.ls_points,)))
+            self.k_back.set_arg(5, self.gp.data)
+            self.k_back.set_arg(6, self.yc.data)
+        return self.yp
+
+    def _record(self, event):
+        if self.events is not None:
+            self.events.append(event)
+
+    def _result(self, state, q_tolerance, read_x=True):
         status, its, value = int(state[S_STATUS]), int(state[S_ITER]), state[S_VALUE]
         if status < 0:
             msg = {FAIL_RHO: f"Numerical failure. rho = r'z = {value:e}.",
@@ -259,6 +309,8 @@ class DevicePCG:
                ZETA: f"Iteration: {its} Convergence: zeta = {value:e} < {q_tolerance:e}.",
                MAX_ITER: "Maximum number of iterations reached.",
                INDEFINITE: f"Matrix is indefinite, no more progress can be made. p'q = {value:e}."}[status]
+        if not read_x:
+            return None, True, its, msg
         x = np.zeros(9 * self.nc)
         if status != B_ZERO and x.size:
             cl.enqueue_copy(self.rt.queue, x, self.x.data)

@@ -65,6 +65,8 @@ class SolverSummary:
     num_jacobian_evaluations: int = 0
     residual_time: float = 0.0
     num_residual_evaluations: int = 0
+    state: str = "host"              # where the iterations ran: "host" or "device"
+    transfers: dict = dataclasses.field(default_factory=dict)   # bytes to and from the device
 
 
 def full_report(result) -> str:

@@ -1,0 +1,126 @@
+"""Levenberg-Marquardt's vectors and per-iteration arithmetic on the host (numpy): the reference
+implementation. :class:`solvers.lm_device.DeviceState` does the same on an OpenCL device, and the
+tests compare the two; :class:`solvers.lm.Minimizer` drives either through the same methods.
+
+The state holds the current parameters ``x``, the Jacobi scaling, the normal equations of the
+last accepted point, the last step and its candidate point, and the best point seen.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Optional
+
+import numpy as np
+
+from .cg import _norm
+from .schur import NormalEquations, Structure, j_x
+
+
+@dataclasses.dataclass
+class StepSolution:
+    """A linear solve's outcome for the minimizer: ``model_cost_change`` is None when not ok."""
+    ok: bool
+    iterations: int
+    message: str
+    model_cost_change: Optional[float] = None
+
+
+class HostState:
+    """numpy arrays; the Schur complement's products on an OpenCL device when ``cl_structure``
+    is given (:class:`solvers.schur_cl.ClStructure`)."""
+
+    where = "host"
+
+    def __init__(self, evaluator, options, x0, cl_structure=None):
+        self.ev, self.o = evaluator, options
+        self.st = Structure(evaluator.cam, evaluator.pt, evaluator.nc, evaluator.npt)
+        self.cl_structure = cl_structure(self.st) if callable(cl_structure) else cl_structure
+        self.x = np.array(x0, dtype=np.float64)
+        self.best_x = self.x.copy()
+        self.linear_solver_time = 0.0
+        self.diagonal = None
+
+    # -- evaluation at x ---------------------------------------------------------------------
+    def evaluate_jacobian(self, first: bool):
+        """Residuals and Jacobians at ``x``, their normal equations and (``first``) the Jacobi
+        scaling; ``(cost, gradient max norm, gradient norm)`` or None when the evaluation failed."""
+        res = self.ev.evaluate(self.x)
+        if res is None:
+            return None
+        cost, r, jc, jp = res
+        st = self.st
+        if first:
+            if self.o.jacobi_scaling:
+                col2 = np.concatenate([st.camera_sum(jc[:, 0] ** 2 + jc[:, 1] ** 2).ravel(),
+                                       st.point_sum(jp[:, 0] ** 2 + jp[:, 1] ** 2).ravel()])
+                self.scale = 1.0 / (1.0 + np.sqrt(col2))
+            else:
+                self.scale = np.ones(self.x.size)
+        t0 = time.perf_counter()
+        if self.cl_structure is not None:
+            from .schur_cl import NormalEquationsCL
+            self.neq = NormalEquationsCL(st, r, jc, jp, self.cl_structure)
+        else:
+            self.neq = NormalEquations(st, r, jc, jp)
+        self.linear_solver_time += time.perf_counter() - t0
+        # The gradient (of the unscaled problem); its norms as Ceres measures them, |x - Plus(x, -g)|.
+        g = np.concatenate([self.neq.gc.ravel(), self.neq.gp.ravel()])
+        projected = self.x - (self.x + (-g))
+        gmax = float(np.max(np.abs(projected))) if projected.size else 0.0
+        return cost, gmax, _norm(projected)
+
+    # -- the step ----------------------------------------------------------------------------
+    def solve_step(self, radius: float, reuse_diagonal: bool) -> StepSolution:
+        """Ceres' LevenbergMarquardtStrategy step: solve ``(Js^T Js + D^2) y = Js^T f`` for the
+        Jacobi-scaled ``Js = J diag(scale)`` with ``D = sqrt(diagonal / radius)``, then the step,
+        the candidate point and the model cost change ``-(J step) . (f + J step / 2)``.
+
+        The normal equations hold the unscaled blocks: with ``y = u / scale`` the system is
+        ``(J^T J + (D / scale)^2) u = J^T f``, the same solution without scaling every Jacobian
+        entry (and, for CG with the Schur-Jacobi preconditioner, the same iterates: PCG is
+        invariant under a diagonal change of variables that its preconditioner shares)."""
+        o, neq, scale = self.o, self.neq, self.scale
+        t0 = time.perf_counter()
+        if not reuse_diagonal:
+            # diag(Js^T Js) = scale^2 diag(J^T J)
+            self.diagonal = np.clip(neq.column_norms2() * scale * scale, o.min_lm_diagonal, o.max_lm_diagonal)
+        D = np.sqrt(self.diagonal / radius)
+        sol = neq.solve(D / scale, o.linear_solver, eta=o.eta, max_iterations=o.max_linear_solver_iterations)
+        self.linear_solver_time += time.perf_counter() - t0
+        if not sol.ok:
+            return StepSolution(False, sol.iterations, sol.message)
+        step = -(sol.y / scale)                     # in the scaled variables
+        self.delta = step * scale                   # undo the Jacobian column scaling
+        m = self._model_residuals(self.delta)       # = Js step
+        mcc = float(-np.sum(m * (neq.r + m / 2.0)))
+        return StepSolution(True, sol.iterations, sol.message, mcc)
+
+    def _model_residuals(self, delta):
+        """``J delta`` per observation (n, 2)."""
+        st, nc9 = self.st, 9 * self.ev.nc
+        sc, sp = delta[:nc9].reshape(-1, 9), delta[nc9:].reshape(-1, 3)
+        return j_x(self.neq.Jc, sc[st.cam]) + j_x(self.neq.Jp, sp[st.pt])
+
+    def evaluate_candidate(self):
+        """``(cost or None, step norm)`` at the candidate ``x + delta``."""
+        self.candidate_x = self.x + self.delta
+        return self.ev.cost(self.candidate_x), _norm(self.x - self.candidate_x)
+
+    def accept(self):
+        """The candidate becomes ``x``."""
+        self.x = self.candidate_x
+
+    @property
+    def x_norm(self) -> float:
+        return _norm(self.x)
+
+    def remember_best(self):
+        self.best_x = self.x.copy()
+
+    def best(self) -> np.ndarray:
+        """The best parameters seen (host array, cameras then points)."""
+        return self.best_x
+
+    def transfers(self) -> dict:
+        return {}

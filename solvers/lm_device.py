@@ -1,0 +1,349 @@
+"""Levenberg-Marquardt's iterations with everything per iteration on the OpenCL device.
+
+:class:`DeviceState` has the methods of :class:`solvers.host_state.HostState` (the reference) and
+keeps every vector and block on the device:
+
+- the camera model (a pyclad ``BatchFunction``) writes residuals and Jacobian blocks straight into
+  device arrays, observations sorted by point (the layout the Schur kernels read);
+- ``lm_device.cl.mako`` does the robust-loss correction, the normal equations' blocks and the
+  gradient, Jacobi scaling, the LM diagonal, ``V^-1``, the Schur-Jacobi preconditioner, the step,
+  ``J step`` with the model cost change, the candidate point and its cost, and the norms;
+- ``schur_pcg.cl.mako`` (:class:`solvers.schur_pcg.DevicePCG`) does the conjugate gradients and the
+  back-substitution.
+
+Per iteration the host reads a handful of scalars (costs, norms, the CG state, whether a
+preconditioner block failed); the parameters come back only at the end (:meth:`best`).
+Block sizes (camera C, point P, residual R) are the model's and render parameters of the template.
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import numpy as np
+import pyopencl as cl
+
+from clkernels import arrays
+from clkernels.templates import get_program
+
+from .host_state import StepSolution
+
+TEMPLATE = "solvers/lm_device.cl.mako"
+# scalars[]: pairs written by the reductions' finish kernel.
+COST, GRADIENT, STEP, CHANGE, NORM, CANDIDATE = 0, 2, 4, 6, 8, 10
+N_SCALARS = 12
+
+
+class DeviceMemoryError(MemoryError):
+    """The problem does not fit in the device's memory; the message says how much it needs."""
+
+
+def device_bytes(n_obs: int, n_cameras: int, n_points: int, C: int = 9, P: int = 3, R: int = 2) -> int:
+    """Bytes of device memory a device-resident solve allocates (float64), at its peak."""
+    T = C * (C + 1) // 2
+    per_obs = 8 * (R * (C + P)        # Jacobian blocks
+                   + 2 * R            # residuals, and the candidate's
+                   + R                # the CG's per-observation product
+                   + 1                # per-observation terms of the reductions
+                   + R)               # observed values
+    per_obs += 4 * (2 + 3)            # evaluation index; CG's camera, point, camera-order index
+    per_cam = 8 * (8 * C + 2 * T + C + 2 * C * C + 9 * 9) + 4 * 3
+    per_pt = 8 * (8 * P + 2 * P * P + 3 * P) + 4
+    return int(n_obs * per_obs + n_cameras * per_cam + n_points * per_pt + (1 << 20))
+
+
+def device_state_or_reason(evaluator, options, runtime, x0):
+    """A :class:`DeviceState` when the solve can run on the device, else ``(None, why not)``."""
+    if options.device_resident is False:
+        return None, "device_resident=False"
+    if options.schur_backend == "numpy":
+        return None, "schur_backend='numpy'"
+    if runtime is None:
+        return None, "no OpenCL device"
+    if options.linear_solver != "iterative_schur":
+        return None, f"linear_solver={options.linear_solver!r} factorises on the host"
+    if not runtime.info.fp64:
+        return None, f"the device {runtime.info.name!r} has no fp64"
+    fn = getattr(evaluator.model, "function", None)
+    if evaluator.permute is not None or fn is None or not hasattr(fn, "values_and_jacobians") \
+            or getattr(fn, "backend", "numpy") == "numpy":
+        return None, "the camera model is not a pyclad BatchFunction on an OpenCL device"
+    if fn.dtype != np.float64:
+        return None, f"the camera model evaluates in {fn.dtype}"
+    if len(fn.group_sizes) != 2:
+        return None, "the model does not have exactly two parameter groups (camera, point)"
+    return DeviceState(evaluator, options, runtime, x0), None
+
+
+class DeviceState:
+    """See the module docstring; same methods and results as ``HostState``."""
+
+    where = "device"
+
+    def __init__(self, evaluator, options, runtime, x0, profile: bool = False):
+        from .schur_pcg import DevicePCG
+        ev, rt = evaluator, runtime
+        self.ev, self.o, self.rt = ev, options, rt
+        self.fn = ev.model.function
+        C, P = self.fn.group_sizes
+        R = self.fn.n_outputs
+        self.C, self.P, self.R, self.T = C, P, R, C * (C + 1) // 2
+        n, nc, npt = ev.cam.size, ev.nc, ev.npt
+        if (C, P, R) != (9, 3, 2):
+            # The CG kernels (schur_pcg.cl.mako) are written for BAL's blocks.
+            raise ValueError(f"the device CG takes 9-parameter cameras, 3-parameter points and 2 "
+                             f"residuals; the model has {C}, {P} and {R}")
+        self.n, self.nc, self.npt = n, nc, npt
+        need = device_bytes(n, nc, npt, C, P, R)
+        have = rt.info.global_mem_bytes
+        if need > have:
+            raise DeviceMemoryError(
+                f"this problem ({n} observations, {nc} cameras, {npt} points) needs about "
+                f"{need / 2**30:.2f} GiB on {rt.info.name!r}, which has {have / 2**30:.2f} GiB; "
+                "use dtype=np.float32, a device with more memory, or device_resident=False "
+                "(the host path) or a CPU device")
+        self.bytes_to_device = self.bytes_to_host = 0
+        self.events = [] if profile else None
+        self.linear_solver_time = 0.0
+        self.pcg = DevicePCG(rt, ev.cam, ev.pt, nc, npt)
+        self.pcg.events = self.events
+        prg = get_program(TEMPLATE, rt, C=C, P=P, R=R, L=self._reduction_size(rt),
+                          LOSS=ev.loss.name)
+        self.k = {name: cl.Kernel(prg, name) for name in (
+            "correct_jacobian", "residual_cost", "point_normal", "camera_partials", "camera_normal",
+            "jacobi_scale", "lm_diagonal", "camera_regularize", "point_regularize", "schur_jacobi",
+            "make_step", "model_change", "reduce_sum", "reduce_gradient", "reduce_step",
+            "reduce_norm", "finish")}
+        self.ls = 1 << 6 if not rt.info.is_cpu else 1 << 3
+        self.ls = min(self.ls, arrays.work_group_size(rt, self.k["schur_jacobi"], self.ls))
+        self.L = self._reduction_size(rt)
+        self.groups = max(1, (4 if not rt.info.is_cpu else 2) * rt.info.compute_units)
+        f64 = lambda size: arrays.scratch(rt, max(1, int(size)), np.float64)  # noqa: E731
+        self.ncC, self.total = nc * C, nc * C + npt * P
+        x0 = np.asarray(x0, dtype=np.float64)
+        self.x = self._upload_pair(x0)
+        self.cand = (f64(self.ncC), f64(npt * P))
+        self.best_x = (f64(self.ncC), f64(npt * P))
+        self.delta = (f64(self.ncC), f64(npt * P))
+        self.s = (f64(self.ncC), f64(npt * P))
+        self.diag = (f64(self.ncC), f64(npt * P))
+        self.g = (f64(self.ncC), f64(npt * P))
+        self.B, self.V = f64(nc * self.T), f64(npt * P * P)
+        self.partial = f64(self.pcg.nseg * (self.T + C))
+        self.value = f64(n)
+        self.reduce_partial = f64(2 * self.groups)
+        self.scalars = f64(N_SCALARS)
+        self.failed = arrays.scratch(rt, max(1, nc), np.int32)
+        index = np.stack([ev.cam, ev.pt], axis=1).astype(np.int32) if n else np.zeros((0, 2), np.int32)
+        self.index = self._upload(index)
+        self.observed = self._upload(np.ascontiguousarray(ev.observed, dtype=np.float64))
+        self.loss_a, self.loss_b = np.float64(ev.loss.scale), np.float64(ev.loss.b)
+        self.r = self.jc = self.jp = None
+        self._x_norm_stale, self._norm_pending = True, False
+        self.remember_best()
+
+    @staticmethod
+    def _reduction_size(rt):
+        return arrays.work_group_size(rt, None, 64 if rt.info.is_cpu else 256)
+
+    # -- small helpers -----------------------------------------------------------------------
+    def _upload(self, a):
+        self.bytes_to_device += a.nbytes
+        return arrays.to_device(self.rt, np.ascontiguousarray(a))
+
+    def _upload_pair(self, x):
+        return (self._upload(x[:self.ncC]) if self.ncC else arrays.scratch(self.rt, 1, np.float64),
+                self._upload(x[self.ncC:]) if self.total > self.ncC else arrays.scratch(self.rt, 1, np.float64))
+
+    def _run(self, name, items, *args):
+        """Enqueue kernel ``name`` over ``items`` work-items (nothing when there are none)."""
+        if items <= 0:
+            return
+        ev = self.k[name](self.rt.queue, (arrays.round_up(items, self.ls),), (self.ls,), *args)
+        if self.events is not None:
+            self.events.append(ev)
+
+    def _reduce(self, name, slot, total, *args, second_max=False):
+        """A two-stage reduction into ``scalars[slot]``, ``scalars[slot + 1]``."""
+        q, L, G = self.rt.queue, self.L, self.groups
+        e1 = self.k[name](q, (G * L,), (L,), *args, np.int32(total), self.reduce_partial.data)
+        e2 = self.k["finish"](q, (L,), (L,), self.reduce_partial.data, np.int32(G),
+                              np.int32(1 if second_max else 0), self.scalars.data, np.int32(slot))
+        if self.events is not None:
+            self.events += [e1, e2]
+
+    def _read_scalars(self):
+        host = np.empty(N_SCALARS)
+        cl.enqueue_copy(self.rt.queue, host, self.scalars.data)
+        self.bytes_to_host += host.nbytes
+        self._scalars = host
+        if self._norm_pending:
+            self._x_norm_stale = self._norm_pending = False
+        return host
+
+    def _pairs(self, *vectors):
+        return [b.data for v in vectors for b in v]
+
+    def _reduce_cost(self, r, with_jacobians):
+        """Per-observation rho (corrected r, Jc, Jp in place when ``with_jacobians``), summed."""
+        n = self.n
+        if with_jacobians:
+            self._run("correct_jacobian", n, r.data, self.jc.data, self.jp.data, self.value.data,
+                      np.int32(n), self.loss_a, self.loss_b)
+        else:
+            self._run("residual_cost", n, r.data, self.value.data, np.int32(n), self.loss_a, self.loss_b)
+        slot = COST if with_jacobians else CANDIDATE
+        self._reduce("reduce_sum", slot, n, self.value.data)
+        cost = 0.5 * self._read_scalars()[slot]
+        return float(cost) if np.isfinite(cost) else None
+
+    def _model_params(self, x):
+        return [x[0][:self.ncC].reshape(self.nc, self.C), x[1][:self.npt * self.P].reshape(self.npt, self.P)]
+
+    # -- evaluation at x ---------------------------------------------------------------------
+    def evaluate_jacobian(self, first: bool):
+        ev, n = self.ev, self.n
+        t0 = time.perf_counter()
+        # Let the last Jacobian go first: the new one takes its memory.
+        self.r = self.jc = self.jp = None
+        self.pcg.unbind_jacobian()
+        try:
+            r, (jc, jp) = self.fn.values_and_jacobians(self._model_params(self.x), self.index,
+                                                       data=self.observed, index_checked=True)
+            self.r, self.jc, self.jp = r, jc, jp
+            if self.events is not None:
+                self.events += list(r.events)
+            cost = self._reduce_cost(r, with_jacobians=True) if n else 0.0
+        finally:
+            ev.num_jacobian_evaluations += 1
+            ev.jacobian_time += time.perf_counter() - t0
+        if cost is None:
+            return None
+        t0 = time.perf_counter()
+        npt, nc, C, P = self.npt, self.nc, self.C, self.P
+        g = self.g
+        pcg = self.pcg
+        self._run("point_normal", npt, jp.data, r.data, pcg.pt_start.data, self.V.data, g[1].data, np.int32(npt))
+        self._run("camera_partials", pcg.nseg, jc.data, r.data, pcg.obs.data, pcg.seg_start.data,
+                  self.partial.data, np.int32(pcg.nseg))
+        self._run("camera_normal", nc, self.partial.data, pcg.cam_seg.data, self.B.data, g[0].data, np.int32(nc))
+        ncC, total = np.int32(self.ncC), np.int32(self.total)
+        if first:
+            self._run("jacobi_scale", self.total, self.B.data, self.V.data, *self._pairs(self.s), ncC, total,
+                      np.int32(1 if self.o.jacobi_scaling else 0))
+        self._reduce("reduce_gradient", GRADIENT, self.total, *self._pairs(self.x, g), ncC, second_max=True)
+        sc = self._read_scalars()
+        pcg.bind_jacobian(jc, r_dev=r, Jp_dev=jp)
+        self.linear_solver_time += time.perf_counter() - t0
+        return cost, float(sc[GRADIENT + 1]), float(np.sqrt(sc[GRADIENT]))
+
+    # -- the step ----------------------------------------------------------------------------
+    def solve_step(self, radius: float, reuse_diagonal: bool) -> StepSolution:
+        o, pcg, nc, npt = self.o, self.pcg, self.nc, self.npt
+        t0 = time.perf_counter()
+        try:
+            ncC, total = np.int32(self.ncC), np.int32(self.total)
+            if not reuse_diagonal:
+                self._run("lm_diagonal", self.total, self.B.data, self.V.data, *self._pairs(self.s, self.diag),
+                          ncC, total, np.float64(o.min_lm_diagonal), np.float64(o.max_lm_diagonal))
+            radius = np.float64(radius)
+            self._run("camera_regularize", self.ncC, self.diag[0].data, self.s[0].data, pcg.dc2.data, radius, ncC)
+            self._run("point_regularize", npt, self.V.data, self.diag[1].data, self.s[1].data, pcg.Vinv.data,
+                      radius, np.int32(npt))
+            pcg.device_inputs_written()
+            blocks = pcg.jacobi_blocks()
+            self._run("schur_jacobi", nc, self.B.data, pcg.dc2.data, blocks.data, pcg.cam_seg.data,
+                      pcg.Pinv.data, self.failed.data, np.int32(nc))
+            if nc:
+                failed = np.empty(nc, np.int32)
+                cl.enqueue_copy(self.rt.queue, failed, self.failed.data)
+                self.bytes_to_host += failed.nbytes
+                if failed.any():
+                    self._pseudo_inverse_preconditioner()
+            _, ok, its, msg = pcg.run(q_tolerance=o.eta, r_tolerance=-1.0,
+                                      max_iterations=o.max_linear_solver_iterations, read_x=False)
+            if not ok:
+                return StepSolution(False, its, msg)
+            yp = pcg.back_substitute_device(self.g[1])
+            raw = (pcg.x, yp)
+            self._run("make_step", self.total, *self._pairs(raw, self.s, self.x, self.delta, self.cand), ncC, total)
+            self._run("model_change", self.n, self.jc.data, self.jp.data, self.r.data, pcg.cam.data, pcg.pt.data,
+                      self.delta[0].data, self.delta[1].data, self.value.data, np.int32(self.n))
+            self._reduce("reduce_sum", CHANGE, self.n, self.value.data)
+            self._reduce("reduce_step", STEP, self.total, *self._pairs(self.x, self.cand, raw), ncC)
+            sc = self._read_scalars()
+            if sc[STEP + 1] > 0:
+                return StepSolution(False, its, "Linear solver failure. Failed to compute a finite step.")
+            self.step_norm = float(np.sqrt(sc[STEP]))
+            return StepSolution(True, its, msg, float(-sc[CHANGE]))
+        finally:
+            self.linear_solver_time += time.perf_counter() - t0
+
+    def _pseudo_inverse_preconditioner(self):
+        """A diagonal block of S that is not positive definite: as the host path, every block's
+        inverse becomes a pseudo-inverse (rare: the blocks came back as they are, see schur_jacobi)."""
+        C, pcg = self.C, self.pcg
+        blocks = np.empty((self.nc, C, C))
+        cl.enqueue_copy(self.rt.queue, blocks, pcg.Pinv.data)
+        failed = np.empty(self.nc, np.int32)
+        cl.enqueue_copy(self.rt.queue, failed, self.failed.data)
+        # The blocks that did factorise came back inverted: invert them back to S's blocks.
+        ok = failed == 0
+        with np.errstate(all="ignore"):
+            blocks[ok] = np.linalg.inv(blocks[ok])
+            pinv = np.linalg.pinv(blocks, hermitian=True)
+        self.bytes_to_host += 2 * blocks.nbytes
+        cl.enqueue_copy(self.rt.queue, pcg.Pinv.data, np.ascontiguousarray(pinv))
+
+    def evaluate_candidate(self):
+        ev = self.ev
+        t0 = time.perf_counter()
+        try:
+            r = self.fn.values(self._model_params(self.cand), self.index, data=self.observed,
+                               index_checked=True)
+            cost = self._reduce_cost(r, with_jacobians=False) if self.n else 0.0
+        finally:
+            ev.num_residual_evaluations += 1
+            ev.residual_time += time.perf_counter() - t0
+        return cost, self.step_norm
+
+    def accept(self):
+        self.x, self.cand = self.cand, self.x
+        # |x| is read with the next scalars (the evaluation at the new x follows at once).
+        self._reduce("reduce_norm", NORM, self.total, *self._pairs(self.x), np.int32(self.ncC))
+        self._norm_pending = True
+
+    @property
+    def x_norm(self) -> float:
+        if self._x_norm_stale:
+            self._reduce("reduce_norm", NORM, self.total, *self._pairs(self.x), np.int32(self.ncC))
+            self._read_scalars()
+            self._x_norm_stale = False
+        return float(np.sqrt(self._scalars[NORM]))
+
+    def remember_best(self):
+        q = self.rt.queue
+        for dst, src in zip(self.best_x, self.x):
+            if src.size:
+                cl.enqueue_copy(q, dst.data, src.data, byte_count=src.nbytes)
+
+    def best(self) -> np.ndarray:
+        out = np.empty(self.total)
+        parts = [(self.best_x[0], out[:self.ncC]), (self.best_x[1], out[self.ncC:])]
+        for dev, host in parts:
+            if host.size:
+                cl.enqueue_copy(self.rt.queue, host, dev.data)
+        self.rt.queue.finish()
+        self.bytes_to_host += out.nbytes
+        return out
+
+    def transfers(self) -> dict:
+        return {"bytes_to_device": int(self.bytes_to_device),
+                "bytes_to_host": int(self.bytes_to_host + self.pcg.bytes_to_host)}
+
+    def kernel_time(self) -> float:
+        """Seconds the device spent in the kernels enqueued so far (with ``profile=True``)."""
+        if self.events is None:
+            raise ValueError("kernel_time() needs DeviceState(..., profile=True)")
+        cl.wait_for_events(self.events) if self.events else None
+        return sum(e.profile.end - e.profile.start for e in self.events) * 1e-9
