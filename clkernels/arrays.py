@@ -15,7 +15,7 @@ import pyopencl.array as cla
 from .runtime import Runtime
 
 __all__ = ["is_device_array", "check_array", "to_device", "write_async", "to_host_like", "empty",
-           "scratch", "zeros", "convert", "work_group_size", "round_up"]
+           "scratch", "keep_on_simulator", "zeros", "convert", "work_group_size", "round_up"]
 
 
 def is_device_array(a) -> bool:
@@ -90,6 +90,18 @@ def scratch(runtime: Runtime, shape, dtype) -> cla.Array:
         shape = (shape,) if np.isscalar(shape) else tuple(shape)
         return cla.to_device(runtime.queue, np.zeros(shape, dtype))
     return empty(runtime, shape, dtype)
+
+
+_KEPT_ON_SIMULATOR: list = []
+
+
+def keep_on_simulator(runtime: Runtime, *objects) -> None:
+    """Never release these device arrays on the Oclgrind simulator (a no-op elsewhere): its
+    uninitialised-memory checker reuses a released buffer's shadow, at the old size, for a later
+    buffer (see :func:`zeros`), so a launcher that makes fresh outputs per call would see them
+    reported as uninitialised. Only for the tiny shapes the simulator runs."""
+    if runtime.info.is_simulator:
+        _KEPT_ON_SIMULATOR.append(objects)
 
 
 def zeros(runtime: Runtime, shape, dtype) -> cla.Array:

@@ -62,6 +62,10 @@ class BundleAdjustResult:
     model_name: str = ""
     dtype: str = "float64"
     device: str = ""
+    # "device" when every iteration's vectors and arithmetic stayed on the OpenCL device
+    # (solvers.lm_device), "host" for the reference path; bytes that crossed to and from it.
+    state: str = "host"
+    transfers: dict = dataclasses.field(default_factory=dict)
 
     @property
     def iterations(self) -> int:
@@ -102,7 +106,10 @@ def bundle_adjust(problem: BALProblem, linear_solver: str = "sparse_schur", loss
       ``out`` (default stdout) as it goes.
     - Ctrl-C (main thread, ``handle_sigint``) or ``stop.set()`` stops after the current iteration.
     - Other keyword options: fields of :class:`solvers.Options` (``eta``, ``initial_trust_region_radius``,
-      ``jacobi_scaling``, ``max_linear_solver_iterations``, ...).
+      ``jacobi_scaling``, ``max_linear_solver_iterations``, ``device_resident``, ...).
+    - Where it can (``iterative_schur``, a pyclad model in float64, a device with fp64) every
+      iteration stays on the OpenCL device (``result.state == "device"``, :mod:`solvers.lm_device`);
+      ``device_resident=False`` keeps the host reference path, ``True`` requires the device.
     """
     if not isinstance(problem, BALProblem):
         raise TypeError(f"problem must be a solvers.BALProblem (read_bal or synthetic_problem), got {type(problem).__name__}")
@@ -164,4 +171,4 @@ def bundle_adjust(problem: BALProblem, linear_solver: str = "sparse_schur", loss
         num_linear_solves=s.num_linear_solves,
         loss_name="TRIVIAL" if loss.name == "trivial" else f"{loss.name.upper()}({loss.scale:g})",
         model_name=type(model_obj).__name__, dtype=np.dtype(dtype).name,
-        device=(dev.name if dev is not None else "host"))
+        device=(dev.name if dev is not None else "host"), state=s.state, transfers=s.transfers)

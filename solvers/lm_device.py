@@ -211,6 +211,7 @@ class DeviceState:
             r, (jc, jp) = self.fn.values_and_jacobians(self._model_params(self.x), self.index,
                                                        data=self.observed, index_checked=True)
             self.r, self.jc, self.jp = r, jc, jp
+            arrays.keep_on_simulator(self.rt, r, jc, jp)
             if self.events is not None:
                 self.events += list(r.events)
             cost = self._reduce_cost(r, with_jacobians=True) if n else 0.0
@@ -301,6 +302,7 @@ class DeviceState:
         try:
             r = self.fn.values(self._model_params(self.cand), self.index, data=self.observed,
                                index_checked=True)
+            arrays.keep_on_simulator(self.rt, r)
             cost = self._reduce_cost(r, with_jacobians=False) if self.n else 0.0
         finally:
             ev.num_residual_evaluations += 1

@@ -83,7 +83,8 @@ class DevicePCG:
         self._seen_cams = np.flatnonzero(np.diff(cam_seg) > 0)
         self._seen_first_run = cam_seg[self._seen_cams]
         self.obs, self.seg_start, self.cam_seg = i32(order), i32(seg_start), i32(cam_seg)
-        f64 = lambda shape: arrays.empty(rt, shape, np.float64)  # noqa: E731
+        # scratch: written by kernels and read by later ones (see arrays.scratch on the simulator)
+        f64 = lambda shape: arrays.scratch(rt, shape, np.float64)  # noqa: E731
         self.w, self.partial = f64(max(1, 2 * n)), f64(max(1, 9 * self.nseg))
         self.b, self.x, self.r, self.p, self.z, self.q, self.dc2 = (f64(max(1, 9 * nc)) for _ in range(7))
         self.Vinv, self.Pinv = f64(max(1, 9 * npt)), f64(max(1, 81 * nc))

@@ -92,6 +92,7 @@ def full_report(result) -> str:
     row("Residuals", 2 * r.num_observations, 2 * r.num_observations)
     lines.append("")
     row("Minimizer", "TRUST_REGION")
+    row("Iterations run on", r.state)
     lines.append("")
     row("Sparse linear algebra library", "SCIPY")
     row("Trust region strategy", "LEVENBERG_MARQUARDT")

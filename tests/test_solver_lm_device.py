@@ -1,0 +1,183 @@
+"""The device-resident Levenberg-Marquardt path (solvers.lm_device) against the host reference
+path (solvers.host_state): the same iterations, accept/reject decisions, costs and messages, on
+the real BAL problems, with robust losses, without Jacobi scaling, with non-finite candidates;
+and its memory estimate, its errors and a tiny solve on Oclgrind."""
+import numpy as np
+import pytest
+
+import pyclad as pc
+import solvers
+from solvers.evaluator import Evaluator
+from solvers.lm_device import DeviceMemoryError, DeviceState, device_bytes
+from solvers.snavely import SnavelyModel, snavely_residual
+
+from bal_data import bal_file
+
+BAL = ["problem-49-7776-pre", "problem-73-11032-pre", "problem-21-11315-pre",
+       "problem-39-18060-pre", "problem-16-22106-pre"]
+
+
+def both_paths(problem, device, **kw):
+    kw.setdefault("linear_solver", "iterative_schur")
+    host = solvers.bundle_adjust(problem, device=device, handle_sigint=False, device_resident=False, **kw)
+    dev = solvers.bundle_adjust(problem, device=device, handle_sigint=False, device_resident=True, **kw)
+    assert host.state == "host" and dev.state == "device"
+    return host, dev
+
+
+def assert_same_solve(host, dev, rtol=1e-9):
+    """Same trajectory: every decision equal, every number equal up to the order of sums."""
+    assert len(host.history) == len(dev.history)
+    assert [h.step_is_successful for h in host.history] == [h.step_is_successful for h in dev.history]
+    assert [h.step_is_valid for h in host.history] == [h.step_is_valid for h in dev.history]
+    assert host.termination_type == dev.termination_type
+    assert host.message.split(":")[0] == dev.message.split(":")[0]
+    assert (host.num_jacobian_evaluations, host.num_residual_evaluations) == \
+        (dev.num_jacobian_evaluations, dev.num_residual_evaluations)
+    for a, b in zip(host.history, dev.history):
+        assert b.cost == pytest.approx(a.cost, rel=rtol)
+        # Near convergence the gradient is a sum of large terms that cancel (and the step
+        # follows from it): a different order of the sums moves it by ~1e-6 relative there.
+        assert b.gradient_max_norm == pytest.approx(a.gradient_max_norm, rel=1e-4)
+        assert b.step_norm == pytest.approx(a.step_norm, rel=1e-4, abs=1e-12)
+        assert b.trust_region_radius == pytest.approx(a.trust_region_radius, rel=1e-6)
+        # CG stops on a threshold of a rounded quantity: an iteration either way is rounding.
+        assert abs(a.linear_solver_iterations - b.linear_solver_iterations) <= 1
+    assert dev.final_cost == pytest.approx(host.final_cost, rel=rtol)
+    np.testing.assert_allclose(dev.points, host.points, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", BAL)
+def test_device_path_follows_the_host_path_on_bal(device, name):
+    host, dev = both_paths(solvers.read_bal(bal_file(name)), device)
+    # 30-50 iterations of CG solves whose sums run in another order: costs to 1e-6 (7 digits,
+    # what Ceres prints); the decisions themselves are equal.
+    assert_same_solve(host, dev, rtol=1e-6)
+    # Per iteration only scalars come back; the parameters once, at the end.
+    params_bytes = 8 * (9 * dev.num_cameras + 3 * dev.num_points)
+    assert dev.transfers["bytes_to_host"] < params_bytes + 4096 * len(dev.history)
+
+
+def outlier_problem(seed=3):
+    p = solvers.synthetic_problem(12, 400, 4, seed=seed)
+    obs = p.observations.copy()
+    rng = np.random.default_rng(seed)
+    bad = rng.choice(len(obs), size=len(obs) // 20, replace=False)
+    obs[bad] += rng.normal(0, 40, size=(bad.size, 2))
+    return solvers.BALProblem(p.cameras, p.points, p.camera_index, p.point_index, obs)
+
+
+@pytest.mark.parametrize("loss", ["huber", "cauchy", "soft_l1"])
+def test_device_path_robust_losses(device, loss):
+    host, dev = both_paths(outlier_problem(), device, loss=loss, loss_scale=2.0, max_iterations=15)
+    assert host.final_cost < host.initial_cost
+    assert_same_solve(host, dev)
+
+
+def test_device_path_without_jacobi_scaling(device):
+    host, dev = both_paths(solvers.synthetic_problem(10, 300, 3, seed=2), device, jacobi_scaling=False,
+                           max_iterations=10)
+    assert_same_solve(host, dev)
+
+
+class FocalCapModel(SnavelyModel):
+    """Snavely, plus a term that is NaN once a focal length rises above ``cap`` (tiny otherwise):
+    steps that raise one past it have a non-finite candidate and must be rejected."""
+
+    cap = None
+
+    def __init__(self, cam_idx, pt_idx, observations, dtype=np.float64, device=None):
+        super().__init__(cam_idx, pt_idx, observations, dtype=dtype, device=device)
+        cap = float(self.cap)
+
+        def capped(camera, point, observed):
+            r = snavely_residual(camera, point, observed)
+            guard = 1e-300 * pc.sqrt(cap - camera[6])
+            return [r[0] + guard, r[1] + guard]
+
+        self.function = pc.BatchFunction(capped, params=(9, 3), data=2, device=device)
+
+
+def test_device_path_rejects_non_finite_candidates_as_the_host_does(device):
+    p = solvers.synthetic_problem(8, 200, 3, seed=5)
+    p.cameras[:, 6] *= 0.97          # every focal length must grow, the largest may not
+    FocalCapModel.cap = p.cameras[:, 6].max() + 1e-6
+    host, dev = both_paths(p, device, model=FocalCapModel, max_iterations=8)
+    assert any(not h.step_is_successful for h in host.history[1:])
+    assert_same_solve(host, dev)
+
+
+def test_non_finite_start_fails_on_both_paths(device):
+    p = solvers.synthetic_problem(6, 50, 3, seed=1)
+    p.observations[7, 0] = np.nan
+    host, dev = both_paths(p, device)
+    for r in (host, dev):
+        assert r.termination_type == "FAILURE"
+        assert r.message == "Residual and Jacobian evaluation failed."
+        np.testing.assert_array_equal(r.points, p.points)
+
+
+def test_device_resident_true_says_why_it_cannot(device):
+    p = solvers.synthetic_problem(6, 50, 3, seed=1)
+    with pytest.raises(ValueError, match="sparse_schur.*factorises on the host"):
+        solvers.bundle_adjust(p, device=device, linear_solver="sparse_schur", device_resident=True)
+    with pytest.raises(ValueError, match="float32"):
+        solvers.bundle_adjust(p, device=device, linear_solver="iterative_schur", dtype=np.float32,
+                              device_resident=True)
+    with pytest.raises(ValueError, match="device_resident must be"):
+        solvers.bundle_adjust(p, device=device, device_resident="yes")
+
+
+def test_auto_chooses_the_device_for_iterative_schur(device):
+    p = solvers.synthetic_problem(6, 50, 3, seed=1)
+    r = solvers.bundle_adjust(p, device=device, linear_solver="iterative_schur", max_iterations=2,
+                              handle_sigint=False)
+    assert r.state == ("device" if device.info.fp64 else "host")
+    assert "Iterations run on" in r.full_report()
+    assert solvers.bundle_adjust(p, device=device, max_iterations=2, handle_sigint=False).state == "host"
+
+
+def _allocated_bytes(state):
+    seen, total = set(), 0
+    for obj in (state, state.pcg):
+        for v in vars(obj).values():
+            for a in (v if isinstance(v, tuple) else (v,)):
+                if hasattr(a, "nbytes") and hasattr(a, "data") and hasattr(a, "queue") and id(a) not in seen:
+                    seen.add(id(a))
+                    total += a.nbytes
+    return total
+
+
+def test_memory_estimate_covers_what_a_solve_allocates(device):
+    p = solvers.synthetic_problem(15, 600, 4, seed=4)
+    ev = Evaluator(p, solvers.Loss(), device=device)
+    opts = solvers.Options(linear_solver="iterative_schur")
+    x0 = np.concatenate([p.cameras.ravel(), p.points.ravel()])
+    state = DeviceState(ev, opts, device, x0)
+    state.evaluate_jacobian(first=True)
+    state.solve_step(1e4, False)
+    state.evaluate_candidate()
+    # The model's candidate residuals come and go; the state keeps the rest.
+    used = _allocated_bytes(state) + state.n * 2 * 8
+    estimate = device_bytes(p.num_observations, p.num_cameras, p.num_points)
+    assert used <= estimate <= 3 * used + (1 << 20)
+
+
+def test_a_problem_too_large_for_the_device_says_how_much_it_needs(device, monkeypatch):
+    import solvers.lm_device as lm_device
+    monkeypatch.setattr(lm_device, "device_bytes", lambda *a, **k: 5 * device.info.global_mem_bytes)
+    p = solvers.synthetic_problem(6, 50, 3, seed=1)
+    with pytest.raises(DeviceMemoryError, match=r"needs about .* GiB .* which has .* GiB; use dtype=np.float32"):
+        solvers.bundle_adjust(p, device=device, linear_solver="iterative_schur", handle_sigint=False)
+
+
+@pytest.mark.oclgrind
+def test_device_path_tiny_problem(device, keep_on_simulator):
+    """Every kernel of the device path on a tiny problem (run on Oclgrind too, where it must report
+    nothing), against the host path."""
+    p = solvers.synthetic_problem(4, 12, 3, seed=9)
+    kw = dict(linear_solver="iterative_schur", max_iterations=2, loss="huber", handle_sigint=False)
+    host = solvers.bundle_adjust(p, device=device, device_resident=False, **kw)
+    dev = solvers.bundle_adjust(p, device=device, device_resident=True, **kw)
+    assert_same_solve(host, dev)
