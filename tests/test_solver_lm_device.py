@@ -34,11 +34,13 @@ def assert_same_solve(host, dev, rtol=1e-9, norm_rtol=1e-4):
     assert host.message.split(":")[0] == dev.message.split(":")[0]
     assert (host.num_jacobian_evaluations, host.num_residual_evaluations) == \
         (dev.num_jacobian_evaluations, dev.num_residual_evaluations)
+    g0 = host.history[0].gradient_max_norm
     for a, b in zip(host.history, dev.history):
         assert b.cost == pytest.approx(a.cost, rel=rtol)
         # Near convergence the gradient is a sum of large terms that cancel (and the step
-        # follows from it): a different order of the sums moves it far more than the cost.
-        assert b.gradient_max_norm == pytest.approx(a.gradient_max_norm, rel=norm_rtol)
+        # follows from it): a different order of the sums moves it far more than the cost, so
+        # it is compared at the scale of the starting gradient as well.
+        assert b.gradient_max_norm == pytest.approx(a.gradient_max_norm, rel=norm_rtol, abs=g0 * 1e-5)
         assert b.step_norm == pytest.approx(a.step_norm, rel=norm_rtol, abs=1e-12)
         assert b.trust_region_radius == pytest.approx(a.trust_region_radius, rel=norm_rtol)
         # CG stops on a threshold of a rounded quantity: an iteration either way is rounding.
