@@ -158,6 +158,8 @@ def bundle_adjust(problem: BALProblem, linear_solver: str = "sparse_schur", loss
     times = {"preprocessor": t_pre, "jacobian_evaluation": s.jacobian_time,
              "residual_evaluation": s.residual_time, "linear_solver": s.linear_solver_time,
              "other": other, "minimizer": minimizer, "total": t_total}
+    if s.kernel_time is not None:
+        times["device_kernels"] = s.kernel_time
     model_obj = evaluator.model
     dev = getattr(getattr(model_obj, "runtime", None), "info", None)
     return BundleAdjustResult(

@@ -63,6 +63,8 @@ class Options:
     # Whether the iterations' vectors and arithmetic stay on the device (solvers.lm_device):
     # None chooses (the device when it can), True requires it, False keeps the host reference.
     device_resident: Optional[bool] = None
+    # Keep the device kernels' events and report their total time (times["device_kernels"]).
+    profile_kernels: bool = False
 
     def check(self):
         if self.linear_solver not in LINEAR_SOLVERS:
@@ -359,6 +361,8 @@ class Minimizer:
         s.linear_solver_time = self.state.linear_solver_time
         s.state = self.state.where
         s.transfers = self.state.transfers()
+        if self.o.profile_kernels and s.state == "device":
+            s.kernel_time = self.state.kernel_time()
         s.num_linear_solves = self.num_linear_solves
         s.jacobian_time = self.ev.jacobian_time
         s.num_jacobian_evaluations = self.ev.num_jacobian_evaluations

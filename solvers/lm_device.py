@@ -72,7 +72,7 @@ def device_state_or_reason(evaluator, options, runtime, x0):
         return None, f"the camera model evaluates in {fn.dtype}"
     if len(fn.group_sizes) != 2:
         return None, "the model does not have exactly two parameter groups (camera, point)"
-    return DeviceState(evaluator, options, runtime, x0), None
+    return DeviceState(evaluator, options, runtime, x0, profile=options.profile_kernels), None
 
 
 class DeviceState:
@@ -139,6 +139,10 @@ class DeviceState:
         self.observed = self._upload(np.ascontiguousarray(ev.observed, dtype=np.float64))
         self.loss_a, self.loss_b = np.float64(ev.loss.scale), np.float64(ev.loss.b)
         self.r = self.jc = self.jp = None
+        # What crossed before the first iteration (parameters, index, observations) and after the
+        # last (the best parameters) apart from what the iterations move.
+        self.bytes_at_start, self.bytes_at_end = self.bytes_to_device, 0
+        self.bytes_to_device = 0
         self._x_norm_stale, self._norm_pending = True, False
         self.remember_best()
 
@@ -295,6 +299,7 @@ class DeviceState:
             pinv = np.linalg.pinv(blocks, hermitian=True)
         self.bytes_to_host += 2 * blocks.nbytes
         cl.enqueue_copy(self.rt.queue, pcg.Pinv.data, np.ascontiguousarray(pinv))
+        self.bytes_to_device += pinv.nbytes
 
     def evaluate_candidate(self):
         ev = self.ev
@@ -336,12 +341,15 @@ class DeviceState:
             if host.size:
                 cl.enqueue_copy(self.rt.queue, host, dev.data)
         self.rt.queue.finish()
-        self.bytes_to_host += out.nbytes
+        self.bytes_at_end += out.nbytes
         return out
 
     def transfers(self) -> dict:
-        return {"bytes_to_device": int(self.bytes_to_device),
-                "bytes_to_host": int(self.bytes_to_host + self.pcg.bytes_to_host)}
+        """Bytes that crossed between host and device: during the iterations (``bytes_to_device``,
+        ``bytes_to_host``), and before and after them (``bytes_at_start``, ``bytes_at_end``)."""
+        return {"bytes_to_device": int(self.bytes_to_device + self.pcg.bytes_to_device),
+                "bytes_to_host": int(self.bytes_to_host + self.pcg.bytes_to_host),
+                "bytes_at_start": int(self.bytes_at_start), "bytes_at_end": int(self.bytes_at_end)}
 
     def kernel_time(self) -> float:
         """Seconds the device spent in the kernels enqueued so far (with ``profile=True``)."""

@@ -120,7 +120,7 @@ class DevicePCG:
         self._jacobian = None
         # Kernel events of the solves (for a profile; None: not kept) and bytes read back.
         self.events = None
-        self.bytes_to_host = 0
+        self.bytes_to_host = self.bytes_to_device = 0
 
     def bind_jacobian(self, Jc_dev, Jp_dev, r_dev):
         """The device Jacobian blocks (n, 2, 9), (n, 2, 3) and residuals (n * 2) of the linear
@@ -233,6 +233,7 @@ class DevicePCG:
         max_iterations = max(1, int(max_iterations))
         uploads = []
         arrays.write_async(self.rt, self.state, np.zeros(8), uploads)       # state: all RUNNING
+        self.bytes_to_device += 64
         self.k_update.set_arg(14, np.int32(max_iterations))
         self.k_update.set_arg(15, np.float64(q_tolerance))
         self.k_update.set_arg(16, np.float64(r_tolerance))

@@ -26,14 +26,20 @@ def _look_at_angle_axis(centers):
     return Rotation.from_matrix(R).as_rotvec()
 
 
-def synthetic_problem(num_cameras: int = 20, num_points: int = 2000, obs_per_point: int = 4,
+def synthetic_problem(num_cameras: int = 20, num_points: int = 2000, obs_per_point: float = 4,
                       noise_px: float = 0.5, perturb_rotation: float = 5e-3, perturb_translation: float = 5e-2,
                       perturb_point: float = 5e-2, seed: int = 0, name: str = None) -> BALProblem:
-    """A seeded random BAL problem with ``num_points * obs_per_point`` observations."""
-    nc, npt, k = int(num_cameras), int(num_points), int(obs_per_point)
-    if nc < 2 or npt < 1 or not (2 <= k <= nc):
+    """A seeded random BAL problem with about ``num_points * obs_per_point`` observations.
+
+    ``obs_per_point`` may be fractional: each point is then seen by ``floor`` or ``ceil`` of it
+    cameras, at random, so the mean is as asked (a venice-size problem: 1778 cameras, 993923
+    points, 5.07 observations per point). Everything is vectorised numpy: 29M observations take
+    seconds."""
+    nc, npt, mean_k = int(num_cameras), int(num_points), float(obs_per_point)
+    k = int(np.floor(mean_k))
+    if nc < 2 or npt < 1 or not (2 <= k and np.ceil(mean_k) <= nc):
         raise ValueError(f"need num_cameras >= 2, num_points >= 1 and 2 <= obs_per_point <= num_cameras; "
-                         f"got {nc}, {npt}, {k}")
+                         f"got {nc}, {npt}, {obs_per_point}")
     rng = np.random.default_rng(seed)
     angles = 2 * np.pi * np.arange(nc) / nc
     centers = np.stack([10 * np.cos(angles), 10 * np.sin(angles), 0.5 * rng.standard_normal(nc)], axis=1)
@@ -46,8 +52,15 @@ def synthetic_problem(num_cameras: int = 20, num_points: int = 2000, obs_per_poi
     points = rng.uniform(-1, 1, size=(npt, 3)) * 2.5
     # Each point is seen by k consecutive cameras around the circle (start at a random camera).
     first = rng.integers(0, nc, size=npt)
-    cam_idx = ((first[:, None] + np.arange(k)[None, :]) % nc).ravel()
-    pt_idx = np.repeat(np.arange(npt), k)
+    if mean_k == k:
+        cam_idx = ((first[:, None] + np.arange(k)[None, :]) % nc).ravel()
+        pt_idx = np.repeat(np.arange(npt), k)
+    else:
+        # Drawn after everything an integer count draws, so integer counts keep their problems.
+        counts = k + (rng.random(npt) < mean_k - k)
+        pt_idx = np.repeat(np.arange(npt), counts)
+        within = np.arange(pt_idx.size) - np.repeat(np.cumsum(counts) - counts, counts)
+        cam_idx = (first[pt_idx] + within) % nc
     P = rotate(cameras[cam_idx, 0:3], points[pt_idx]) + cameras[cam_idx, 3:6]
     p = -P[:, :2] / P[:, 2:3]
     r2 = np.sum(p * p, axis=1)
@@ -63,4 +76,4 @@ def synthetic_problem(num_cameras: int = 20, num_points: int = 2000, obs_per_poi
     init_cams[:, 3:6] += perturb_translation * rng.standard_normal((nc, 3))
     init_pts = points + perturb_point * rng.standard_normal(points.shape)
     return BALProblem(init_cams, init_pts, cam_idx, pt_idx, obs,
-                      name=name or f"synthetic-{nc}-{npt}-{k}-seed{seed}")
+                      name=name or f"synthetic-{nc}-{npt}-{obs_per_point:g}-seed{seed}")
