@@ -52,6 +52,53 @@ def ceres_solve(path, solver, threads, iterations):
     return out, None
 
 
+def pyclad_row(problem, solver, iterations, device, args):
+    """pyclad's timed solves and, on the device path, a profiled one: (Timing, row fields)."""
+    samples, result = [], None
+    for _ in range(max(1, args.repeat)):
+        t0 = time.perf_counter()
+        result = solvers.bundle_adjust(problem, linear_solver=solver, max_iterations=iterations,
+                                       device=device, handle_sigint=False)
+        samples.append(time.perf_counter() - t0)
+    ours = harness.Timing(samples)
+    steps, n_obs, t = max(result.iterations, 1), problem.num_observations, result.transfers
+    row = dict(observations=n_obs, final_cost=result.final_cost, initial_cost=result.initial_cost,
+               iterations=result.iterations, termination=result.termination_type,
+               jacobian_s=result.times["jacobian_evaluation"], linear_solver_s=result.times["linear_solver"],
+               us_per_obs_iter=ours.median / (n_obs * steps) * 1e6, state=result.state,
+               bytes_to_host_per_iter=t.get("bytes_to_host", 0) / steps,
+               bytes_to_device_per_iter=t.get("bytes_to_device", 0) / steps,
+               bytes_at_start=t.get("bytes_at_start"), bytes_at_end=t.get("bytes_at_end"))
+    if result.state == "device" and not args.no_profile:
+        t0 = time.perf_counter()
+        prof = solvers.bundle_adjust(problem, linear_solver=solver, max_iterations=iterations,
+                                     device=device, handle_sigint=False, profile_kernels=True)
+        wall = time.perf_counter() - t0
+        kernels = prof.times["device_kernels"]
+        row.update(kernel_s=kernels["total"], host_s=wall - kernels["total"],
+                   kernels={k: round(v, 6) for k, v in kernels.items() if k != "total"})
+    return ours, row
+
+
+def ceres_row(report, name, path, solver, iterations, args, n_obs):
+    """Ceres' timed solves, reported as their own row: (Timing, final cost), or None."""
+    samples, out = [], None
+    for _ in range(max(1, args.repeat)):
+        o, why = ceres_solve(path, solver, args.threads, iterations)
+        if o is None:
+            report.add(case=name, variant=f"ceres-{solver}", failed=why)
+            return None
+        out = o
+        samples.append(o["times"]["solve_wall_s"])
+    ct = harness.Timing(samples)
+    report.add(case=name, variant=f"ceres-{solver}", timing=ct, observations=n_obs,
+               final_cost=out["final_cost"], initial_cost=out["initial_cost"],
+               iterations=out["iterations"]["steps"], termination=out["termination"]["type"],
+               threads=args.threads,
+               us_per_obs_iter=ct.median / (n_obs * max(out["iterations"]["steps"], 1)) * 1e6)
+    return ct, out["final_cost"]
+
+
 def main():
     p = harness.parser(__doc__)
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="Ceres' threads (default: all cores)")
@@ -105,53 +152,24 @@ def main():
         n_obs = problem.num_observations
         rows = []
         for solver in chosen:
-            if at_scale and solver != "iterative_schur":
+            # At scale pyclad runs iterative_schur alone (its sparse_schur factorises on the host),
+            # Ceres the solvers SCALES names.
+            ours_runs = not at_scale or solver == "iterative_schur"
+            ceres_runs = have_ceres and (not at_scale or solver in scale_ceres[name])
+            row = pyclad_row(problem, solver, iterations, device, args) if ours_runs else None
+            ceres_t = ceres_row(report, name, path, solver, iterations, args, n_obs) if ceres_runs else None
+            if ceres_t is not None:
+                ceres_best[name] = min(ceres_best.get(name, float("inf")), ceres_t[0].median)
+            if row is None:
                 continue
-            samples, result = [], None
-            for _ in range(max(1, args.repeat)):
-                t0 = time.perf_counter()
-                result = solvers.bundle_adjust(problem, linear_solver=solver, max_iterations=iterations,
-                                               device=device, handle_sigint=False)
-                samples.append(time.perf_counter() - t0)
-            ours = harness.Timing(samples)
-            steps = max(result.iterations, 1)
-            row = dict(observations=n_obs, final_cost=result.final_cost, initial_cost=result.initial_cost,
-                       iterations=result.iterations, termination=result.termination_type,
-                       jacobian_s=result.times["jacobian_evaluation"], linear_solver_s=result.times["linear_solver"],
-                       us_per_obs_iter=ours.median / (n_obs * steps) * 1e6, state=result.state,
-                       bytes_to_host_per_iter=result.transfers.get("bytes_to_host", 0) / steps,
-                       bytes_to_device_per_iter=result.transfers.get("bytes_to_device", 0) / steps,
-                       bytes_at_start=result.transfers.get("bytes_at_start"),
-                       bytes_at_end=result.transfers.get("bytes_at_end"))
-            if result.state == "device" and not args.no_profile:
-                t0 = time.perf_counter()
-                prof = solvers.bundle_adjust(problem, linear_solver=solver, max_iterations=iterations,
-                                             device=device, handle_sigint=False, profile_kernels=True)
-                wall = time.perf_counter() - t0
-                row.update(kernel_s=prof.times["device_kernels"], host_s=wall - prof.times["device_kernels"])
-            ceres_samples, ceres_out, why = [], None, None
-            if at_scale and solver not in scale_ceres[name]:
-                why = "not run at this size (see the docstring)"
-            elif have_ceres:
-                for _ in range(max(1, args.repeat)):
-                    out, why = ceres_solve(path, solver, args.threads, iterations)
-                    if out is None:
-                        break
-                    ceres_out = out
-                    ceres_samples.append(out["times"]["solve_wall_s"])
-            if ceres_out is not None:
-                ct = harness.Timing(ceres_samples)
-                report.add(case=name, variant=f"ceres-{solver}", timing=ct, observations=n_obs,
-                           final_cost=ceres_out["final_cost"], initial_cost=ceres_out["initial_cost"],
-                           iterations=ceres_out["iterations"]["steps"], termination=ceres_out["termination"]["type"],
-                           threads=args.threads,
-                           us_per_obs_iter=ct.median / (n_obs * max(ceres_out["iterations"]["steps"], 1)) * 1e6)
-                row["time_ratio_vs_ceres"] = ours.median / ct.median
-                row["cost_ratio_vs_ceres"] = result.final_cost / ceres_out["final_cost"]
-                ceres_best[name] = min(ceres_best.get(name, float("inf")), ct.median)
+            timing, row = row
+            if ceres_t is not None:
+                row["time_ratio_vs_ceres"] = timing.median / ceres_t[0].median
+                row["cost_ratio_vs_ceres"] = row["final_cost"] / ceres_t[1]
             else:
-                row["ceres"] = why or ceres_peer.unavailable_reason()
-            rows.append(report.add(case=name, variant=f"pyclad-{solver}", timing=ours, **row))
+                row["ceres"] = ("not run at this size (see the docstring)" if have_ceres
+                                else ceres_peer.unavailable_reason())
+            rows.append(report.add(case=name, variant=f"pyclad-{solver}", timing=timing, **row))
         for row in rows:     # against Ceres' faster solver, once both have run
             if name in ceres_best:
                 row["time_ratio_vs_ceres_best"] = row["median_s"] / ceres_best[name]

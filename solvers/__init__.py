@@ -159,7 +159,7 @@ def bundle_adjust(problem: BALProblem, linear_solver: str = "sparse_schur", loss
              "residual_evaluation": s.residual_time, "linear_solver": s.linear_solver_time,
              "other": other, "minimizer": minimizer, "total": t_total}
     if s.kernel_time is not None:
-        times["device_kernels"] = s.kernel_time
+        times["device_kernels"] = s.kernel_time      # seconds per kernel and their total
     model_obj = evaluator.model
     dev = getattr(getattr(model_obj, "runtime", None), "info", None)
     return BundleAdjustResult(

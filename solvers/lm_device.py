@@ -165,7 +165,7 @@ class DeviceState:
             return
         ev = self.k[name](self.rt.queue, (arrays.round_up(items, self.ls),), (self.ls,), *args)
         if self.events is not None:
-            self.events.append(ev)
+            self.events.append((name, ev))
 
     def _reduce(self, name, slot, total, *args, second_max=False):
         """A two-stage reduction into ``scalars[slot]``, ``scalars[slot + 1]``."""
@@ -174,7 +174,7 @@ class DeviceState:
         e2 = self.k["finish"](q, (L,), (L,), self.reduce_partial.data, np.int32(G),
                               np.int32(1 if second_max else 0), self.scalars.data, np.int32(slot))
         if self.events is not None:
-            self.events += [e1, e2]
+            self.events += [(name, e1), ("finish", e2)]
 
     def _read_scalars(self):
         host = np.empty(N_SCALARS)
@@ -217,7 +217,7 @@ class DeviceState:
             self.r, self.jc, self.jp = r, jc, jp
             arrays.keep_on_simulator(self.rt, r, jc, jp)
             if self.events is not None:
-                self.events += list(r.events)
+                self.events += [("model_jacobian", e) for e in r.events]
             cost = self._reduce_cost(r, with_jacobians=True) if n else 0.0
         finally:
             ev.num_jacobian_evaluations += 1
@@ -308,6 +308,8 @@ class DeviceState:
             r = self.fn.values(self._model_params(self.cand), self.index, data=self.observed,
                                index_checked=True)
             arrays.keep_on_simulator(self.rt, r)
+            if self.events is not None:
+                self.events += [("model_residuals", e) for e in r.events]
             cost = self._reduce_cost(r, with_jacobians=False) if self.n else 0.0
         finally:
             ev.num_residual_evaluations += 1
@@ -351,9 +353,14 @@ class DeviceState:
                 "bytes_to_host": int(self.bytes_to_host + self.pcg.bytes_to_host),
                 "bytes_at_start": int(self.bytes_at_start), "bytes_at_end": int(self.bytes_at_end)}
 
-    def kernel_time(self) -> float:
-        """Seconds the device spent in the kernels enqueued so far (with ``profile=True``)."""
+    def kernel_time(self) -> dict:
+        """Seconds the device spent in each kernel enqueued so far, and their ``total`` (with
+        ``profile=True``)."""
         if self.events is None:
             raise ValueError("kernel_time() needs DeviceState(..., profile=True)")
-        cl.wait_for_events(self.events) if self.events else None
-        return sum(e.profile.end - e.profile.start for e in self.events) * 1e-9
+        self.rt.queue.finish()
+        out = {}
+        for name, e in self.events:
+            out[name] = out.get(name, 0.0) + (e.profile.end - e.profile.start) * 1e-9
+        out["total"] = sum(out.values())
+        return out

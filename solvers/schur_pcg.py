@@ -194,14 +194,16 @@ class DevicePCG:
         self.k_project.set_arg(5, v)
         self.k_project.set_arg(9, np.int32(1 if from_residuals else 0))
         if self.npt:
-            self._record(cl.enqueue_nd_range_kernel(q, self.k_project, (self.gs_points,), (self.ls_points,)))
+            self._record("project_points", cl.enqueue_nd_range_kernel(q, self.k_project, (self.gs_points,),
+                                                                      (self.ls_points,)))
         if self.nseg:
-            self._record(cl.enqueue_nd_range_kernel(q, self.k_partials, (self.gs_partials,), (self.ls_partials,)))
+            self._record("camera_partials_cg", cl.enqueue_nd_range_kernel(q, self.k_partials, (self.gs_partials,),
+                                                                          (self.ls_partials,)))
 
     def _update(self, mode, it):
         self.k_update.set_arg(12, np.int32(mode))
         self.k_update.set_arg(13, np.int32(it))
-        self._record(cl.enqueue_nd_range_kernel(self.rt.queue, self.k_update, (self.L,), (self.L,)))
+        self._record("cg_update", cl.enqueue_nd_range_kernel(self.rt.queue, self.k_update, (self.L,), (self.L,)))
 
     def solve(self, Vinv, Dc2, Pinv, q_tolerance=0.1, r_tolerance=-1.0, max_iterations=500):
         """PCG from ``x = 0`` on ``S = F^T (I - E V^-1 E^T) F + diag(Dc2)`` with right-hand side
@@ -278,8 +280,8 @@ class DevicePCG:
         """Enqueue ``jacobi_blocks`` into ``self.blocks`` (nseg, 45) from the device ``self.Vinv``."""
         self._check_bound()
         if self.nseg:
-            self._record(cl.enqueue_nd_range_kernel(self.rt.queue, self.k_jacobi, (self.gs_partials,),
-                                                    (self.ls_partials,)))
+            self._record("jacobi_blocks", cl.enqueue_nd_range_kernel(
+                self.rt.queue, self.k_jacobi, (self.gs_partials,), (self.ls_partials,)))
         return self.blocks
 
     def back_substitute_device(self, gp_dev):
@@ -289,15 +291,15 @@ class DevicePCG:
         if self.npt:
             self.k_back.set_arg(5, gp_dev.data)
             self.k_back.set_arg(6, self.x.data)
-            self._record(cl.enqueue_nd_range_kernel(self.rt.queue, self.k_back, (self.gs_points,),
-                                                    (self.ls_points,)))
+            self._record("back_substitute", cl.enqueue_nd_range_kernel(
+                self.rt.queue, self.k_back, (self.gs_points,), (self.ls_points,)))
             self.k_back.set_arg(5, self.gp.data)
             self.k_back.set_arg(6, self.yc.data)
         return self.yp
 
-    def _record(self, event):
+    def _record(self, name, event):
         if self.events is not None:
-            self.events.append(event)
+            self.events.append((name, event))
 
     def _result(self, state, q_tolerance, read_x=True):
         status, its, value = int(state[S_STATUS]), int(state[S_ITER]), state[S_VALUE]

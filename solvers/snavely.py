@@ -62,13 +62,17 @@ class SnavelyModel:
             # evaluated from the host in chunks.
             per_obs = 4 * 2 + self.dtype.itemsize * (2 + 2 + 2 * 12)
             in_place = runtime.info.is_cpu and not runtime.info.is_simulator
-            if not in_place and per_obs * self.n_obs < runtime.info.global_mem_bytes // 3 and \
-                    self.dtype.itemsize * 2 * 9 * self.n_obs < runtime.info.max_alloc_bytes:
-                self._device = (cla.to_device(runtime.queue, index), cla.to_device(runtime.queue, observed))
+            # Uploaded at the first call, not here: the device-resident solver (solvers.lm_device)
+            # keeps copies of its own and never calls with host arrays.
+            self._upload = not in_place and per_obs * self.n_obs < runtime.info.global_mem_bytes // 3 and \
+                self.dtype.itemsize * 2 * 9 * self.n_obs < runtime.info.max_alloc_bytes
 
     def _params(self, cameras, points):
         cameras = np.ascontiguousarray(cameras, dtype=self.dtype)
         points = np.ascontiguousarray(points, dtype=self.dtype)
+        if self._device is None and getattr(self, "_upload", False):
+            q = self.runtime.queue
+            self._device = (cla.to_device(q, self._host[0]), cla.to_device(q, self._host[1]))
         if self._device is None:
             return [cameras, points], self._host
         q = self.runtime.queue

@@ -67,7 +67,7 @@ class SolverSummary:
     num_residual_evaluations: int = 0
     state: str = "host"              # where the iterations ran: "host" or "device"
     transfers: dict = dataclasses.field(default_factory=dict)   # bytes to and from the device
-    kernel_time: Optional[float] = None   # seconds in device kernels (Options.profile_kernels)
+    kernel_time: Optional[dict] = None    # seconds per device kernel (Options.profile_kernels)
 
 
 def full_report(result) -> str:
