@@ -57,10 +57,11 @@ def test_device_path_follows_the_host_path_on_bal(device, name):
     problem = solvers.read_bal(bal_file(name))
     host, dev = both_paths(problem, device)
     # 20-50 inexact CG solves (eta = 0.1) whose sums run in another order: on ladybug-73 the
-    # costs part by ~1e-7 and the gradients by ~2e-4 mid-solve; the decisions stay equal. Its
+    # costs part by ~1e-7 on PoCL and ~2e-5 on NVIDIA (whose compiler fuses multiply-adds) and
+    # the gradients by ~2e-4 mid-solve; the decisions stay equal. Its
     # weakly observed points drift along flat directions (by up to ~20 units at equal cost), so
     # the returned state is checked by its own cost instead of against the host's.
-    assert_same_solve(host, dev, rtol=1e-6, norm_rtol=2e-3, compare_points=False)
+    assert_same_solve(host, dev, rtol=1e-4, norm_rtol=2e-3, compare_points=False)
     r = ReferenceSnavelyModel(problem.camera_index, problem.point_index, problem.observations).residuals(
         dev.cameras, dev.points)
     assert 0.5 * np.sum(r * r) == pytest.approx(dev.final_cost, rel=1e-9)
