@@ -81,13 +81,13 @@ def pyclad_row(problem, solver, iterations, device, args):
 
 
 def ceres_row(report, name, path, solver, iterations, args, n_obs):
-    """Ceres' timed solves, reported as their own row: (Timing, final cost), or None."""
+    """Ceres' timed solves, reported as their own row: ``(Timing, final cost)``, or ``(None, why)``."""
     samples, out = [], None
     for _ in range(max(1, args.repeat)):
         o, why = ceres_solve(path, solver, args.threads, iterations)
         if o is None:
             report.add(case=name, variant=f"ceres-{solver}", failed=why)
-            return None
+            return None, why
         out = o
         samples.append(o["times"]["solve_wall_s"])
     ct = harness.Timing(samples)
@@ -155,20 +155,22 @@ def main():
             # At scale pyclad runs iterative_schur alone (its sparse_schur factorises on the host),
             # Ceres the solvers SCALES names.
             ours_runs = not at_scale or solver == "iterative_schur"
-            ceres_runs = have_ceres and (not at_scale or solver in scale_ceres[name])
-            row = pyclad_row(problem, solver, iterations, device, args) if ours_runs else None
-            ceres_t = ceres_row(report, name, path, solver, iterations, args, n_obs) if ceres_runs else None
-            if ceres_t is not None:
-                ceres_best[name] = min(ceres_best.get(name, float("inf")), ceres_t[0].median)
-            if row is None:
-                continue
-            timing, row = row
-            if ceres_t is not None:
-                row["time_ratio_vs_ceres"] = timing.median / ceres_t[0].median
-                row["cost_ratio_vs_ceres"] = row["final_cost"] / ceres_t[1]
+            if not have_ceres:
+                ceres_t, ceres_cost = None, ceres_peer.unavailable_reason()
+            elif at_scale and solver not in scale_ceres[name]:
+                ceres_t, ceres_cost = None, "not run at this size (see the docstring)"
             else:
-                row["ceres"] = ("not run at this size (see the docstring)" if have_ceres
-                                else ceres_peer.unavailable_reason())
+                ceres_t, ceres_cost = ceres_row(report, name, path, solver, iterations, args, n_obs)
+            if ceres_t is not None:
+                ceres_best[name] = min(ceres_best.get(name, float("inf")), ceres_t.median)
+            if not ours_runs:
+                continue
+            timing, row = pyclad_row(problem, solver, iterations, device, args)
+            if ceres_t is not None:
+                row["time_ratio_vs_ceres"] = timing.median / ceres_t.median
+                row["cost_ratio_vs_ceres"] = row["final_cost"] / ceres_cost
+            else:
+                row["ceres"] = ceres_cost          # why there is no Ceres figure
             rows.append(report.add(case=name, variant=f"pyclad-{solver}", timing=timing, **row))
         for row in rows:     # against Ceres' faster solver, once both have run
             if name in ceres_best:

@@ -33,7 +33,6 @@ class Evaluator:
         self.cam = problem.camera_index[self.order]
         self.pt = problem.point_index[self.order]
         observed = problem.observations[self.order]
-        self.observed = observed
         if model is None:
             model = default_model_class()
         if isinstance(model, type) or (callable(model) and not hasattr(model, "residuals_and_jacobians")):

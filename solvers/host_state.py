@@ -27,15 +27,18 @@ class StepSolution:
 
 
 class HostState:
-    """numpy arrays; the Schur complement's products on an OpenCL device when ``cl_structure``
-    is given (:class:`solvers.schur_cl.ClStructure`)."""
+    """numpy arrays; the Schur complement's products on the OpenCL device ``runtime`` when one is
+    given (:class:`solvers.schur_cl.ClStructure`)."""
 
     where = "host"
 
-    def __init__(self, evaluator, options, x0, cl_structure=None):
+    def __init__(self, evaluator, options, x0, runtime=None):
         self.ev, self.o = evaluator, options
         self.st = Structure(evaluator.cam, evaluator.pt, evaluator.nc, evaluator.npt)
-        self.cl_structure = cl_structure(self.st) if callable(cl_structure) else cl_structure
+        self.cl_structure = None
+        if runtime is not None:
+            from .schur_cl import ClStructure
+            self.cl_structure = ClStructure(self.st, runtime)
         self.x = np.array(x0, dtype=np.float64)
         self.best_x = self.x.copy()
         self.linear_solver_time = 0.0

@@ -164,11 +164,9 @@ class Minimizer:
             return state
         if self.o.device_resident is True:
             raise ValueError(f"device_resident=True, but {why}")
-        self.host_reason = why
         o, rt = self.o, self.runtime
         if o.schur_backend != "numpy" and rt is not None and rt.info.fp64:
-            from .schur_cl import ClStructure
-            return HostState(self.ev, o, x0, cl_structure=lambda st: ClStructure(st, rt))
+            return HostState(self.ev, o, x0, runtime=rt)
         if o.schur_backend == "opencl":
             raise ValueError("schur_backend='opencl' needs an OpenCL device with fp64; "
                              "pass device= one that has it, or schur_backend='numpy'")

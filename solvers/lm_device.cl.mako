@@ -68,9 +68,17 @@ void loss_eval(const double s, const double a, const double b, double *rho)
 %endif
 }
 
-double squared_norm(__global const double *r)
+// One observation's cost term rho(|r|^2), NaN unless r is finite and `finite` is set; its
+// squared norm and the loss' derivatives come back in s and rho[].
+double observation_rho(__global const double *ro, int finite, const double a, const double b,
+                       double *s, double *rho)
 {
-    return ${' + '.join(f'r[{k}] * r[{k}]' for k in range(R))};
+%for k in range(R):
+    finite &= isfinite(ro[${k}]);
+%endfor
+    *s = ${' + '.join(f'ro[{k}] * ro[{k}]' for k in range(R))};
+    loss_eval(*s, a, b, rho);
+    return finite ? rho[0] : NAN;
 }
 
 __kernel void residual_cost(__global const double *restrict r,   // (n, R)
@@ -79,15 +87,8 @@ __kernel void residual_cost(__global const double *restrict r,   // (n, R)
 {
     const int o = get_global_id(0);
     if (o >= n) return;
-    __global const double *ro = r + (size_t)o * ${R};
-    int finite = 1;
-%for k in range(R):
-    finite &= isfinite(ro[${k}]);
-%endfor
-    const double s = squared_norm(ro);
-    double rho[3];
-    loss_eval(s, a, b, rho);
-    value[o] = finite ? rho[0] : NAN;
+    double s, rho[3];
+    value[o] = observation_rho(r + (size_t)o * ${R}, 1, a, b, &s, rho);
 }
 
 // Ceres' Corrector (solvers/loss.py: correct): r~ = sqrt(rho') / (1 - alpha) r and
@@ -113,15 +114,10 @@ __kernel void correct_jacobian(__global double *restrict r,     // (n, R)
     if (o >= n) return;
     __global double *ro = r + (size_t)o * ${R};
     int finite = 1;
-%for k in range(R):
-    finite &= isfinite(ro[${k}]);
-%endfor
     for (int j = 0; j < ${R * C}; ++j) finite &= isfinite(Jc[(size_t)o * ${R * C} + j]);
     for (int j = 0; j < ${R * P}; ++j) finite &= isfinite(Jp[(size_t)o * ${R * P} + j]);
-    const double s = squared_norm(ro);
-    double rho[3];
-    loss_eval(s, a, b, rho);
-    value[o] = finite ? rho[0] : NAN;
+    double s, rho[3];
+    value[o] = observation_rho(ro, finite, a, b, &s, rho);
 %if LOSS != 'trivial':
     const double sqrt_rho1 = sqrt(rho[1]);
     double residual_scaling = sqrt_rho1, alpha_sq_norm = 0.0;

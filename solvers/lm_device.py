@@ -18,8 +18,6 @@ Block sizes (camera C, point P, residual R) are the model's and render parameter
 from __future__ import annotations
 
 import time
-from typing import Optional
-
 import numpy as np
 import pyopencl as cl
 
@@ -64,14 +62,17 @@ def device_state_or_reason(evaluator, options, runtime, x0):
         return None, f"linear_solver={options.linear_solver!r} factorises on the host"
     if not runtime.info.fp64:
         return None, f"the device {runtime.info.name!r} has no fp64"
-    fn = getattr(evaluator.model, "function", None)
+    model = evaluator.model
+    fn = getattr(model, "function", None)
     if evaluator.permute is not None or fn is None or not hasattr(fn, "values_and_jacobians") \
-            or getattr(fn, "backend", "numpy") == "numpy":
+            or getattr(fn, "backend", "numpy") == "numpy" or not hasattr(model, "device_inputs"):
         return None, "the camera model is not a pyclad BatchFunction on an OpenCL device"
     if fn.dtype != np.float64:
         return None, f"the camera model evaluates in {fn.dtype}"
-    if len(fn.group_sizes) != 2:
-        return None, "the model does not have exactly two parameter groups (camera, point)"
+    if tuple(fn.group_sizes) + (fn.n_outputs,) != (9, 3, 2):
+        # The CG kernels (schur_pcg.cl.mako) are written for BAL's blocks.
+        return None, (f"the device CG takes 9-parameter cameras, 3-parameter points and 2 residuals; "
+                      f"the model has {fn.group_sizes} and {fn.n_outputs}")
     return DeviceState(evaluator, options, runtime, x0, profile=options.profile_kernels), None
 
 
@@ -89,10 +90,6 @@ class DeviceState:
         R = self.fn.n_outputs
         self.C, self.P, self.R, self.T = C, P, R, C * (C + 1) // 2
         n, nc, npt = ev.cam.size, ev.nc, ev.npt
-        if (C, P, R) != (9, 3, 2):
-            # The CG kernels (schur_pcg.cl.mako) are written for BAL's blocks.
-            raise ValueError(f"the device CG takes 9-parameter cameras, 3-parameter points and 2 "
-                             f"residuals; the model has {C}, {P} and {R}")
         self.n, self.nc, self.npt = n, nc, npt
         need = device_bytes(n, nc, npt, C, P, R)
         have = rt.info.global_mem_bytes
@@ -107,19 +104,18 @@ class DeviceState:
         self.linear_solver_time = 0.0
         self.pcg = DevicePCG(rt, ev.cam, ev.pt, nc, npt)
         self.pcg.events = self.events
-        prg = get_program(TEMPLATE, rt, C=C, P=P, R=R, L=self._reduction_size(rt),
-                          LOSS=ev.loss.name)
-        self.k = {name: cl.Kernel(prg, name) for name in (
-            "correct_jacobian", "residual_cost", "point_normal", "camera_partials", "camera_normal",
-            "jacobi_scale", "lm_diagonal", "camera_regularize", "point_regularize", "schur_jacobi",
-            "make_step", "model_change", "reduce_sum", "reduce_gradient", "reduce_step",
-            "reduce_norm", "finish")}
-        self.ls = 1 << 6 if not rt.info.is_cpu else 1 << 3
-        self.ls = min(self.ls, arrays.work_group_size(rt, self.k["schur_jacobi"], self.ls))
-        self.L = self._reduction_size(rt)
-        self.groups = max(1, (4 if not rt.info.is_cpu else 2) * rt.info.compute_units)
+        # The reductions' work-group size, and their number of groups (fixed per device, so the
+        # sums run in the same order every time).
+        self.L = arrays.work_group_size(rt, None, 64 if rt.info.is_cpu else 256)
+        self.groups = max(1, (2 if rt.info.is_cpu else 4) * rt.info.compute_units)
+        prg = get_program(TEMPLATE, rt, C=C, P=P, R=R, L=self.L, LOSS=ev.loss.name)
+        # Kernel objects of this instance alone (their arguments are set at every launch).
+        self.k = {k.function_name: k for k in prg.all_kernels()}
+        # Small groups on CPUs, as DevicePCG's (schur_jacobi has the most live values).
+        self.ls = arrays.work_group_size(rt, self.k["schur_jacobi"], 8 if rt.info.is_cpu else 64)
         f64 = lambda size: arrays.scratch(rt, max(1, int(size)), np.float64)  # noqa: E731
         self.ncC, self.total = nc * C, nc * C + npt * P
+        self._ncC, self._total = np.int32(self.ncC), np.int32(self.total)     # as kernel arguments
         x0 = np.asarray(x0, dtype=np.float64)
         self.x = self._upload_pair(x0)
         self.cand = (f64(self.ncC), f64(npt * P))
@@ -127,28 +123,26 @@ class DeviceState:
         self.delta = (f64(self.ncC), f64(npt * P))
         self.s = (f64(self.ncC), f64(npt * P))
         self.diag = (f64(self.ncC), f64(npt * P))
-        self.g = (f64(self.ncC), f64(npt * P))
+        # The gradient; its point part is DevicePCG's gp, which its back-substitution reads.
+        self.g = (f64(self.ncC), self.pcg.gp)
         self.B, self.V = f64(nc * self.T), f64(npt * P * P)
         self.partial = f64(self.pcg.nseg * (self.T + C))
         self.value = f64(n)
         self.reduce_partial = f64(2 * self.groups)
         self.scalars = f64(N_SCALARS)
         self.failed = arrays.scratch(rt, max(1, nc), np.int32)
-        index = np.stack([ev.cam, ev.pt], axis=1).astype(np.int32) if n else np.zeros((0, 2), np.int32)
-        self.index = self._upload(index)
-        self.observed = self._upload(np.ascontiguousarray(ev.observed, dtype=np.float64))
+        self.index, self.observed = ev.model.device_inputs()
+        self.bytes_to_device += self.index.nbytes + self.observed.nbytes
         self.loss_a, self.loss_b = np.float64(ev.loss.scale), np.float64(ev.loss.b)
         self.r = self.jc = self.jp = None
         # What crossed before the first iteration (parameters, index, observations) and after the
         # last (the best parameters) apart from what the iterations move.
         self.bytes_at_start, self.bytes_at_end = self.bytes_to_device, 0
         self.bytes_to_device = 0
-        self._x_norm_stale, self._norm_pending = True, False
+        # |x| in scalars[NORM]: None until a reduction of it is enqueued, then whether a read of
+        # the scalars since has brought it (the queue is in order).
+        self._norm_read = None
         self.remember_best()
-
-    @staticmethod
-    def _reduction_size(rt):
-        return arrays.work_group_size(rt, None, 64 if rt.info.is_cpu else 256)
 
     # -- small helpers -----------------------------------------------------------------------
     def _upload(self, a):
@@ -181,8 +175,8 @@ class DeviceState:
         cl.enqueue_copy(self.rt.queue, host, self.scalars.data)
         self.bytes_to_host += host.nbytes
         self._scalars = host
-        if self._norm_pending:
-            self._x_norm_stale = self._norm_pending = False
+        if self._norm_read is False:
+            self._norm_read = True
         return host
 
     def _pairs(self, *vectors):
@@ -225,18 +219,15 @@ class DeviceState:
         if cost is None:
             return None
         t0 = time.perf_counter()
-        npt, nc, C, P = self.npt, self.nc, self.C, self.P
-        g = self.g
-        pcg = self.pcg
+        npt, nc, g, pcg = self.npt, self.nc, self.g, self.pcg
         self._run("point_normal", npt, jp.data, r.data, pcg.pt_start.data, self.V.data, g[1].data, np.int32(npt))
         self._run("camera_partials", pcg.nseg, jc.data, r.data, pcg.obs.data, pcg.seg_start.data,
                   self.partial.data, np.int32(pcg.nseg))
         self._run("camera_normal", nc, self.partial.data, pcg.cam_seg.data, self.B.data, g[0].data, np.int32(nc))
-        ncC, total = np.int32(self.ncC), np.int32(self.total)
         if first:
-            self._run("jacobi_scale", self.total, self.B.data, self.V.data, *self._pairs(self.s), ncC, total,
-                      np.int32(1 if self.o.jacobi_scaling else 0))
-        self._reduce("reduce_gradient", GRADIENT, self.total, *self._pairs(self.x, g), ncC, second_max=True)
+            self._run("jacobi_scale", self.total, self.B.data, self.V.data, *self._pairs(self.s),
+                      self._ncC, self._total, np.int32(1 if self.o.jacobi_scaling else 0))
+        self._reduce("reduce_gradient", GRADIENT, self.total, *self._pairs(self.x, g), self._ncC, second_max=True)
         sc = self._read_scalars()
         pcg.bind_jacobian(jc, r_dev=r, Jp_dev=jp)
         self.linear_solver_time += time.perf_counter() - t0
@@ -247,7 +238,7 @@ class DeviceState:
         o, pcg, nc, npt = self.o, self.pcg, self.nc, self.npt
         t0 = time.perf_counter()
         try:
-            ncC, total = np.int32(self.ncC), np.int32(self.total)
+            ncC, total = self._ncC, self._total
             if not reuse_diagonal:
                 self._run("lm_diagonal", self.total, self.B.data, self.V.data, *self._pairs(self.s, self.diag),
                           ncC, total, np.float64(o.min_lm_diagonal), np.float64(o.max_lm_diagonal))
@@ -264,13 +255,12 @@ class DeviceState:
                 cl.enqueue_copy(self.rt.queue, failed, self.failed.data)
                 self.bytes_to_host += failed.nbytes
                 if failed.any():
-                    self._pseudo_inverse_preconditioner()
+                    self._pseudo_inverse_preconditioner(failed)
             _, ok, its, msg = pcg.run(q_tolerance=o.eta, r_tolerance=-1.0,
                                       max_iterations=o.max_linear_solver_iterations, read_x=False)
             if not ok:
                 return StepSolution(False, its, msg)
-            yp = pcg.back_substitute_device(self.g[1])
-            raw = (pcg.x, yp)
+            raw = (pcg.x, pcg.back_substitute_solution())
             self._run("make_step", self.total, *self._pairs(raw, self.s, self.x, self.delta, self.cand), ncC, total)
             self._run("model_change", self.n, self.jc.data, self.jp.data, self.r.data, pcg.cam.data, pcg.pt.data,
                       self.delta[0].data, self.delta[1].data, self.value.data, np.int32(self.n))
@@ -284,20 +274,19 @@ class DeviceState:
         finally:
             self.linear_solver_time += time.perf_counter() - t0
 
-    def _pseudo_inverse_preconditioner(self):
-        """A diagonal block of S that is not positive definite: as the host path, every block's
-        inverse becomes a pseudo-inverse (rare: the blocks came back as they are, see schur_jacobi)."""
+    def _pseudo_inverse_preconditioner(self, failed):
+        """A diagonal block of S that is not positive definite (``failed``, per camera): as the host
+        path, every block's inverse becomes a pseudo-inverse (rare: the failed blocks came back as
+        they are, see schur_jacobi)."""
         C, pcg = self.C, self.pcg
         blocks = np.empty((self.nc, C, C))
         cl.enqueue_copy(self.rt.queue, blocks, pcg.Pinv.data)
-        failed = np.empty(self.nc, np.int32)
-        cl.enqueue_copy(self.rt.queue, failed, self.failed.data)
         # The blocks that did factorise came back inverted: invert them back to S's blocks.
         ok = failed == 0
         with np.errstate(all="ignore"):
             blocks[ok] = np.linalg.inv(blocks[ok])
             pinv = np.linalg.pinv(blocks, hermitian=True)
-        self.bytes_to_host += 2 * blocks.nbytes
+        self.bytes_to_host += blocks.nbytes
         cl.enqueue_copy(self.rt.queue, pcg.Pinv.data, np.ascontiguousarray(pinv))
         self.bytes_to_device += pinv.nbytes
 
@@ -318,16 +307,19 @@ class DeviceState:
 
     def accept(self):
         self.x, self.cand = self.cand, self.x
-        # |x| is read with the next scalars (the evaluation at the new x follows at once).
-        self._reduce("reduce_norm", NORM, self.total, *self._pairs(self.x), np.int32(self.ncC))
-        self._norm_pending = True
+        # |x| comes back with the next read of the scalars (the evaluation at the new x follows).
+        self._enqueue_norm()
+
+    def _enqueue_norm(self):
+        self._reduce("reduce_norm", NORM, self.total, *self._pairs(self.x), self._ncC)
+        self._norm_read = False
 
     @property
     def x_norm(self) -> float:
-        if self._x_norm_stale:
-            self._reduce("reduce_norm", NORM, self.total, *self._pairs(self.x), np.int32(self.ncC))
+        if self._norm_read is None:
+            self._enqueue_norm()
+        if not self._norm_read:
             self._read_scalars()
-            self._x_norm_stale = False
         return float(np.sqrt(self._scalars[NORM]))
 
     def remember_best(self):

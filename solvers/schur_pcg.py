@@ -284,17 +284,15 @@ class DevicePCG:
                 self.rt.queue, self.k_jacobi, (self.gs_partials,), (self.ls_partials,)))
         return self.blocks
 
-    def back_substitute_device(self, gp_dev):
-        """Enqueue the points' step ``V^-1 (gp - W^T x)`` for the device CG solution ``self.x``
-        and device ``gp_dev`` (npt * 3) into ``self.yp``; returns ``self.yp``."""
+    def back_substitute_solution(self):
+        """Enqueue the points' step ``V^-1 (gp - W^T x)`` for the CG solution ``self.x`` and what
+        ``self.gp`` holds on the device, into ``self.yp``; returns ``self.yp``."""
         self._check_bound()
         if self.npt:
-            self.k_back.set_arg(5, gp_dev.data)
-            self.k_back.set_arg(6, self.x.data)
+            if self.nc:
+                cl.enqueue_copy(self.rt.queue, self.yc.data, self.x.data, byte_count=self.x.nbytes)
             self._record("back_substitute", cl.enqueue_nd_range_kernel(
                 self.rt.queue, self.k_back, (self.gs_points,), (self.ls_points,)))
-            self.k_back.set_arg(5, self.gp.data)
-            self.k_back.set_arg(6, self.yc.data)
         return self.yp
 
     def _record(self, name, event):

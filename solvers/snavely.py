@@ -54,6 +54,7 @@ class SnavelyModel:
         observed = np.ascontiguousarray(observations, dtype=self.dtype)
         self._host = (index, observed)
         self._device = None
+        self._upload = False
         if backend != "numpy":
             runtime = get_runtime(device)
             self.runtime = runtime
@@ -62,21 +63,28 @@ class SnavelyModel:
             # evaluated from the host in chunks.
             per_obs = 4 * 2 + self.dtype.itemsize * (2 + 2 + 2 * 12)
             in_place = runtime.info.is_cpu and not runtime.info.is_simulator
-            # Uploaded at the first call, not here: the device-resident solver (solvers.lm_device)
-            # keeps copies of its own and never calls with host arrays.
+            # Uploaded at the first call, not here (see device_inputs).
             self._upload = not in_place and per_obs * self.n_obs < runtime.info.global_mem_bytes // 3 and \
                 self.dtype.itemsize * 2 * 9 * self.n_obs < runtime.info.max_alloc_bytes
 
     def _params(self, cameras, points):
         cameras = np.ascontiguousarray(cameras, dtype=self.dtype)
         points = np.ascontiguousarray(points, dtype=self.dtype)
-        if self._device is None and getattr(self, "_upload", False):
-            q = self.runtime.queue
-            self._device = (cla.to_device(q, self._host[0]), cla.to_device(q, self._host[1]))
+        if self._device is None and self._upload:
+            self.device_inputs()
         if self._device is None:
             return [cameras, points], self._host
         q = self.runtime.queue
         return [cla.to_device(q, cameras), cla.to_device(q, points)], self._device
+
+    def device_inputs(self):
+        """The observation index (n, 2) int32 and the observations (n, 2) on the device, uploaded
+        once: what this model's calls with device parameters read (the device-resident solver,
+        solvers.lm_device, passes them to :attr:`function` itself)."""
+        if self._device is None:
+            q = self.runtime.queue
+            self._device = (cla.to_device(q, self._host[0]), cla.to_device(q, self._host[1]))
+        return self._device
 
     @staticmethod
     def _host_f64(a):
