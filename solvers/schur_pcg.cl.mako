@@ -1,24 +1,42 @@
 ## Preconditioned conjugate gradients on the implicit Schur complement, entirely on the device
-## (iterative_schur). One CG iteration is three launches and no transfer:
+## (iterative_schur). One CG iteration is five launches and no transfer:
 ##
 ##   project_points   per point p:   t_o = F_o v (or the residual f_o), u = sum_o E_o^T t_o,
 ##                                   w_o = t_o - E_o V_p^-1 u     for the observations o of p
-##   camera_partials  per segment of one camera's observations (camera order): sum F_o^T w_o
-##   cg_update        one work-group: S v = (sum of the camera's partials) + Dc^2 v, then the CG
-##                    vector updates, dot products and termination tests of solvers/cg.py
+##   camera_partials  per run of one camera's observations (camera order): sum F_o^T w_o
+##   cg_product       per camera: q = S p = (its runs' partials) + Dc^2 p, and p'q per work-group
+##   cg_advance       per camera: alpha = rho / p'q, x += alpha p, r -= alpha q (or r = b - S x at a
+##                    residual reset), z = M r, and per work-group r'z, x'(b + r), r'r
+##   cg_direction     per camera: Ceres' termination tests, rho, beta, p = z + beta p; work-item 0
+##                    writes the CG state
 ##
-## so S v = F^T (I - E V^-1 E^T) F v + Dc^2 v without forming S. Per linear system also
-## jacobi_blocks (the preconditioner's blocks of S, less B + Dc^2) and, after the solve,
-## back_substitute (the points' step); neither forms W = F^T E or W V^-1 per observation. The host enqueues iterations
-## ahead and reads the small state vector now and then: every kernel returns at once when the state
-## says the solve has ended, so iterations enqueued past the end cost only their launches.
-## Observations are sorted by point; Jacobian blocks are as the model returns them, F (n, 2, 9)
-## and E (n, 2, 3), row-major doubles.
-## Parameters: L, the work-group size of cg_update (a power of two).
+## so S v = F^T (I - E V^-1 E^T) F v + Dc^2 v without forming S. The dot products are two-stage:
+## every work-group of the next kernel adds the per-group partials itself, in the same fixed order,
+## so all of them take the same decisions on bitwise equal scalars, and the sums run in the same
+## order on every run. The CG state (termination status, rho, ...) is double-buffered: iteration i
+## reads state[i % 2] and cg_direction writes state[(i + 1) % 2], so no kernel reads a state that a
+## work-group of the same launch writes.
+##
+## Per linear system also jacobi_blocks (the preconditioner's blocks of S, less B + Dc^2) and,
+## after the solve, back_substitute (the points' step). The host enqueues iterations ahead and reads
+## the small state now and then: every kernel returns at once when the state says the solve has
+## ended, so iterations enqueued past the end cost only their launches.
+## Observations are sorted by point; Jacobian blocks are as the model returns them, F (n, R, C) and
+## E (n, R, P), row-major.
+## Parameters: C, P, R (camera, point and residual block sizes, from the model); REAL (storage
+## type) and ACC (the type of sums and of the CG state: double where the device has it); L (the
+## work-group size of the cg_* kernels, a power of two); SPLIT (camera_partials with one work-item
+## per run and camera parameter instead of per run: coalesced reads on GPUs).
 <%namespace name="common" file="/clkernels/common.cl.mako"/>
 ${common.fp64_pragma()}
+<%
+    T = C * (C + 1) // 2
+    tri = [(a, b) for a in range(C) for b in range(a, C)]
+%>
+typedef ${REAL} real;
+typedef ${ACC} acc;
 ## camera_row(j): row j of the observation's camera block F_o (at f) times the camera vector at x
-<%def name="camera_row(row)">${' + '.join(f'f[{9 * row + k}] * x[{k}]' for k in range(9))}</%def>
+<%def name="camera_row(row)">${' + '.join(f'(acc)f[{C * row + k}] * x[{k}]' for k in range(C))}</%def>
 
 // state[]: what the host reads back (kept in step with schur_pcg.py)
 #define S_STATUS 0   // RUNNING or how the solve ended
@@ -27,6 +45,8 @@ ${common.fp64_pragma()}
 #define S_Q0     3   // the quadratic model at the previous iteration
 #define S_TOL_R  4   // r_tolerance |b|
 #define S_VALUE  5   // the value a termination message quotes
+#define S_IT     6   // the iteration that reads this state (0: the start)
+#define N_STATE  8
 #define RUNNING       0.0
 #define B_ZERO        1.0
 #define R_SMALL       2.0
@@ -36,181 +56,218 @@ ${common.fp64_pragma()}
 #define FAIL_RHO     -1.0
 #define FAIL_BETA    -2.0
 #define FAIL_ALPHA   -3.0
-// cg_update modes
-#define START         0   // b = F^T (f - E V^-1 E^T f): r = b, x = 0, first z, rho and p
-#define STEP          1   // q = S p, alpha, x and r updated, then the next direction
-#define STEP_NO_R     2   // as STEP up to x (a residual reset follows)
-#define RESET         3   // r = b - S x, then the next direction
+// cg_advance modes
+#define STEP          1   // x += alpha p, r -= alpha q, z = M r
+#define STEP_NO_R     2   // x += alpha p only (a residual reset follows)
+#define RESET         3   // r = b - S x (S x from the partials of x), z = M r
 
-__kernel void project_points(__global const double *restrict Jc,      // (n, 2, 9)
-                             __global const double *restrict Jp,      // (n, 2, 3)
-                             __global const int *restrict cam,        // (n)
-                             __global const int *restrict pt_start,   // (npt + 1)
-                             __global const double *restrict Vinv,    // (npt, 3, 3)
-                             __global const double *restrict v,       // (nc, 9) or f (n, 2)
-                             __global double *restrict w,             // (n, 2)
-                             __global const double *restrict state,
+__kernel void project_points(__global const real *restrict Jc,      // (n, R, C)
+                             __global const real *restrict Jp,      // (n, R, P)
+                             __global const int *restrict cam,      // (n)
+                             __global const int *restrict pt_start, // (npt + 1)
+                             __global const real *restrict Vinv,    // (npt, P, P)
+                             __global const real *restrict v,       // (nc, C) or f (n, R)
+                             __global real *restrict w,             // (n, R)
+                             __global const acc *restrict state,
                              const int npt, const int from_residuals)
 {
     const int p = get_global_id(0);
     if (p >= npt || state[S_STATUS] != RUNNING) return;
     const int s = pt_start[p], e = pt_start[p + 1];
-    double u0 = 0.0, u1 = 0.0, u2 = 0.0;
+%for k in range(P):
+    acc u${k} = 0.0;
+%endfor
     for (int o = s; o < e; ++o) {
-        double t0, t1;
+%for j in range(R):
+        acc t${j};
+%endfor
         if (from_residuals) {
-            t0 = v[2 * o];
-            t1 = v[2 * o + 1];
+%for j in range(R):
+            t${j} = v[${R} * o + ${j}];
+%endfor
         } else {
-            __global const double *f = Jc + (size_t)o * 18;
-            __global const double *x = v + (size_t)cam[o] * 9;
-            t0 = ${camera_row(0)};
-            t1 = ${camera_row(1)};
+            __global const real *f = Jc + (size_t)o * ${R * C};
+            __global const real *x = v + (size_t)cam[o] * ${C};
+%for j in range(R):
+            t${j} = ${camera_row(j)};
+%endfor
         }
-        w[2 * o] = t0;
-        w[2 * o + 1] = t1;
-        __global const double *E = Jp + (size_t)o * 6;
-%for k in range(3):
-        u${k} += E[${k}] * t0 + E[${3 + k}] * t1;
+%for j in range(R):
+        w[${R} * o + ${j}] = t${j};
+%endfor
+        __global const real *E = Jp + (size_t)o * ${R * P};
+%for k in range(P):
+        u${k} += ${' + '.join(f'E[{P * j + k}] * t{j}' for j in range(R))};
 %endfor
     }
-    __global const double *M = Vinv + (size_t)p * 9;
-%for k in range(3):
-    const double v${k} = M[${3 * k}] * u0 + M[${3 * k + 1}] * u1 + M[${3 * k + 2}] * u2;
+    __global const real *M = Vinv + (size_t)p * ${P * P};
+%for k in range(P):
+    const acc v${k} = ${' + '.join(f'M[{P * k + i}] * u{i}' for i in range(P))};
 %endfor
     for (int o = s; o < e; ++o) {
-        __global const double *E = Jp + (size_t)o * 6;
-        w[2 * o] -= E[0] * v0 + E[1] * v1 + E[2] * v2;
-        w[2 * o + 1] -= E[3] * v0 + E[4] * v1 + E[5] * v2;
+        __global const real *E = Jp + (size_t)o * ${R * P};
+%for j in range(R):
+        w[${R} * o + ${j}] -= ${' + '.join(f'E[{P * j + k}] * v{k}' for k in range(P))};
+%endfor
     }
 }
 
-__kernel void camera_partials(__global const double *restrict Jc,     // (n, 2, 9)
-                              __global const double *restrict w,      // (n, 2)
-                              __global const int *restrict obs,       // (n) in camera order
-                              __global const int *restrict seg_start, // (nseg + 1)
-                              __global double *restrict partial,      // (nseg, 9)
-                              __global const double *restrict state,
+%if SPLIT:
+// One work-item per (run, camera parameter a): the work-items of one run read one observation's
+// F_o row entries side by side.
+__kernel void camera_partials(__global const real *restrict Jc,      // (n, R, C)
+                              __global const real *restrict w,       // (n, R)
+                              __global const int *restrict obs,      // (n) in camera order
+                              __global const int *restrict seg_start,// (nseg + 1)
+                              __global acc *restrict partial,        // (nseg, C)
+                              __global const acc *restrict state,
+                              const int nseg)
+{
+    const int gid = get_global_id(0), s = gid / ${C}, a = gid - s * ${C};
+    if (s >= nseg || state[S_STATUS] != RUNNING) return;
+    acc sum = 0.0;
+    const int end = seg_start[s + 1];
+    for (int k = seg_start[s]; k < end; ++k) {
+        const int o = obs[k];
+        __global const real *f = Jc + (size_t)o * ${R * C} + a;
+        sum += ${' + '.join(f'f[{C * j}] * w[{R} * o + {j}]' for j in range(R))};
+    }
+    partial[gid] = sum;
+}
+%else:
+__kernel void camera_partials(__global const real *restrict Jc,      // (n, R, C)
+                              __global const real *restrict w,       // (n, R)
+                              __global const int *restrict obs,      // (n) in camera order
+                              __global const int *restrict seg_start,// (nseg + 1)
+                              __global acc *restrict partial,        // (nseg, C)
+                              __global const acc *restrict state,
                               const int nseg)
 {
     const int s = get_global_id(0);
     if (s >= nseg || state[S_STATUS] != RUNNING) return;
-%for a in range(9):
-    double acc${a} = 0.0;
+%for a in range(C):
+    acc acc${a} = 0.0;
 %endfor
     const int end = seg_start[s + 1];
     for (int k = seg_start[s]; k < end; ++k) {
         const int o = obs[k];
-        __global const double *f = Jc + (size_t)o * 18;
-        const double w0 = w[2 * o], w1 = w[2 * o + 1];
-%for a in range(9):
-        acc${a} += f[${a}] * w0 + f[${9 + a}] * w1;
+        __global const real *f = Jc + (size_t)o * ${R * C};
+%for j in range(R):
+        const acc w${j} = w[${R} * o + ${j}];
+%endfor
+%for a in range(C):
+        acc${a} += ${' + '.join(f'f[{C * j + a}] * w{j}' for j in range(R))};
 %endfor
     }
-%for a in range(9):
-    partial[(size_t)s * 9 + ${a}] = acc${a};
+%for a in range(C):
+    partial[(size_t)s * ${C} + ${a}] = acc${a};
 %endfor
 }
+%endif
 
 // Per run of one camera's observations (camera order, point order within a camera; runs never
-// split one camera-point group): the upper triangle (45 entries, row-major) of
+// split one camera-point group): the upper triangle (T entries, row-major) of
 //   sum over the camera's points p of G_p V_p^-1 G_p^T,  G_p = sum over its observations of p of W_o,
-// W_o = F_o^T E_o (9x3). That is the pairs' sum of S's diagonal block for this camera, a point seen
-// twice by one camera included: sum over o1, o2 of W_o1 V^-1 W_o2^T = G V^-1 G^T.
-__kernel void jacobi_blocks(__global const double *restrict Jc,      // (n, 2, 9)
-                            __global const double *restrict Jp,      // (n, 2, 3)
-                            __global const int *restrict obs,        // (n) in camera order
-                            __global const int *restrict pt,         // (n)
-                            __global const int *restrict seg_start,  // (nseg + 1)
-                            __global const double *restrict Vinv,    // (npt, 3, 3)
-                            __global double *restrict out,           // (nseg, 45)
+// W_o = F_o^T E_o (C x P). That is the pairs' sum of S's diagonal block for this camera, a point
+// seen twice by one camera included: sum over o1, o2 of W_o1 V^-1 W_o2^T = G V^-1 G^T.
+__kernel void jacobi_blocks(__global const real *restrict Jc,      // (n, R, C)
+                            __global const real *restrict Jp,      // (n, R, P)
+                            __global const int *restrict obs,      // (n) in camera order
+                            __global const int *restrict pt,       // (n)
+                            __global const int *restrict seg_start,// (nseg + 1)
+                            __global const real *restrict Vinv,    // (npt, P, P)
+                            __global acc *restrict out,            // (nseg, T)
                             const int nseg)
 {
     const int s = get_global_id(0);
     if (s >= nseg) return;
-<% tri = [(a, b) for a in range(9) for b in range(a, 9)] %>
 %for a, b in tri:
-    double acc${a}_${b} = 0.0;
+    acc acc${a}_${b} = 0.0;
 %endfor
     const int end = seg_start[s + 1];
     int k = seg_start[s];
     while (k < end) {
         const int p = pt[obs[k]];
-%for a in range(9):
-%for j in range(3):
-        double g${a}_${j} = 0.0;
+%for a in range(C):
+%for j in range(P):
+        acc g${a}_${j} = 0.0;
 %endfor
 %endfor
         for (; k < end && pt[obs[k]] == p; ++k) {
-            __global const double *f = Jc + (size_t)obs[k] * 18;
-            __global const double *e = Jp + (size_t)obs[k] * 6;
-%for a in range(9):
-%for j in range(3):
-            g${a}_${j} += f[${a}] * e[${j}] + f[${9 + a}] * e[${3 + j}];
+            __global const real *f = Jc + (size_t)obs[k] * ${R * C};
+            __global const real *e = Jp + (size_t)obs[k] * ${R * P};
+%for a in range(C):
+%for j in range(P):
+            g${a}_${j} += ${' + '.join(f'f[{C * r + a}] * e[{P * r + j}]' for r in range(R))};
 %endfor
 %endfor
         }
-        __global const double *M = Vinv + (size_t)p * 9;
-%for j in range(3):
-%for i in range(3):
-        const double m${j}${i} = M[${3 * j + i}];
+        __global const real *M = Vinv + (size_t)p * ${P * P};
+%for j in range(P):
+%for i in range(P):
+        const acc m${j}${i} = M[${P * j + i}];
 %endfor
 %endfor
-%for a in range(9):
-%for i in range(3):
-        const double z${a}_${i} = ${' + '.join(f'g{a}_{j} * m{j}{i}' for j in range(3))};
+%for a in range(C):
+%for i in range(P):
+        const acc z${a}_${i} = ${' + '.join(f'g{a}_{j} * m{j}{i}' for j in range(P))};
 %endfor
 %endfor
 %for a, b in tri:
-        acc${a}_${b} += ${' + '.join(f'z{a}_{i} * g{b}_{i}' for i in range(3))};
+        acc${a}_${b} += ${' + '.join(f'z{a}_{i} * g{b}_{i}' for i in range(P))};
 %endfor
     }
 %for t, (a, b) in enumerate(tri):
-    out[(size_t)s * 45 + ${t}] = acc${a}_${b};
+    out[(size_t)s * ${T} + ${t}] = acc${a}_${b};
 %endfor
 }
 
 // The points' step after the cameras' (y_c): y_p = V_p^-1 (g_p - sum over the observations of p
 // of E_o^T F_o y_c).
-__kernel void back_substitute(__global const double *restrict Jc,     // (n, 2, 9)
-                              __global const double *restrict Jp,     // (n, 2, 3)
-                              __global const int *restrict cam,       // (n)
-                              __global const int *restrict pt_start,  // (npt + 1)
-                              __global const double *restrict Vinv,   // (npt, 3, 3)
-                              __global const double *restrict gp,     // (npt, 3)
-                              __global const double *restrict yc,     // (nc, 9)
-                              __global double *restrict yp,           // (npt, 3)
+__kernel void back_substitute(__global const real *restrict Jc,     // (n, R, C)
+                              __global const real *restrict Jp,     // (n, R, P)
+                              __global const int *restrict cam,     // (n)
+                              __global const int *restrict pt_start,// (npt + 1)
+                              __global const real *restrict Vinv,   // (npt, P, P)
+                              __global const real *restrict gp,     // (npt, P)
+                              __global const real *restrict yc,     // (nc, C)
+                              __global real *restrict yp,           // (npt, P)
                               const int npt)
 {
     const int p = get_global_id(0);
     if (p >= npt) return;
-    double u0 = gp[3 * p], u1 = gp[3 * p + 1], u2 = gp[3 * p + 2];
+%for k in range(P):
+    acc u${k} = gp[${P} * p + ${k}];
+%endfor
     for (int o = pt_start[p]; o < pt_start[p + 1]; ++o) {
-        __global const double *f = Jc + (size_t)o * 18;
-        __global const double *x = yc + (size_t)cam[o] * 9;
-        const double t0 = ${camera_row(0)};
-        const double t1 = ${camera_row(1)};
-        __global const double *E = Jp + (size_t)o * 6;
-%for k in range(3):
-        u${k} -= E[${k}] * t0 + E[${3 + k}] * t1;
+        __global const real *f = Jc + (size_t)o * ${R * C};
+        __global const real *x = yc + (size_t)cam[o] * ${C};
+%for j in range(R):
+        const acc t${j} = ${camera_row(j)};
+%endfor
+        __global const real *E = Jp + (size_t)o * ${R * P};
+%for k in range(P):
+        u${k} -= ${' + '.join(f'E[{P * j + k}] * t{j}' for j in range(R))};
 %endfor
     }
-    __global const double *M = Vinv + (size_t)p * 9;
-%for k in range(3):
-    yp[3 * p + ${k}] = M[${3 * k}] * u0 + M[${3 * k + 1}] * u1 + M[${3 * k + 2}] * u2;
+    __global const real *M = Vinv + (size_t)p * ${P * P};
+%for k in range(P):
+    yp[${P} * p + ${k}] = ${' + '.join(f'M[{P * k + i}] * u{i}' for i in range(P))};
 %endfor
 }
 
-// Sum of `count` values per work-item over the work-group (buf holds count * L doubles); every
-// work-item gets the same sums, so the decisions taken on them are uniform across the group.
-// Called unconditionally (with zeros where there is nothing to sum): PoCL's CPU compiler needs
-// every barrier on a path all work-items provably take, which a branch on a reduced value is not.
-void group_sums(__local double *buf, double *v, const int count)
+// ------------------------------------------------------------------ the CG's vector kernels
+// One work-item per camera (its C entries of every vector), L per work-group.
+
+// Sum of `count` values per work-item over the work-group (buf holds count * L values); every
+// work-item gets the same sums. Called unconditionally (with zeros where there is nothing to
+// sum): PoCL's CPU compiler needs every barrier on a path all work-items provably take.
+void group_sums(__local acc *buf, acc *v, const int count)
 {
     const int lid = get_local_id(0);
     for (int j = 0; j < count; ++j) buf[j * ${L} + lid] = v[j];
     barrier(CLK_LOCAL_MEM_FENCE);
-%for h in [L >> k for k in range(1, L.bit_length()) ]:
+%for h in [L >> k for k in range(1, L.bit_length())]:
     if (lid < ${h})
         for (int j = 0; j < count; ++j) buf[j * ${L} + lid] += buf[j * ${L} + lid + ${h}];
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -219,142 +276,200 @@ void group_sums(__local double *buf, double *v, const int count)
     barrier(CLK_LOCAL_MEM_FENCE);   // buf may be reused at once
 }
 
-// (S v)_c for camera c: its segments' partial sums of F^T w plus Dc^2 v.
-void camera_product(__global const double *partial, __global const int *cam_seg,
-                    __global const double *dc2, __global const double *v, const int c, double *out)
+// The totals of `count` per-group partials (dots holds G rows of `stride`), the same in every
+// work-group: each adds the G rows in the same order.
+void dot_totals(__global const acc *dots, const int G, const int stride, const int count,
+                __local acc *buf, acc *out)
 {
-    for (int a = 0; a < 9; ++a) out[a] = dc2[9 * c + a] * v[9 * c + a];
-    for (int s = cam_seg[c]; s < cam_seg[c + 1]; ++s)
-        for (int a = 0; a < 9; ++a) out[a] += partial[(size_t)s * 9 + a];
+    for (int j = 0; j < count; ++j) out[j] = 0.0;
+    for (int g = get_local_id(0); g < G; g += ${L})
+        for (int j = 0; j < count; ++j) out[j] += dots[g * stride + j];
+    group_sums(buf, out, count);
 }
 
-// One work-group; each work-item owns the cameras lid, lid + L, ... in every phase, so only the
-// dot products cross work-items.
-__kernel __attribute__((reqd_work_group_size(${L}, 1, 1)))
-void cg_update(__global const double *restrict partial,   // (nseg, 9)
-               __global const int *restrict cam_seg,      // (nc + 1): each camera's segments
-               __global const double *restrict dc2,       // (nc * 9)
-               __global const double *restrict Pinv,      // (nc, 9, 9) preconditioner blocks
-               __global double *restrict b,
-               __global double *restrict x,
-               __global double *restrict r,
-               __global double *restrict p,
-               __global double *restrict z,
-               __global double *restrict q,
-               __global double *restrict state,
-               const int nc, const int mode, const int it, const int max_iterations,
-               const double q_tolerance, const double r_tolerance)
+// A work-group's partial sums, written by its first work-item.
+void write_partials(__local acc *buf, acc *v, const int count, __global acc *dots)
 {
-    __local double buf[2 * ${L}];
-    const int lid = get_local_id(0);
-    const double status0 = state[S_STATUS];
-    double rho = state[S_RHO], Q0 = state[S_Q0], tol_r = state[S_TOL_R];
-    double status = status0, value = 0.0, iter = state[S_ITER];
-    const int active = status0 == RUNNING;
-    int next = active;               // go on to the next direction (z, rho, p) afterwards
-    double sums[2];
+    group_sums(buf, v, count);
+    if (get_local_id(0) == 0)
+        for (int j = 0; j < count; ++j) dots[get_group_id(0) * count + j] = v[j];
+}
 
-    // Phase 1. START: b = r = the camera sums, x = 0. STEP: q = S p and p'q. RESET: r = b - S x.
-    sums[0] = 0.0;
-    if (active) {
-        for (int c = lid; c < nc; c += ${L}) {
-            double Sv[9];
-            if (mode == START) {
-                for (int a = 0; a < 9; ++a) Sv[a] = 0.0;
-                for (int g = cam_seg[c]; g < cam_seg[c + 1]; ++g)
-                    for (int a = 0; a < 9; ++a) Sv[a] += partial[(size_t)g * 9 + a];
-            } else {
-                camera_product(partial, cam_seg, dc2, mode == RESET ? x : p, c, Sv);
-            }
-            for (int a = 0; a < 9; ++a) {
-                const int i = 9 * c + a;
-                if (mode == START) { b[i] = Sv[a]; r[i] = Sv[a]; x[i] = 0.0; sums[0] += Sv[a] * Sv[a]; }
-                else if (mode == RESET) r[i] = b[i] - Sv[a];
-                else { q[i] = Sv[a]; sums[0] += p[i] * Sv[a]; }
-            }
+// (S v)_c for camera c: its runs' partial sums of F^T w plus Dc^2 v.
+void camera_product(__global const acc *partial, __global const int *cam_seg,
+                    __global const real *dc2, __global const real *v, const int c, acc *out)
+{
+    for (int a = 0; a < ${C}; ++a) out[a] = (acc)dc2[${C} * c + a] * v[${C} * c + a];
+    for (int s = cam_seg[c]; s < cam_seg[c + 1]; ++s)
+        for (int a = 0; a < ${C}; ++a) out[a] += partial[(size_t)s * ${C} + a];
+}
+
+// z = M r for camera c, and its terms of r'z, x'(b + r) and r'r.
+void precondition(__global const real *Pinv, __global const real *b, __global const real *x,
+                  __global const real *r, __global real *z, const int c, acc *d)
+{
+    __global const real *M = Pinv + (size_t)c * ${C * C};
+    for (int a = 0; a < ${C}; ++a) {
+        const int i = ${C} * c + a;
+        acc s = 0.0;
+        for (int k = 0; k < ${C}; ++k) s += (acc)M[${C} * a + k] * r[${C} * c + k];
+        z[i] = s;
+        d[0] += r[i] * s;
+        d[1] += x[i] * ((acc)b[i] + r[i]);
+        d[2] += (acc)r[i] * r[i];
+    }
+}
+
+// The start: b = r = F^T (f - E V^-1 E^T f) (the cameras' runs), x = 0, z = M r; per group
+// r'z and b'b.
+__kernel __attribute__((reqd_work_group_size(${L}, 1, 1)))
+void cg_start(__global const acc *restrict partial, __global const int *restrict cam_seg,
+              __global const real *restrict Pinv,
+              __global real *restrict b, __global real *restrict x, __global real *restrict r,
+              __global real *restrict z, __global acc *restrict dots, const int nc)
+{
+    __local acc buf[3 * ${L}];
+    const int c = get_global_id(0);
+    acc d[3] = {0.0, 0.0, 0.0};
+    if (c < nc) {
+        acc Sv[${C}];
+        for (int a = 0; a < ${C}; ++a) Sv[a] = 0.0;
+        for (int g = cam_seg[c]; g < cam_seg[c + 1]; ++g)
+            for (int a = 0; a < ${C}; ++a) Sv[a] += partial[(size_t)g * ${C} + a];
+        for (int a = 0; a < ${C}; ++a) {
+            const int i = ${C} * c + a;
+            b[i] = Sv[a]; r[i] = Sv[a]; x[i] = 0.0;
+        }
+        precondition(Pinv, b, x, r, z, c, d);
+        d[1] = 0.0;
+        for (int a = 0; a < ${C}; ++a) d[1] += (acc)b[${C} * c + a] * b[${C} * c + a];
+        d[2] = 0.0;
+    }
+    write_partials(buf, d, 3, dots);
+}
+
+// q = S p and the groups' p'q.
+__kernel __attribute__((reqd_work_group_size(${L}, 1, 1)))
+void cg_product(__global const acc *restrict partial, __global const int *restrict cam_seg,
+                __global const real *restrict dc2, __global const real *restrict p,
+                __global real *restrict q, __global acc *restrict dots_pq,
+                __global const acc *restrict state, const int nc)
+{
+    __local acc buf[${L}];
+    const int c = get_global_id(0);
+    acc pq = 0.0;
+    if (c < nc && state[S_STATUS] == RUNNING) {
+        acc Sv[${C}];
+        camera_product(partial, cam_seg, dc2, p, c, Sv);
+        for (int a = 0; a < ${C}; ++a) {
+            q[${C} * c + a] = Sv[a];
+            pq += p[${C} * c + a] * Sv[a];
         }
     }
-    group_sums(buf, sums, 1);
-    if (active && mode == START) {
-        const double norm_b = sqrt(sums[0]);
+    write_partials(buf, &pq, 1, dots_pq);
+}
+
+// alpha = rho / p'q unless the iteration fails there (cg_direction says how), then the mode's
+// updates of x and r, z = M r and the groups' r'z, x'(b + r), r'r.
+__kernel __attribute__((reqd_work_group_size(${L}, 1, 1)))
+void cg_advance(__global const acc *restrict partial, __global const int *restrict cam_seg,
+                __global const real *restrict dc2, __global const real *restrict Pinv,
+                __global const real *restrict b, __global real *restrict x, __global real *restrict r,
+                __global const real *restrict p, __global real *restrict z,
+                __global const real *restrict q, __global const acc *restrict dots_pq,
+                __global acc *restrict dots, __global const acc *restrict state,
+                const int nc, const int G, const int mode)
+{
+    __local acc buf[3 * ${L}];
+    const int c = get_global_id(0);
+    acc pq;
+    dot_totals(dots_pq, G, 1, 1, buf, &pq);
+    const acc alpha = state[S_RHO] / pq;
+    const int go = state[S_STATUS] == RUNNING && !(pq <= 0.0 || isinf(pq)) && isfinite(alpha);
+    acc d[3] = {0.0, 0.0, 0.0};
+    if (go && c < nc) {
+        if (mode == RESET) {
+            acc Sx[${C}];
+            camera_product(partial, cam_seg, dc2, x, c, Sx);
+            for (int a = 0; a < ${C}; ++a) r[${C} * c + a] = b[${C} * c + a] - Sx[a];
+        } else {
+            for (int a = 0; a < ${C}; ++a) {
+                const int i = ${C} * c + a;
+                x[i] += alpha * p[i];
+                if (mode == STEP) r[i] -= alpha * q[i];
+            }
+        }
+        if (mode != STEP_NO_R) precondition(Pinv, b, x, r, z, c, d);
+    }
+    write_partials(buf, d, 3, dots);
+}
+
+// The end of an iteration (start: it == 0), the same decisions in every work-group: Ceres' tests
+// on p'q and alpha, the quadratic model and the residual, then rho = r'z, beta and
+// p = z + beta p (p = z at the start). Work-item 0 writes the next state.
+__kernel __attribute__((reqd_work_group_size(${L}, 1, 1)))
+void cg_direction(__global const real *restrict z, __global real *restrict p,
+                  __global const acc *restrict dots_pq, __global const acc *restrict dots,
+                  __global const acc *restrict state, __global acc *restrict next_state,
+                  const int nc, const int G, const int max_iterations,
+                  const acc q_tolerance, const acc r_tolerance)
+{
+    __local acc buf[3 * ${L}];
+    const int c = get_global_id(0);
+    const acc status0 = state[S_STATUS];
+    const int it = (int)state[S_IT], start = it == 0, active = status0 == RUNNING;
+    acc rho = state[S_RHO], Q0 = state[S_Q0], tol_r = state[S_TOL_R];
+    acc status = status0, value = state[S_VALUE], iter = state[S_ITER];
+    int next = active;
+    acc pq, d[3];
+    dot_totals(dots_pq, G, 1, 1, buf, &pq);
+    dot_totals(dots, G, 3, 3, buf, d);           // start: r'z, b'b; else r'z, x'(b + r), r'r
+    if (active && start) {
+        const acc norm_b = sqrt(d[1]);
         tol_r = r_tolerance * norm_b;
         Q0 = 0.0;                    // -x'(b + r) at x = 0
         rho = 1.0;
         iter = 0.0;
+        value = 0.0;
         if (norm_b == 0.0) { status = B_ZERO; next = 0; }
         else if (norm_b <= tol_r) { status = R_SMALL; next = 0; }
-    } else if (active && (mode == STEP || mode == STEP_NO_R)) {
-        const double pq = sums[0], alpha = rho / pq;
+    } else if (active) {
+        const acc alpha = rho / pq;
+        value = 0.0;
         if (pq <= 0.0 || isinf(pq)) { status = INDEFINITE; value = pq; iter = it; next = 0; }
         else if (!isfinite(alpha)) { status = FAIL_ALPHA; value = alpha; iter = it; next = 0; }
         else {
-            for (int c = lid; c < nc; c += ${L})
-                for (int a = 0; a < 9; ++a) {
-                    const int i = 9 * c + a;
-                    x[i] += alpha * p[i];
-                    if (mode == STEP) r[i] -= alpha * q[i];
-                }
-            if (mode == STEP_NO_R) next = 0;     // RESET computes r and goes on
-        }
-    }
-
-    // Phase 2, the end of iteration `it`: Ceres' tests on the quadratic model and the residual.
-    const int test = next && mode != START;
-    sums[0] = sums[1] = 0.0;
-    if (test)
-        for (int c = lid; c < nc; c += ${L})
-            for (int a = 0; a < 9; ++a) {
-                const int i = 9 * c + a;
-                sums[0] += x[i] * (b[i] + r[i]);
-                sums[1] += r[i] * r[i];
-            }
-    group_sums(buf, sums, 2);
-    if (test) {
-        const double Q1 = -sums[0], zeta = it * (Q1 - Q0) / Q1;
-        iter = it;
-        if (zeta < q_tolerance) { status = ZETA; value = zeta; next = 0; }
-        else {
-            Q0 = Q1;
-            if (sqrt(sums[1]) <= tol_r) { status = R_SMALL; next = 0; }
-            else if (it >= max_iterations) { status = MAX_ITER; next = 0; }
-        }
-    }
-
-    // Phase 3, the next direction: z = M r, rho = r'z, p = z + beta p (p = z at the start).
-    sums[0] = 0.0;
-    if (next)
-        for (int c = lid; c < nc; c += ${L}) {
-            __global const double *M = Pinv + (size_t)c * 81;
-            for (int a = 0; a < 9; ++a) {
-                double s = 0.0;
-                for (int k = 0; k < 9; ++k) s += M[9 * a + k] * r[9 * c + k];
-                z[9 * c + a] = s;
-                sums[0] += r[9 * c + a] * s;
+            const acc Q1 = -d[1], zeta = it * (Q1 - Q0) / Q1;
+            iter = it;
+            if (zeta < q_tolerance) { status = ZETA; value = zeta; next = 0; }
+            else {
+                Q0 = Q1;
+                if (sqrt(d[2]) <= tol_r) { status = R_SMALL; next = 0; }
+                else if (it >= max_iterations) { status = MAX_ITER; next = 0; }
             }
         }
-    group_sums(buf, sums, 1);
+    }
     if (next) {
-        const double last_rho = rho;
-        rho = sums[0];
-        iter = (mode == START) ? 1.0 : it + 1.0;
-        const double beta = rho / last_rho;
+        const acc last_rho = rho;
+        rho = d[0];
+        iter = it + 1.0;
+        const acc beta = rho / last_rho;
         if (rho == 0.0 || !isfinite(rho)) { status = FAIL_RHO; value = rho; }
-        else if (mode != START && (beta == 0.0 || !isfinite(beta))) { status = FAIL_BETA; value = beta; }
-        else
-            for (int c = lid; c < nc; c += ${L})
-                for (int a = 0; a < 9; ++a) {
-                    const int i = 9 * c + a;
-                    p[i] = (mode == START) ? z[i] : z[i] + beta * p[i];
-                }
+        else if (!start && (beta == 0.0 || !isfinite(beta))) { status = FAIL_BETA; value = beta; }
+        else if (c < nc)
+            for (int a = 0; a < ${C}; ++a) {
+                const int i = ${C} * c + a;
+                p[i] = start ? z[i] : z[i] + beta * p[i];
+            }
     }
-    // Every work-item has read the state: item 0 may write it now.
-    barrier(CLK_GLOBAL_MEM_FENCE);
-    if (active && lid == 0) {
-        state[S_STATUS] = status;
-        state[S_ITER] = iter;
-        state[S_RHO] = rho;
-        state[S_Q0] = Q0;
-        state[S_TOL_R] = tol_r;
-        state[S_VALUE] = value;
+    if (c == 0) {
+        next_state[S_STATUS] = status;
+        next_state[S_ITER] = iter;
+        next_state[S_RHO] = rho;
+        next_state[S_Q0] = Q0;
+        next_state[S_TOL_R] = tol_r;
+        next_state[S_VALUE] = value;
+        next_state[S_IT] = active ? it + 1.0 : it;
+        next_state[7] = 0.0;
     }
 }

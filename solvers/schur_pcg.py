@@ -3,8 +3,8 @@ entirely on the OpenCL device, on the implicit Schur complement.
 
 The host version (:func:`solvers.cg.conjugate_gradients` with a matrix-free product) waits for
 the device once per CG iteration; at a few tens of thousands of observations that wait, not the
-arithmetic, is most of the time. Here one iteration is three kernel enqueues with nothing read
-back: the host enqueues a few iterations ahead, reads the 6-number state every ``CHECK_EVERY``
+arithmetic, is most of the time. Here one iteration is five kernel enqueues of preset kernels
+with nothing read back, the dot products summed in two stages over many work-groups: the host enqueues a few iterations ahead, reads the 8-number state every ``CHECK_EVERY``
 iterations, and the kernels do nothing once the state says the solve has ended. Same algorithm,
 termination tests, iteration counts and messages as ``conjugate_gradients`` (Ceres'
 ``ConjugateGradientsSolver``); only the order of the floating-point sums differs.
@@ -17,13 +17,13 @@ import numpy as np
 import pyopencl as cl
 
 from clkernels import arrays
-from clkernels.templates import get_program
+from clkernels.templates import ctype, get_program
 
 TEMPLATE = "solvers/schur_pcg.cl.mako"
 # Longest run of one camera's observations one work-item of camera_partials sums: cameras seen
-# thousands of times spread over many work-items, whose partial sums cg_update adds. Short on
+# thousands of times spread over many work-items, whose partial sums cg_product adds. Short on
 # GPUs, which need many work-items and whose loop iterations are slow; long on CPUs, where the
-# work-items run one after another anyway and cg_update's sum over the partials is serial.
+# work-items run one after another anyway and the sum over a camera's partials is serial.
 MAX_SEGMENT_CPU = 256
 MAX_SEGMENT_GPU = 16
 # Iterations enqueued between two reads of the state (the reads overlap the next batch).
@@ -34,7 +34,8 @@ RESIDUAL_RESET_PERIOD = 10
 S_STATUS, S_ITER, S_RHO, S_Q0, S_TOL_R, S_VALUE = range(6)
 RUNNING, B_ZERO, R_SMALL, ZETA, MAX_ITER, INDEFINITE = 0, 1, 2, 3, 4, 5
 FAIL_RHO, FAIL_BETA, FAIL_ALPHA = -1, -2, -3
-START, STEP, STEP_NO_R, RESET = 0, 1, 2, 3
+# cg_advance's modes
+STEP, STEP_NO_R, RESET = 1, 2, 3
 
 
 def _camera_segments(cam, pt, nc, max_len):
@@ -63,15 +64,24 @@ class DevicePCG:
     """The device buffers, index arrays and kernels of one problem's iterative_schur solves.
 
     Built once per solve (the structure does not change); :meth:`bind_jacobian` after every new
-    Jacobian, :meth:`solve` for every linear system."""
+    Jacobian, :meth:`solve` for every linear system. ``C``, ``P``, ``R`` are the model's camera,
+    point and residual block sizes; ``dtype`` is the storage type of the Jacobian blocks and the
+    vectors (sums and the CG state are float64 wherever the device has fp64)."""
 
-    def __init__(self, runtime, cam, pt, num_cameras, num_points):
+    def __init__(self, runtime, cam, pt, num_cameras, num_points, C=9, P=3, R=2, dtype=np.float64):
         self.rt = rt = runtime
         cam = np.asarray(cam, dtype=np.int64)
         pt = np.asarray(pt, dtype=np.int64)
         n, nc, npt = cam.size, int(num_cameras), int(num_points)
-        if max(n, 9 * nc, 9 * npt) >= 2 ** 31:
+        self.C, self.P, self.R, self.T = C, P, R, C * (C + 1) // 2
+        if max(n * R * max(C, P), C * nc, P * P * npt) >= 2 ** 31:
             raise ValueError("the device CG indexes with 32-bit ints: problem too large")
+        self.dtype = dtype = np.dtype(dtype)
+        if dtype not in (np.float32, np.float64):
+            raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+        if dtype == np.float64 and not rt.info.fp64:
+            raise ValueError(f"float64 needs a device with fp64; {rt.info.name!r} has none: use float32")
+        self.acc = np.dtype(np.float64 if rt.info.fp64 else np.float32)
         self.n, self.nc, self.npt = n, nc, npt
         max_segment = MAX_SEGMENT_CPU if runtime.info.is_cpu else MAX_SEGMENT_GPU
         order, seg_start, cam_seg = _camera_segments(cam, pt, nc, max_segment)
@@ -83,60 +93,89 @@ class DevicePCG:
         self._seen_cams = np.flatnonzero(np.diff(cam_seg) > 0)
         self._seen_first_run = cam_seg[self._seen_cams]
         self.obs, self.seg_start, self.cam_seg = i32(order), i32(seg_start), i32(cam_seg)
+        # The cg_* kernels' work-groups (one work-item per camera): small on CPUs, where PoCL runs
+        # a group per core, so a few tens of cameras still make groups for both cores.
+        self.L = L = 8 if rt.info.is_cpu else 64
+        self.G = G = max(1, -(-nc // L))
         # scratch: written by kernels and read by later ones (see arrays.scratch on the simulator)
-        f64 = lambda shape: arrays.scratch(rt, shape, np.float64)  # noqa: E731
-        self.w, self.partial = f64(max(1, 2 * n)), f64(max(1, 9 * self.nseg))
-        self.b, self.x, self.r, self.p, self.z, self.q, self.dc2 = (f64(max(1, 9 * nc)) for _ in range(7))
-        self.Vinv, self.Pinv = f64(max(1, 9 * npt)), f64(max(1, 81 * nc))
-        self.gp, self.yc, self.yp = f64(max(1, 3 * npt)), f64(max(1, 9 * nc)), f64(max(1, 3 * npt))
-        self.blocks = f64(max(1, 45 * self.nseg))
+        real = lambda size: arrays.scratch(rt, max(1, int(size)), dtype)  # noqa: E731
+        sums = lambda size: arrays.scratch(rt, max(1, int(size)), self.acc)  # noqa: E731
+        self.w = real(R * n)
+        self.partial = sums(C * self.nseg)
+        self.b, self.x, self.r, self.p, self.z, self.q, self.dc2 = (real(C * nc) for _ in range(7))
+        self.Vinv, self.Pinv = real(P * P * npt), real(C * C * nc)
+        self.gp, self.yc, self.yp = real(P * npt), real(C * nc), real(P * npt)
+        self.blocks = sums(self.T * self.nseg)
+        self.dots_pq, self.dots = sums(G), sums(3 * G)
         self._vinv_for = None       # the host V^-1 whose copy self.Vinv holds
-        self.state = f64(8)
-        # cg_update's single work-group: wide on GPUs (its loops run over the cameras), one
-        # item per core's SIMD lanes' worth on CPUs, where a group runs on one thread anyway.
-        self.L = arrays.work_group_size(rt, None, 16 if rt.info.is_cpu else 256)
-        prg = get_program(TEMPLATE, rt, L=self.L)
-        # Kernel objects of this instance alone: their arguments are set once here, and only
-        # the launch mode and iteration change per enqueue (templates.kernel's shared objects
-        # would let two solves overwrite each other's arguments).
-        self.k_project = cl.Kernel(prg, "project_points")
-        self.k_partials = cl.Kernel(prg, "camera_partials")
-        self.k_update = cl.Kernel(prg, "cg_update")
-        self.k_jacobi = cl.Kernel(prg, "jacobi_blocks")
-        self.k_back = cl.Kernel(prg, "back_substitute")
+        # The CG state, double-buffered (see the template's header): iteration i reads
+        # states[i % 2] and writes states[(i + 1) % 2].
+        self.states = (sums(8), sums(8))
+        split = not rt.info.is_cpu
+        prg = get_program(TEMPLATE, rt, C=C, P=P, R=R, L=L, SPLIT=split,
+                          REAL=ctype(dtype), ACC=ctype(self.acc))
+        # Kernel objects of this instance alone, one per use and state parity, their arguments
+        # set once (here and in bind_jacobian): an iteration is then five enqueues and nothing
+        # else (templates.kernel's shared objects would let two solves overwrite each other's
+        # arguments).
+        K = lambda name: cl.Kernel(prg, name)  # noqa: E731
+        self.k_jacobi, self.k_back = K("jacobi_blocks"), K("back_substitute")
+        # project_points of p, of x and (at the start) of the residuals, per parity
+        self.k_project = {(v, s): K("project_points") for v in ("p", "x", "f") for s in (0, 1)}
+        self.k_partials = [K("camera_partials") for s in (0, 1)]
+        self.k_product = [K("cg_product") for s in (0, 1)]
+        self.k_advance = {(m, s): K("cg_advance") for m in (STEP, STEP_NO_R, RESET) for s in (0, 1)}
+        self.k_direction = [K("cg_direction") for s in (0, 1)]
+        self.k_start = K("cg_start")
         # Small groups on CPUs: PoCL runs a group per core at a time, and a few hundred segments
         # in groups of 64 leave one core idle at the end (8 was a third faster for the partials).
         ls = 8 if rt.info.is_cpu else 64
-        self.ls_points = arrays.work_group_size(rt, self.k_project, ls)
-        self.ls_partials = arrays.work_group_size(rt, self.k_partials, ls)
+        self.ls_points = arrays.work_group_size(rt, self.k_project["p", 0], ls)
+        self.ls_partials = arrays.work_group_size(rt, self.k_partials[0], ls)
         self.gs_points = arrays.round_up(max(1, npt), self.ls_points)
-        self.gs_partials = arrays.round_up(max(1, self.nseg), self.ls_partials)
-        self.k_partials.set_args(None, self.w.data, self.obs.data, self.seg_start.data,
-                                 self.partial.data, self.state.data, np.int32(self.nseg))
-        self.k_update.set_args(self.partial.data, self.cam_seg.data, self.dc2.data, self.Pinv.data,
-                               self.b.data, self.x.data, self.r.data, self.p.data, self.z.data,
-                               self.q.data, self.state.data, np.int32(nc), np.int32(START),
-                               np.int32(0), np.int32(0), np.float64(0), np.float64(0))
+        self.gs_segments = arrays.round_up(max(1, self.nseg), self.ls_partials)
+        self.gs_partials = arrays.round_up(max(1, self.nseg * (C if split else 1)), self.ls_partials)
+        st = self.states
+        i32n = np.int32
+        for s in (0, 1):
+            self.k_partials[s].set_args(None, self.w.data, self.obs.data, self.seg_start.data,
+                                        self.partial.data, st[s].data, i32n(self.nseg))
+            self.k_product[s].set_args(self.partial.data, self.cam_seg.data, self.dc2.data, self.p.data,
+                                       self.q.data, self.dots_pq.data, st[s].data, i32n(nc))
+            for m in (STEP, STEP_NO_R, RESET):
+                self.k_advance[m, s].set_args(
+                    self.partial.data, self.cam_seg.data, self.dc2.data, self.Pinv.data, self.b.data,
+                    self.x.data, self.r.data, self.p.data, self.z.data, self.q.data, self.dots_pq.data,
+                    self.dots.data, st[s].data, i32n(nc), i32n(G), i32n(m))
+            self.k_direction[s].set_args(self.z.data, self.p.data, self.dots_pq.data, self.dots.data,
+                                         st[s].data, st[1 - s].data, i32n(nc), i32n(G), i32n(0),
+                                         self.acc.type(0), self.acc.type(0))
+        self.k_start.set_args(self.partial.data, self.cam_seg.data, self.Pinv.data, self.b.data,
+                              self.x.data, self.r.data, self.z.data, self.dots.data, i32n(nc))
         self._jacobian = None
         # Kernel events of the solves (for a profile; None: not kept) and bytes read back.
         self.events = None
         self.bytes_to_host = self.bytes_to_device = 0
 
     def bind_jacobian(self, Jc_dev, Jp_dev, r_dev):
-        """The device Jacobian blocks (n, 2, 9), (n, 2, 3) and residuals (n * 2) of the linear
+        """The device Jacobian blocks (n, R, C), (n, R, P) and residuals (n * R) of the linear
         systems to come (kept referenced while bound); nothing to do when they are bound already."""
         if self._jacobian is not None and all(a is b for a, b in zip(self._jacobian, (Jc_dev, Jp_dev, r_dev))):
             return
-        for a, shape in ((Jc_dev, (self.n, 2, 9)), (Jp_dev, (self.n, 2, 3))):
-            if a.dtype != np.float64 or a.size != int(np.prod(shape)):
-                raise ValueError(f"expected float64 device blocks of shape {shape}, got {a.shape} {a.dtype}")
-        if r_dev.dtype != np.float64 or r_dev.size != 2 * self.n:
-            raise ValueError(f"expected {2 * self.n} float64 residuals, got {r_dev.shape} {r_dev.dtype}")
+        n, C, P, R, dt = self.n, self.C, self.P, self.R, self.dtype
+        for a, shape in ((Jc_dev, (n, R, C)), (Jp_dev, (n, R, P))):
+            if a.dtype != dt or a.size != int(np.prod(shape)):
+                raise ValueError(f"expected {dt} device blocks of shape {shape}, got {a.shape} {a.dtype}")
+        if r_dev.dtype != dt or r_dev.size != R * n:
+            raise ValueError(f"expected {R * n} {dt} residuals, got {r_dev.shape} {r_dev.dtype}")
         self._jacobian = (Jc_dev, Jp_dev, r_dev)
-        self.k_project.set_args(Jc_dev.data, Jp_dev.data, self.cam.data, self.pt_start.data,
-                                self.Vinv.data, r_dev.data, self.w.data, self.state.data,
-                                np.int32(self.npt), np.int32(1))
-        self.k_partials.set_arg(0, Jc_dev.data)
+        vectors = {"p": self.p.data, "x": self.x.data, "f": r_dev.data}
+        for (v, s), k in self.k_project.items():
+            k.set_args(Jc_dev.data, Jp_dev.data, self.cam.data, self.pt_start.data, self.Vinv.data,
+                       vectors[v], self.w.data, self.states[s].data, np.int32(self.npt),
+                       np.int32(1 if v == "f" else 0))
+        for k in self.k_partials:
+            k.set_arg(0, Jc_dev.data)
         self.k_jacobi.set_args(Jc_dev.data, Jp_dev.data, self.obs.data, self.pt.data, self.seg_start.data,
                                self.Vinv.data, self.blocks.data, np.int32(self.nseg))
         self.k_back.set_args(Jc_dev.data, Jp_dev.data, self.cam.data, self.pt_start.data, self.Vinv.data,
@@ -148,37 +187,37 @@ class DevicePCG:
         self._jacobian = None
 
     def _upload_vinv(self, Vinv, pending):
-        """Copy ``Vinv`` (npt, 3, 3) to the device unless this very array is there already."""
+        """Copy ``Vinv`` (npt, P, P) to the device unless this very array is there already."""
         if self._vinv_for is not Vinv:
-            arrays.write_async(self.rt, self.Vinv, Vinv, pending)
+            arrays.write_async(self.rt, self.Vinv, np.asarray(Vinv, self.dtype), pending)
             self._vinv_for = Vinv
 
     def jacobi_sums(self, Vinv):
-        """Per camera, ``sum over its points of G V^-1 G^T`` (nc, 9, 9): what the pairs subtract
+        """Per camera, ``sum over its points of G V^-1 G^T`` (nc, C, C): what the pairs subtract
         from ``B + Dc^2`` in S's diagonal blocks (the Schur-Jacobi preconditioner)."""
         self._check_bound()
-        q, pending = self.rt.queue, []
+        q, pending, C = self.rt.queue, [], self.C
         self._upload_vinv(Vinv, pending)
-        out = np.zeros((self.nc, 9, 9))
+        out = np.zeros((self.nc, C, C))
         if not self.nseg:
             return out
-        cl.enqueue_nd_range_kernel(q, self.k_jacobi, (self.gs_partials,), (self.ls_partials,))
-        part = np.empty((self.nseg, 45))
+        cl.enqueue_nd_range_kernel(q, self.k_jacobi, (self.gs_segments,), (self.ls_partials,))
+        part = np.empty((self.nseg, self.T), self.acc)
         cl.enqueue_copy(q, part, self.blocks.data)
-        tri = np.add.reduceat(part, self._seen_first_run, axis=0)   # (cameras seen, 45)
-        rows, cols = np.triu_indices(9)
+        tri = np.add.reduceat(part.astype(np.float64), self._seen_first_run, axis=0)  # (cameras seen, T)
+        rows, cols = np.triu_indices(C)
         out[self._seen_cams[:, None], rows, cols] = tri
         out[self._seen_cams[:, None], cols, rows] = tri
         return out
 
     def back_substitute(self, Vinv, gp, yc):
-        """The points' step ``V^-1 (gp - W^T yc)`` per point (npt, 3), on the device."""
+        """The points' step ``V^-1 (gp - W^T yc)`` per point (npt, P), on the device."""
         self._check_bound()
         q, pending = self.rt.queue, []
         self._upload_vinv(Vinv, pending)
-        arrays.write_async(self.rt, self.gp, gp, pending)
-        arrays.write_async(self.rt, self.yc, yc, pending)
-        yp = np.zeros((self.npt, 3))
+        arrays.write_async(self.rt, self.gp, np.asarray(gp, self.dtype), pending)
+        arrays.write_async(self.rt, self.yc, np.asarray(yc, self.dtype), pending)
+        yp = np.zeros((self.npt, self.P), self.dtype)
         if self.npt:
             cl.enqueue_nd_range_kernel(q, self.k_back, (self.gs_points,), (self.ls_points,))
             cl.enqueue_copy(q, yp, self.yp.data)
@@ -188,34 +227,47 @@ class DevicePCG:
         if self._jacobian is None:
             raise RuntimeError("bind_jacobian() before solve()")
 
-    def _apply(self, v, from_residuals=False):
-        """Enqueue ``w = (I - E V^-1 E^T) t`` per observation (t = F v, or f) and its camera sums."""
-        q = self.rt.queue
-        self.k_project.set_arg(5, v)
-        self.k_project.set_arg(9, np.int32(1 if from_residuals else 0))
-        if self.npt:
-            self._record("project_points", cl.enqueue_nd_range_kernel(q, self.k_project, (self.gs_points,),
-                                                                      (self.ls_points,)))
-        if self.nseg:
-            self._record("camera_partials_cg", cl.enqueue_nd_range_kernel(q, self.k_partials, (self.gs_partials,),
-                                                                          (self.ls_partials,)))
+    def _enqueue(self, name, kernel, global_size, local_size):
+        event = cl.enqueue_nd_range_kernel(self.rt.queue, kernel, global_size, local_size)
+        if self.events is not None:
+            self.events.append((name, event))
 
-    def _update(self, mode, it):
-        self.k_update.set_arg(12, np.int32(mode))
-        self.k_update.set_arg(13, np.int32(it))
-        self._record("cg_update", cl.enqueue_nd_range_kernel(self.rt.queue, self.k_update, (self.L,), (self.L,)))
+    def _apply(self, v, parity):
+        """Enqueue ``w = (I - E V^-1 E^T) t`` per observation (t = F v, or f for ``v == "f"``) and
+        its camera runs' sums into ``self.partial``."""
+        if self.npt:
+            self._enqueue("project_points", self.k_project[v, parity], (self.gs_points,), (self.ls_points,))
+        if self.nseg:
+            self._enqueue("camera_partials_cg", self.k_partials[parity], (self.gs_partials,),
+                          (self.ls_partials,))
+
+    def _vectors(self, name, kernel):
+        self._enqueue(name, kernel, (self.G * self.L,), (self.L,))
+
+    def _iteration(self, i):
+        """Enqueue CG iteration ``i`` (1, 2, ...): a residual reset every RESIDUAL_RESET_PERIOD."""
+        s = i % 2
+        self._apply("p", s)
+        self._vectors("cg_product", self.k_product[s])
+        if i % RESIDUAL_RESET_PERIOD == 0:      # r = b - S x, as Ceres does
+            self._vectors("cg_advance", self.k_advance[STEP_NO_R, s])
+            self._apply("x", s)
+            self._vectors("cg_advance", self.k_advance[RESET, s])
+        else:
+            self._vectors("cg_advance", self.k_advance[STEP, s])
+        self._vectors("cg_direction", self.k_direction[s])
 
     def solve(self, Vinv, Dc2, Pinv, q_tolerance=0.1, r_tolerance=-1.0, max_iterations=500):
         """PCG from ``x = 0`` on ``S = F^T (I - E V^-1 E^T) F + diag(Dc2)`` with right-hand side
-        ``F^T (f - E V^-1 E^T f)`` and preconditioner blocks ``Pinv`` (nc, 9, 9), all host arrays.
-        Returns ``(x (nc * 9) or None, ok, iterations, message)`` as ``conjugate_gradients`` does."""
+        ``F^T (f - E V^-1 E^T f)`` and preconditioner blocks ``Pinv`` (nc, C, C), all host arrays.
+        Returns ``(x (nc * C) or None, ok, iterations, message)`` as ``conjugate_gradients`` does."""
         self._check_bound()
         # Non-blocking uploads: their events (kept until the solve has waited on the queue)
         # hold the host arrays.
         uploads = []
         self._upload_vinv(Vinv, uploads)
         for dev, host in ((self.dc2, Dc2), (self.Pinv, Pinv)):
-            arrays.write_async(self.rt, dev, host, uploads)
+            arrays.write_async(self.rt, dev, np.ascontiguousarray(host, self.dtype), uploads)
         try:
             return self.run(q_tolerance, r_tolerance, max_iterations)
         finally:
@@ -234,32 +286,29 @@ class DevicePCG:
         q = self.rt.queue
         max_iterations = max(1, int(max_iterations))
         uploads = []
-        arrays.write_async(self.rt, self.state, np.zeros(8), uploads)       # state: all RUNNING
-        self.bytes_to_device += 64
-        self.k_update.set_arg(14, np.int32(max_iterations))
-        self.k_update.set_arg(15, np.float64(q_tolerance))
-        self.k_update.set_arg(16, np.float64(r_tolerance))
-        self._apply(self._jacobian[2].data, from_residuals=True)
-        self._update(START, 0)
-        # Batches of CHECK_EVERY iterations, each followed by a non-blocking read of the state;
-        # the host looks at a batch's state only once the next batch is queued, so the device
-        # never idles while the host decides. The last iteration always ends the solve.
+        arrays.write_async(self.rt, self.states[0], np.zeros(8, self.acc), uploads)   # RUNNING, it 0
+        self.bytes_to_device += 8 * self.acc.itemsize
+        for k in self.k_direction:
+            k.set_arg(8, np.int32(max_iterations))
+            k.set_arg(9, self.acc.type(q_tolerance))
+            k.set_arg(10, self.acc.type(r_tolerance))
+        self._apply("f", 0)
+        self._vectors("cg_start", self.k_start)
+        self._vectors("cg_direction", self.k_direction[0])
+        # Batches of CHECK_EVERY iterations, each followed by a non-blocking read of the state it
+        # leaves; the host looks at a batch's state only once the next batch is queued, so the
+        # device never idles while the host decides. The last iteration always ends the solve.
         reads, it, state = collections.deque(), 1, None
         try:
             while state is None:
                 if it <= max_iterations:
                     stop = min(max_iterations, it + CHECK_EVERY - 1)
                     for i in range(it, stop + 1):
-                        self._apply(self.p.data)
-                        if i % RESIDUAL_RESET_PERIOD == 0:      # r = b - S x, as Ceres does
-                            self._update(STEP_NO_R, i)
-                            self._apply(self.x.data)
-                            self._update(RESET, i)
-                        else:
-                            self._update(STEP, i)
+                        self._iteration(i)
                     it = stop + 1
-                    host = np.empty(8)
-                    reads.append((host, cl.enqueue_copy(q, host, self.state.data, is_blocking=False)))
+                    host = np.empty(8, self.acc)
+                    reads.append((host, cl.enqueue_copy(q, host, self.states[it % 2].data,
+                                                        is_blocking=False)))
                     self.bytes_to_host += host.nbytes
                     if len(reads) < 2 and it <= max_iterations:
                         continue
@@ -268,7 +317,7 @@ class DevicePCG:
                 host, event = reads.popleft()
                 event.wait()
                 if host[S_STATUS] != RUNNING:
-                    state = host
+                    state = host.astype(np.float64)
         finally:
             for _, event in reads:   # the reads write into host arrays: let them land first
                 event.wait()
@@ -277,11 +326,10 @@ class DevicePCG:
         return self._result(state, q_tolerance, read_x)
 
     def jacobi_blocks(self):
-        """Enqueue ``jacobi_blocks`` into ``self.blocks`` (nseg, 45) from the device ``self.Vinv``."""
+        """Enqueue ``jacobi_blocks`` into ``self.blocks`` (nseg, T) from the device ``self.Vinv``."""
         self._check_bound()
         if self.nseg:
-            self._record("jacobi_blocks", cl.enqueue_nd_range_kernel(
-                self.rt.queue, self.k_jacobi, (self.gs_partials,), (self.ls_partials,)))
+            self._enqueue("jacobi_blocks", self.k_jacobi, (self.gs_segments,), (self.ls_partials,))
         return self.blocks
 
     def back_substitute_solution(self):
@@ -291,13 +339,8 @@ class DevicePCG:
         if self.npt:
             if self.nc:
                 cl.enqueue_copy(self.rt.queue, self.yc.data, self.x.data, byte_count=self.x.nbytes)
-            self._record("back_substitute", cl.enqueue_nd_range_kernel(
-                self.rt.queue, self.k_back, (self.gs_points,), (self.ls_points,)))
+            self._enqueue("back_substitute", self.k_back, (self.gs_points,), (self.ls_points,))
         return self.yp
-
-    def _record(self, name, event):
-        if self.events is not None:
-            self.events.append((name, event))
 
     def _result(self, state, q_tolerance, read_x=True):
         status, its, value = int(state[S_STATUS]), int(state[S_ITER]), state[S_VALUE]
@@ -313,7 +356,7 @@ class DevicePCG:
                INDEFINITE: f"Matrix is indefinite, no more progress can be made. p'q = {value:e}."}[status]
         if not read_x:
             return None, True, its, msg
-        x = np.zeros(9 * self.nc)
+        x = np.zeros(self.C * self.nc, self.dtype)
         if status != B_ZERO and x.size:
             cl.enqueue_copy(self.rt.queue, x, self.x.data)
         return x, True, its, msg
