@@ -19,12 +19,13 @@
 ##
 ## Vectors over all parameters are a camera part (nc * C) and a point part (npt * P), two buffers:
 ## a kernel over "i < total" reads the camera part for i < ncC and the point part after it.
-## Parameters: C, P, R, L (reduction work-group size, a power of two), LOSS (Ceres' loss name).
+## Parameters: C, P, R, L (reduction work-group size, a power of two), LOSS (Ceres' loss name),
+## REAL (the storage type) and ACC (the arithmetic and the sums: double where the device has it).
 <%!
     # A vector over all parameters as its two buffers, and element i of it (see the header).
     def vec_args(name, const=True):
         q = 'const ' if const else ''
-        return f"__global {q}double *restrict {name}_c, __global {q}double *restrict {name}_p"
+        return f"__global {q}real *restrict {name}_c, __global {q}real *restrict {name}_p"
 
     def at(name):
         return f"(i < ncC ? {name}_c[i] : {name}_p[i - ncC])"
@@ -34,21 +35,23 @@
 %>
 <%namespace name="common" file="/clkernels/common.cl.mako"/>
 ${common.fp64_pragma()}
+typedef ${REAL} real;   // storage: Jacobian blocks, residuals, vectors
+typedef ${ACC} acc;     // arithmetic and sums: double wherever the device has it
 <%
     T = C * (C + 1) // 2
     tri = [(a, b) for a in range(C) for b in range(a, C)]
 %>
-// Ceres clamps rho' from below by the smallest normal double (a far outlier keeps a tiny weight).
-#define TINY 0x1p-1022
+// Ceres clamps rho' from below by the smallest normal acc (a far outlier keeps a tiny weight).
+#define TINY ${'0x1p-1022' if ACC == 'double' else '0x1p-126f'}
 
 // rho(s), rho'(s), rho''(s) of Ceres' loss (a = scale, b = a^2), as solvers/loss.py.
-void loss_eval(const double s, const double a, const double b, double *rho)
+void loss_eval(const acc s, const acc a, const acc b, acc *rho)
 {
 %if LOSS == 'trivial':
     rho[0] = s; rho[1] = 1.0; rho[2] = 0.0;
 %elif LOSS == 'huber':
     if (s > b) {
-        const double r = sqrt(s);
+        const acc r = sqrt(s);
         rho[0] = 2.0 * a * r - b;
         rho[1] = fmax(TINY, a / r);
         rho[2] = -rho[1] / (2.0 * s);
@@ -56,12 +59,12 @@ void loss_eval(const double s, const double a, const double b, double *rho)
         rho[0] = s; rho[1] = 1.0; rho[2] = 0.0;
     }
 %elif LOSS == 'soft_l1':
-    const double c = 1.0 / b, total = 1.0 + s * c, tmp = sqrt(total);
+    const acc c = 1.0 / b, total = 1.0 + s * c, tmp = sqrt(total);
     rho[0] = 2.0 * b * (tmp - 1.0);
     rho[1] = fmax(TINY, 1.0 / tmp);
     rho[2] = -(c * rho[1]) / (2.0 * total);
 %elif LOSS == 'cauchy':
-    const double c = 1.0 / b, total = 1.0 + s * c, inv = 1.0 / total;
+    const acc c = 1.0 / b, total = 1.0 + s * c, inv = 1.0 / total;
     rho[0] = b * log(total);
     rho[1] = fmax(TINY, inv);
     rho[2] = -c * (inv * inv);
@@ -70,8 +73,8 @@ void loss_eval(const double s, const double a, const double b, double *rho)
 
 // One observation's cost term rho(|r|^2), NaN unless r is finite and `finite` is set; its
 // squared norm and the loss' derivatives come back in s and rho[].
-double observation_rho(__global const double *ro, int finite, const double a, const double b,
-                       double *s, double *rho)
+acc observation_rho(__global const real *ro, int finite, const acc a, const acc b,
+                       acc *s, acc *rho)
 {
 %for k in range(R):
     finite &= isfinite(ro[${k}]);
@@ -81,13 +84,13 @@ double observation_rho(__global const double *ro, int finite, const double a, co
     return finite ? rho[0] : NAN;
 }
 
-__kernel void residual_cost(__global const double *restrict r,   // (n, R)
-                            __global double *restrict value,     // (n)
-                            const int n, const double a, const double b)
+__kernel void residual_cost(__global const real *restrict r,   // (n, R)
+                            __global acc *restrict value,     // (n)
+                            const int n, const acc a, const acc b)
 {
     const int o = get_global_id(0);
     if (o >= n) return;
-    double s, rho[3];
+    acc s, rho[3];
     value[o] = observation_rho(r + (size_t)o * ${R}, 1, a, b, &s, rho);
 }
 
@@ -95,38 +98,38 @@ __kernel void residual_cost(__global const double *restrict r,   // (n, R)
 // J~ = sqrt(rho') (I - alpha r r^T / s) J where rho'' > 0, both scaled by sqrt(rho') elsewhere.
 <%def name="correct_block(K, J)">
     {
-        __global double *Jo = ${J} + (size_t)o * ${R * K};
+        __global real *Jo = ${J} + (size_t)o * ${R * K};
         for (int j = 0; j < ${K}; ++j) {
-            const double rtJ = ${' + '.join(f'r0[{k}] * Jo[{k * K} + j]' for k in range(R))};
+            const acc rtJ = ${' + '.join(f'r0[{k}] * Jo[{k * K} + j]' for k in range(R))};
 %for k in range(R):
             Jo[${k * K} + j] = Jo[${k * K} + j] * sqrt_rho1 - (sqrt_rho1 * alpha_sq_norm) * r0[${k}] * rtJ;
 %endfor
         }
     }
 </%def>
-__kernel void correct_jacobian(__global double *restrict r,     // (n, R)
-                               __global double *restrict Jc,    // (n, R, C)
-                               __global double *restrict Jp,    // (n, R, P)
-                               __global double *restrict value, // (n)
-                               const int n, const double a, const double b)
+__kernel void correct_jacobian(__global real *restrict r,     // (n, R)
+                               __global real *restrict Jc,    // (n, R, C)
+                               __global real *restrict Jp,    // (n, R, P)
+                               __global acc *restrict value, // (n)
+                               const int n, const acc a, const acc b)
 {
     const int o = get_global_id(0);
     if (o >= n) return;
-    __global double *ro = r + (size_t)o * ${R};
+    __global real *ro = r + (size_t)o * ${R};
     int finite = 1;
     for (int j = 0; j < ${R * C}; ++j) finite &= isfinite(Jc[(size_t)o * ${R * C} + j]);
     for (int j = 0; j < ${R * P}; ++j) finite &= isfinite(Jp[(size_t)o * ${R * P} + j]);
-    double s, rho[3];
+    acc s, rho[3];
     value[o] = observation_rho(ro, finite, a, b, &s, rho);
 %if LOSS != 'trivial':
-    const double sqrt_rho1 = sqrt(rho[1]);
-    double residual_scaling = sqrt_rho1, alpha_sq_norm = 0.0;
+    const acc sqrt_rho1 = sqrt(rho[1]);
+    acc residual_scaling = sqrt_rho1, alpha_sq_norm = 0.0;
     if (s > 0.0 && rho[2] > 0.0) {
-        const double alpha = 1.0 - sqrt(1.0 + 2.0 * s * rho[2] / rho[1]);
+        const acc alpha = 1.0 - sqrt(1.0 + 2.0 * s * rho[2] / rho[1]);
         residual_scaling = sqrt_rho1 / (1.0 - alpha);
         alpha_sq_norm = alpha / s;
     }
-    double r0[${R}];
+    acc r0[${R}];
 %for k in range(R):
     r0[${k}] = ro[${k}];
 %endfor
@@ -138,24 +141,24 @@ ${correct_block(P, 'Jp')}
 %endif
 }
 
-__kernel void point_normal(__global const double *restrict Jp,       // (n, R, P)
-                           __global const double *restrict r,        // (n, R)
+__kernel void point_normal(__global const real *restrict Jp,       // (n, R, P)
+                           __global const real *restrict r,        // (n, R)
                            __global const int *restrict pt_start,    // (npt + 1)
-                           __global double *restrict V,              // (npt, P, P)
-                           __global double *restrict gp,             // (npt, P)
+                           __global real *restrict V,              // (npt, P, P)
+                           __global real *restrict gp,             // (npt, P)
                            const int npt)
 {
     const int p = get_global_id(0);
     if (p >= npt) return;
 %for a in range(P):
-    double g${a} = 0.0;
+    acc g${a} = 0.0;
 %for b in range(a, P):
-    double v${a}_${b} = 0.0;
+    acc v${a}_${b} = 0.0;
 %endfor
 %endfor
     for (int o = pt_start[p]; o < pt_start[p + 1]; ++o) {
-        __global const double *E = Jp + (size_t)o * ${R * P};
-        __global const double *ro = r + (size_t)o * ${R};
+        __global const real *E = Jp + (size_t)o * ${R * P};
+        __global const real *ro = r + (size_t)o * ${R};
 %for a in range(P):
         g${a} += ${' + '.join(f'E[{k * P + a}] * ro[{k}]' for k in range(R))};
 %for b in range(a, P):
@@ -171,22 +174,22 @@ __kernel void point_normal(__global const double *restrict Jp,       // (n, R, P
 %endfor
 }
 
-__kernel void camera_partials(__global const double *restrict Jc,      // (n, R, C)
-                              __global const double *restrict r,       // (n, R)
+__kernel void camera_partials(__global const real *restrict Jc,      // (n, R, C)
+                              __global const real *restrict r,       // (n, R)
                               __global const int *restrict obs,        // (n) in camera order
                               __global const int *restrict seg_start,  // (nseg + 1)
-                              __global double *restrict partial,       // (nseg, T + C)
+                              __global acc *restrict partial,       // (nseg, T + C)
                               const int nseg)
 {
     const int s = get_global_id(0);
     if (s >= nseg) return;
 %for t in range(T + C):
-    double acc${t} = 0.0;
+    acc acc${t} = 0.0;
 %endfor
     for (int k = seg_start[s]; k < seg_start[s + 1]; ++k) {
         const int o = obs[k];
-        __global const double *f = Jc + (size_t)o * ${R * C};
-        __global const double *ro = r + (size_t)o * ${R};
+        __global const real *f = Jc + (size_t)o * ${R * C};
+        __global const real *ro = r + (size_t)o * ${R};
 %for t, (a, b) in enumerate(tri):
         acc${t} += ${' + '.join(f'f[{k * C + a}] * f[{k * C + b}]' for k in range(R))};
 %endfor
@@ -199,26 +202,26 @@ __kernel void camera_partials(__global const double *restrict Jc,      // (n, R,
 %endfor
 }
 
-__kernel void camera_normal(__global const double *restrict partial,   // (nseg, T + C)
+__kernel void camera_normal(__global const acc *restrict partial,   // (nseg, T + C)
                             __global const int *restrict cam_seg,      // (nc + 1)
-                            __global double *restrict B,               // (nc, T)
-                            __global double *restrict gc,              // (nc, C)
+                            __global real *restrict B,               // (nc, T)
+                            __global real *restrict gc,              // (nc, C)
                             const int nc)
 {
     const int c = get_global_id(0);
     if (c >= nc) return;
     for (int t = 0; t < ${T + C}; ++t) {
-        double acc = 0.0;
-        for (int s = cam_seg[c]; s < cam_seg[c + 1]; ++s) acc += partial[(size_t)s * ${T + C} + t];
-        if (t < ${T}) B[(size_t)c * ${T} + t] = acc;
-        else gc[(size_t)c * ${C} + t - ${T}] = acc;
+        acc sum = 0.0;
+        for (int s = cam_seg[c]; s < cam_seg[c + 1]; ++s) sum += partial[(size_t)s * ${T + C} + t];
+        if (t < ${T}) B[(size_t)c * ${T} + t] = sum;
+        else gc[(size_t)c * ${C} + t - ${T}] = sum;
     }
 }
 
 // diag(J^T J) at vector index i: B's diagonal for the camera part, V's for the point part.
 <%def name="column_norm2()">
 <% diag_t = [a * C - a * (a - 1) // 2 for a in range(C)] %>
-    double col2;
+    acc col2;
     if (i < ncC) {
         const int c = i / ${C}, a = i - c * ${C};
         const int diag[${C}] = {${', '.join(str(t) for t in diag_t)}};
@@ -229,37 +232,37 @@ __kernel void camera_normal(__global const double *restrict partial,   // (nseg,
     }
 </%def>
 
-__kernel void jacobi_scale(__global const double *restrict B, __global const double *restrict V,
+__kernel void jacobi_scale(__global const real *restrict B, __global const real *restrict V,
                            ${vec_args('s', False)}, const int ncC, const int total, const int enabled)
 {
     const int i = get_global_id(0);
     if (i >= total) return;
 ${column_norm2()}
-    const double s = enabled ? 1.0 / (1.0 + sqrt(col2)) : 1.0;
+    const acc s = enabled ? 1.0 / (1.0 + sqrt(col2)) : 1.0;
     ${put('s', 's')}
 }
 
-__kernel void lm_diagonal(__global const double *restrict B, __global const double *restrict V,
+__kernel void lm_diagonal(__global const real *restrict B, __global const real *restrict V,
                           ${vec_args('s')}, ${vec_args('diag', False)},
-                          const int ncC, const int total, const double lo, const double hi)
+                          const int ncC, const int total, const acc lo, const acc hi)
 {
     const int i = get_global_id(0);
     if (i >= total) return;
 ${column_norm2()}
-    const double s = ${at('s')};
-    const double d = fmin(fmax(col2 * s * s, lo), hi);
+    const acc s = ${at('s')};
+    const acc d = fmin(fmax(col2 * s * s, lo), hi);
     ${put('diag', 'd')}
 }
 
 // D = sqrt(diag / radius) in the scaled variables is D / s in the unscaled ones.
-double regularizer(const double diag, const double s, const double radius)
+acc regularizer(const acc diag, const acc s, const acc radius)
 {
-    const double d = sqrt(diag / radius) / s;
+    const acc d = sqrt(diag / radius) / s;
     return d * d;
 }
 
-__kernel void camera_regularize(__global const double *restrict diag_c, __global const double *restrict s_c,
-                                __global double *restrict dc2, const double radius, const int ncC)
+__kernel void camera_regularize(__global const real *restrict diag_c, __global const real *restrict s_c,
+                                __global real *restrict dc2, const acc radius, const int ncC)
 {
     const int i = get_global_id(0);
     if (i >= ncC) return;
@@ -271,10 +274,10 @@ __kernel void camera_regularize(__global const double *restrict diag_c, __global
 ## Sets ok = 0 when a pivot is not positive.
 <%def name="cholesky_inverse(K, M, out)">
     {
-        double Lm[${K * K}], Li[${K * K}];
+        acc Lm[${K * K}], Li[${K * K}];
         for (int j = 0; j < ${K}; ++j) {
             for (int i = j; i < ${K}; ++i) {
-                double v = ${M}[i * ${K} + j];
+                acc v = ${M}[i * ${K} + j];
                 for (int k = 0; k < j; ++k) v -= Lm[i * ${K} + k] * Lm[j * ${K} + k];
                 if (i == j) {
                     if (!(v > 0.0) || !isfinite(v)) ok = 0;
@@ -288,38 +291,38 @@ __kernel void camera_regularize(__global const double *restrict diag_c, __global
         for (int j = 0; j < ${K}; ++j)
             for (int i = 0; i < ${K}; ++i) {
                 if (i < j) { Li[i * ${K} + j] = 0.0; continue; }
-                double v = (i == j) ? 1.0 : 0.0;
+                acc v = (i == j) ? 1.0 : 0.0;
                 for (int k = j; k < i; ++k) v -= Lm[i * ${K} + k] * Li[k * ${K} + j];
                 Li[i * ${K} + j] = v / Lm[i * ${K} + i];
             }
         for (int i = 0; i < ${K}; ++i)
             for (int j = 0; j < ${K}; ++j) {
-                double v = 0.0;
+                acc v = 0.0;
                 for (int k = (i > j ? i : j); k < ${K}; ++k) v += Li[k * ${K} + i] * Li[k * ${K} + j];
                 ${out}[i * ${K} + j] = v;
             }
     }
 </%def>
 
-__kernel void point_regularize(__global const double *restrict V,       // (npt, P, P)
-                               __global const double *restrict diag_p,  // (npt * P)
-                               __global const double *restrict s_p,
-                               __global double *restrict Vinv,          // (npt, P, P)
-                               const double radius, const int npt)
+__kernel void point_regularize(__global const real *restrict V,       // (npt, P, P)
+                               __global const real *restrict diag_p,  // (npt * P)
+                               __global const real *restrict s_p,
+                               __global real *restrict Vinv,          // (npt, P, P)
+                               const acc radius, const int npt)
 {
     const int p = get_global_id(0);
     if (p >= npt) return;
-    __global const double *Vp = V + (size_t)p * ${P * P};
-    double m[${P * P}];
+    __global const real *Vp = V + (size_t)p * ${P * P};
+    acc m[${P * P}];
     for (int j = 0; j < ${P * P}; ++j) m[j] = Vp[j];
     for (int a = 0; a < ${P}; ++a)
         m[a * ${P + 1}] += regularizer(diag_p[p * ${P} + a], s_p[p * ${P} + a], radius);
-    __global double *out = Vinv + (size_t)p * ${P * P};
+    __global real *out = Vinv + (size_t)p * ${P * P};
 %if P == 3:
     // Cofactors, as solvers/schur.py's inv3_sym (a singular block gives inf/NaN, a failed step).
-    const double a = m[0], b = m[1], c = m[2], d = m[4], e = m[5], f = m[8];
-    const double A = d * f - e * e, Bc = c * e - b * f, Cc = b * e - c * d;
-    const double inv_det = 1.0 / (a * A + b * Bc + c * Cc);
+    const acc a = m[0], b = m[1], c = m[2], d = m[4], e = m[5], f = m[8];
+    const acc A = d * f - e * e, Bc = c * e - b * f, Cc = b * e - c * d;
+    const acc inv_det = 1.0 / (a * A + b * Bc + c * Cc);
     out[0] = A * inv_det;
     out[1] = out[3] = Bc * inv_det;
     out[2] = out[6] = Cc * inv_det;
@@ -328,7 +331,7 @@ __kernel void point_regularize(__global const double *restrict V,       // (npt,
     out[8] = (a * d - b * b) * inv_det;
 %else:
     int ok = 1;
-    double inv[${P * P}];
+    acc inv[${P * P}];
 ${cholesky_inverse(P, 'm', 'inv')}
     for (int j = 0; j < ${P * P}; ++j) out[j] = ok ? inv[j] : NAN;
 %endif
@@ -338,20 +341,20 @@ ${cholesky_inverse(P, 'm', 'inv')}
 // G V^-1 G^T, from schur_pcg's jacobi_blocks). A block that is not positive definite is written
 // as it is, with failed[c] = 1: the host then inverts every block by a pseudo-inverse, as
 // solvers/schur.py does when numpy's Cholesky fails.
-__kernel void schur_jacobi(__global const double *restrict B,        // (nc, T)
-                           __global const double *restrict dc2,      // (nc * C)
-                           __global const double *restrict blocks,   // (nseg, T)
+__kernel void schur_jacobi(__global const real *restrict B,        // (nc, T)
+                           __global const real *restrict dc2,      // (nc * C)
+                           __global const acc *restrict blocks,   // (nseg, T)
                            __global const int *restrict cam_seg,     // (nc + 1)
-                           __global double *restrict Pinv,           // (nc, C, C)
+                           __global real *restrict Pinv,           // (nc, C, C)
                            __global int *restrict failed,            // (nc)
                            const int nc)
 {
     const int c = get_global_id(0);
     if (c >= nc) return;
-    double m[${C * C}];
+    acc m[${C * C}];
 %for t, (a, b) in enumerate(tri):
     {
-        double v = B[(size_t)c * ${T} + ${t}];
+        acc v = B[(size_t)c * ${T} + ${t}];
         for (int s = cam_seg[c]; s < cam_seg[c + 1]; ++s) v -= blocks[(size_t)s * ${T} + ${t}];
 %if a == b:
         v += dc2[(size_t)c * ${C} + ${a}];
@@ -363,9 +366,9 @@ __kernel void schur_jacobi(__global const double *restrict B,        // (nc, T)
     }
 %endfor
     int ok = 1;
-    double inv[${C * C}];
+    acc inv[${C * C}];
 ${cholesky_inverse(C, 'm', 'inv')}
-    __global double *out = Pinv + (size_t)c * ${C * C};
+    __global real *out = Pinv + (size_t)c * ${C * C};
     for (int j = 0; j < ${C * C}; ++j) out[j] = ok ? inv[j] : m[j];
     failed[c] = !ok;
 }
@@ -378,35 +381,35 @@ __kernel void make_step(${vec_args('raw')}, ${vec_args('s')}, ${vec_args('x')},
 {
     const int i = get_global_id(0);
     if (i >= total) return;
-    const double y = ${at('raw')} / ${at('s')};
-    const double d = -y * ${at('s')};
+    const acc y = ${at('raw')} / ${at('s')};
+    const acc d = -y * ${at('s')};
     ${put('delta', 'd')}
-    const double xc = ${at('x')} + d;
+    const acc xc = ${at('x')} + d;
     ${put('cand', 'xc')}
 }
 
 // m . (r + m / 2) per observation with m = Jc dc + Jp dp: the model cost change's terms.
-__kernel void model_change(__global const double *restrict Jc, __global const double *restrict Jp,
-                           __global const double *restrict r,
+__kernel void model_change(__global const real *restrict Jc, __global const real *restrict Jp,
+                           __global const real *restrict r,
                            __global const int *restrict cam, __global const int *restrict pt,
-                           __global const double *restrict dc, __global const double *restrict dp,
-                           __global double *restrict value, const int n)
+                           __global const real *restrict dc, __global const real *restrict dp,
+                           __global acc *restrict value, const int n)
 {
     const int o = get_global_id(0);
     if (o >= n) return;
-    __global const double *f = Jc + (size_t)o * ${R * C};
-    __global const double *e = Jp + (size_t)o * ${R * P};
-    __global const double *x = dc + (size_t)cam[o] * ${C};
-    __global const double *y = dp + (size_t)pt[o] * ${P};
-    double acc = 0.0;
+    __global const real *f = Jc + (size_t)o * ${R * C};
+    __global const real *e = Jp + (size_t)o * ${R * P};
+    __global const real *x = dc + (size_t)cam[o] * ${C};
+    __global const real *y = dp + (size_t)pt[o] * ${P};
+    acc sum = 0.0;
 %for k in range(R):
     {
-        const double m = (${' + '.join(f'f[{k * C + j}] * x[{j}]' for j in range(C))})
-                       + (${' + '.join(f'e[{k * P + j}] * y[{j}]' for j in range(P))});
-        acc += m * (r[(size_t)o * ${R} + ${k}] + m / 2.0);
+        const acc m = (${' + '.join(f'(acc)f[{k * C + j}] * x[{j}]' for j in range(C))})
+                       + (${' + '.join(f'(acc)e[{k * P + j}] * y[{j}]' for j in range(P))});
+        sum += m * (r[(size_t)o * ${R} + ${k}] + m / 2.0);
     }
 %endfor
-    value[o] = acc;
+    value[o] = sum;
 }
 
 ## Two-stage reductions. Stage 1: G work-groups of L items; item g*L+l folds elements
@@ -419,7 +422,7 @@ __kernel void model_change(__global const double *restrict Jc, __global const do
     combine = {'sum': lambda x, y: f'{x} + {y}', 'max': lambda x, y: f'fmax({x}, {y})',
                'runtime': lambda x, y: f'second_max ? fmax({x}, {y}) : {x} + {y}'}[second]
 %>
-    __local double buf0[${L}], buf1[${L}];
+    __local acc buf0[${L}], buf1[${L}];
     const int lid = get_local_id(0);
     buf0[lid] = ${acc0};
     buf1[lid] = ${acc1};
@@ -434,9 +437,9 @@ __kernel void model_change(__global const double *restrict Jc, __global const do
 </%def>
 <%def name="reduction(name, args, body, second='sum')">
 __kernel __attribute__((reqd_work_group_size(${L}, 1, 1)))
-void ${name}(${args}, const int total, __global double *restrict partial)
+void ${name}(${args}, const int total, __global acc *restrict partial)
 {
-    double acc0 = 0.0, acc1 = 0.0;
+    acc acc0 = 0.0, acc1 = 0.0;
     for (int i = get_global_id(0); i < total; i += get_global_size(0)) {
 ${body}
     }
@@ -447,24 +450,24 @@ ${group_fold('acc0', 'acc1', second)}
     }
 }
 </%def>
-${reduction('reduce_sum', '__global const double *restrict value', '        acc0 += value[i];')}
+${reduction('reduce_sum', '__global const acc *restrict value', '        acc0 += value[i];')}
 ## |x - Plus(x, -g)| as Ceres measures the gradient: max and squared 2-norm.
 ${reduction('reduce_gradient', vec_args('x') + ', ' + vec_args('g') + ', const int ncC',
-            '        const double x = ' + at('x') + ';\n        const double v = x - (x + (-' + at('g') + '));\n'
+            '        const acc x = ' + at('x') + ';\n        const acc v = x - (x + (-' + at('g') + '));\n'
             '        acc0 += v * v;\n        acc1 = fmax(acc1, fabs(v));', second='max')}
 ## |x - candidate|^2 and how many entries of the raw linear solution are not finite.
 ${reduction('reduce_step', vec_args('x') + ', ' + vec_args('cand') + ', ' + vec_args('raw') + ', const int ncC',
-            '        const double v = ' + at('x') + ' - ' + at('cand') + ';\n        acc0 += v * v;\n'
+            '        const acc v = ' + at('x') + ' - ' + at('cand') + ';\n        acc0 += v * v;\n'
             '        acc1 += isfinite(' + at('raw') + ') ? 0.0 : 1.0;')}
 ## |x|^2
 ${reduction('reduce_norm', vec_args('x') + ', const int ncC',
-            '        const double v = ' + at('x') + ';\n        acc0 += v * v;')}
+            '        const acc v = ' + at('x') + ';\n        acc0 += v * v;')}
 
 __kernel __attribute__((reqd_work_group_size(${L}, 1, 1)))
-void finish(__global const double *restrict partial, const int groups, const int second_max,
-            __global double *restrict scalars, const int slot)
+void finish(__global const acc *restrict partial, const int groups, const int second_max,
+            __global acc *restrict scalars, const int slot)
 {
-    double acc0 = 0.0, acc1 = 0.0;
+    acc acc0 = 0.0, acc1 = 0.0;
     for (int g = get_local_id(0); g < groups; g += ${L}) {
         acc0 += partial[2 * g];
         acc1 = second_max ? fmax(acc1, partial[2 * g + 1]) : acc1 + partial[2 * g + 1];

@@ -22,7 +22,7 @@ import numpy as np
 import pyopencl as cl
 
 from clkernels import arrays
-from clkernels.templates import get_program
+from clkernels.templates import ctype, get_program
 
 from .host_state import StepSolution
 
@@ -36,17 +36,20 @@ class DeviceMemoryError(MemoryError):
     """The problem does not fit in the device's memory; the message says how much it needs."""
 
 
-def device_bytes(n_obs: int, n_cameras: int, n_points: int, C: int = 9, P: int = 3, R: int = 2) -> int:
-    """Bytes of device memory a device-resident solve allocates (float64), at its peak."""
+def device_bytes(n_obs: int, n_cameras: int, n_points: int, C: int = 9, P: int = 3, R: int = 2,
+                 dtype=np.float64) -> int:
+    """Bytes of device memory a device-resident solve allocates at its peak, with Jacobians and
+    vectors stored in ``dtype`` (sums in float64)."""
     T = C * (C + 1) // 2
-    per_obs = 8 * (R * (C + P)        # Jacobian blocks
+    b = np.dtype(dtype).itemsize
+    per_obs = b * (R * (C + P)        # Jacobian blocks
                    + 2 * R            # residuals, and the candidate's
                    + R                # the CG's per-observation product
-                   + 1                # per-observation terms of the reductions
                    + R)               # observed values
+    per_obs += 8                      # per-observation terms of the reductions
     per_obs += 4 * (2 + 3)            # evaluation index; CG's camera, point, camera-order index
-    per_cam = 8 * (8 * C + 2 * T + C + 2 * C * C + 9 * 9) + 4 * 3
-    per_pt = 8 * (8 * P + 2 * P * P + 3 * P) + 4
+    per_cam = b * (15 * C + T + 2 * C * C) + 8 * (2 * T + C) + 4 * 3
+    per_pt = b * (9 * P + 2 * P * P) + 4
     return int(n_obs * per_obs + n_cameras * per_cam + n_points * per_pt + (1 << 20))
 
 
@@ -60,19 +63,15 @@ def device_state_or_reason(evaluator, options, runtime, x0):
         return None, "no OpenCL device"
     if options.linear_solver != "iterative_schur":
         return None, f"linear_solver={options.linear_solver!r} factorises on the host"
-    if not runtime.info.fp64:
-        return None, f"the device {runtime.info.name!r} has no fp64"
     model = evaluator.model
     fn = getattr(model, "function", None)
     if evaluator.permute is not None or fn is None or not hasattr(fn, "values_and_jacobians") \
             or getattr(fn, "backend", "numpy") == "numpy" or not hasattr(model, "device_inputs"):
         return None, "the camera model is not a pyclad BatchFunction on an OpenCL device"
-    if fn.dtype != np.float64:
+    if fn.dtype not in (np.float32, np.float64):
         return None, f"the camera model evaluates in {fn.dtype}"
-    if tuple(fn.group_sizes) + (fn.n_outputs,) != (9, 3, 2):
-        # The CG kernels (schur_pcg.cl.mako) are written for BAL's blocks.
-        return None, (f"the device CG takes 9-parameter cameras, 3-parameter points and 2 residuals; "
-                      f"the model has {fn.group_sizes} and {fn.n_outputs}")
+    if fn.dtype == np.float64 and not runtime.info.fp64:
+        return None, f"the device {runtime.info.name!r} has no fp64 (dtype=np.float32 runs on it)"
     return DeviceState(evaluator, options, runtime, x0, profile=options.profile_kernels), None
 
 
@@ -82,7 +81,7 @@ class DeviceState:
     where = "device"
 
     def __init__(self, evaluator, options, runtime, x0, profile: bool = False):
-        from .schur_pcg import DevicePCG
+        from .schur_pcg import DevicePCG, accumulator_dtype
         ev, rt = evaluator, runtime
         self.ev, self.o, self.rt = ev, options, rt
         self.fn = ev.model.function
@@ -91,32 +90,37 @@ class DeviceState:
         self.C, self.P, self.R, self.T = C, P, R, C * (C + 1) // 2
         n, nc, npt = ev.cam.size, ev.nc, ev.npt
         self.n, self.nc, self.npt = n, nc, npt
-        need = device_bytes(n, nc, npt, C, P, R)
+        # Storage in the model's type; arithmetic and sums in acc (float64 where the device has it).
+        self.dtype, self.acc = np.dtype(self.fn.dtype), accumulator_dtype(rt)
+        need = device_bytes(n, nc, npt, C, P, R, self.dtype)
         have = rt.info.global_mem_bytes
         if need > have:
             raise DeviceMemoryError(
                 f"this problem ({n} observations, {nc} cameras, {npt} points) needs about "
                 f"{need / 2**30:.2f} GiB on {rt.info.name!r}, which has {have / 2**30:.2f} GiB; "
-                "use dtype=np.float32, a device with more memory, or device_resident=False "
+                + ("use dtype=np.float32, " if self.dtype == np.float64 else "") +
+                "a device with more memory, or device_resident=False "
                 "(the host path) or a CPU device")
         self.bytes_to_device = self.bytes_to_host = 0
         self.events = [] if profile else None
         self.linear_solver_time = 0.0
-        self.pcg = DevicePCG(rt, ev.cam, ev.pt, nc, npt)
+        self.pcg = DevicePCG(rt, ev.cam, ev.pt, nc, npt, C, P, R, self.dtype)
         self.pcg.events = self.events
         # The reductions' work-group size, and their number of groups (fixed per device, so the
         # sums run in the same order every time).
         self.L = arrays.work_group_size(rt, None, 64 if rt.info.is_cpu else 256)
         self.groups = max(1, (2 if rt.info.is_cpu else 4) * rt.info.compute_units)
-        prg = get_program(TEMPLATE, rt, C=C, P=P, R=R, L=self.L, LOSS=ev.loss.name)
+        prg = get_program(TEMPLATE, rt, C=C, P=P, R=R, L=self.L, LOSS=ev.loss.name,
+                          REAL=ctype(self.dtype), ACC=ctype(self.acc))
         # Kernel objects of this instance alone (their arguments are set at every launch).
         self.k = {k.function_name: k for k in prg.all_kernels()}
         # Small groups on CPUs, as DevicePCG's (schur_jacobi has the most live values).
         self.ls = arrays.work_group_size(rt, self.k["schur_jacobi"], 8 if rt.info.is_cpu else 64)
-        f64 = lambda size: arrays.scratch(rt, max(1, int(size)), np.float64)  # noqa: E731
+        f64 = lambda size: arrays.scratch(rt, max(1, int(size)), self.dtype)  # noqa: E731 (storage)
+        sums = lambda size: arrays.scratch(rt, max(1, int(size)), self.acc)  # noqa: E731
         self.ncC, self.total = nc * C, nc * C + npt * P
         self._ncC, self._total = np.int32(self.ncC), np.int32(self.total)     # as kernel arguments
-        x0 = np.asarray(x0, dtype=np.float64)
+        x0 = np.asarray(x0, dtype=self.dtype)
         self.x = self._upload_pair(x0)
         self.cand = (f64(self.ncC), f64(npt * P))
         self.best_x = (f64(self.ncC), f64(npt * P))
@@ -126,14 +130,14 @@ class DeviceState:
         # The gradient; its point part is DevicePCG's gp, which its back-substitution reads.
         self.g = (f64(self.ncC), self.pcg.gp)
         self.B, self.V = f64(nc * self.T), f64(npt * P * P)
-        self.partial = f64(self.pcg.nseg * (self.T + C))
-        self.value = f64(n)
-        self.reduce_partial = f64(2 * self.groups)
-        self.scalars = f64(N_SCALARS)
+        self.partial = sums(self.pcg.nseg * (self.T + C))
+        self.value = sums(n)
+        self.reduce_partial = sums(2 * self.groups)
+        self.scalars = sums(N_SCALARS)
         self.failed = arrays.scratch(rt, max(1, nc), np.int32)
         self.index, self.observed = ev.model.device_inputs()
         self.bytes_to_device += self.index.nbytes + self.observed.nbytes
-        self.loss_a, self.loss_b = np.float64(ev.loss.scale), np.float64(ev.loss.b)
+        self.loss_a, self.loss_b = self.acc.type(ev.loss.scale), self.acc.type(ev.loss.b)
         self.r = self.jc = self.jp = None
         # What crossed before the first iteration (parameters, index, observations) and after the
         # last (the best parameters) apart from what the iterations move.
@@ -150,8 +154,8 @@ class DeviceState:
         return arrays.to_device(self.rt, np.ascontiguousarray(a))
 
     def _upload_pair(self, x):
-        return (self._upload(x[:self.ncC]) if self.ncC else arrays.scratch(self.rt, 1, np.float64),
-                self._upload(x[self.ncC:]) if self.total > self.ncC else arrays.scratch(self.rt, 1, np.float64))
+        return (self._upload(x[:self.ncC]) if self.ncC else arrays.scratch(self.rt, 1, self.dtype),
+                self._upload(x[self.ncC:]) if self.total > self.ncC else arrays.scratch(self.rt, 1, self.dtype))
 
     def _run(self, name, items, *args):
         """Enqueue kernel ``name`` over ``items`` work-items (nothing when there are none)."""
@@ -171,9 +175,10 @@ class DeviceState:
             self.events += [(name, e1), ("finish", e2)]
 
     def _read_scalars(self):
-        host = np.empty(N_SCALARS)
+        host = np.empty(N_SCALARS, self.acc)
         cl.enqueue_copy(self.rt.queue, host, self.scalars.data)
         self.bytes_to_host += host.nbytes
+        host = host.astype(np.float64)
         self._scalars = host
         if self._norm_read is False:
             self._norm_read = True
@@ -241,8 +246,8 @@ class DeviceState:
             ncC, total = self._ncC, self._total
             if not reuse_diagonal:
                 self._run("lm_diagonal", self.total, self.B.data, self.V.data, *self._pairs(self.s, self.diag),
-                          ncC, total, np.float64(o.min_lm_diagonal), np.float64(o.max_lm_diagonal))
-            radius = np.float64(radius)
+                          ncC, total, self.acc.type(o.min_lm_diagonal), self.acc.type(o.max_lm_diagonal))
+            radius = self.acc.type(radius)
             self._run("camera_regularize", self.ncC, self.diag[0].data, self.s[0].data, pcg.dc2.data, radius, ncC)
             self._run("point_regularize", npt, self.V.data, self.diag[1].data, self.s[1].data, pcg.Vinv.data,
                       radius, np.int32(npt))
@@ -279,15 +284,17 @@ class DeviceState:
         path, every block's inverse becomes a pseudo-inverse (rare: the failed blocks came back as
         they are, see schur_jacobi)."""
         C, pcg = self.C, self.pcg
-        blocks = np.empty((self.nc, C, C))
+        blocks = np.empty((self.nc, C, C), self.dtype)
         cl.enqueue_copy(self.rt.queue, blocks, pcg.Pinv.data)
+        blocks = blocks.astype(np.float64)
         # The blocks that did factorise came back inverted: invert them back to S's blocks.
         ok = failed == 0
         with np.errstate(all="ignore"):
             blocks[ok] = np.linalg.inv(blocks[ok])
             pinv = np.linalg.pinv(blocks, hermitian=True)
         self.bytes_to_host += blocks.nbytes
-        cl.enqueue_copy(self.rt.queue, pcg.Pinv.data, np.ascontiguousarray(pinv))
+        pinv = np.ascontiguousarray(pinv, self.dtype)
+        cl.enqueue_copy(self.rt.queue, pcg.Pinv.data, pinv)
         self.bytes_to_device += pinv.nbytes
 
     def evaluate_candidate(self):
@@ -329,14 +336,14 @@ class DeviceState:
                 cl.enqueue_copy(q, dst.data, src.data, byte_count=src.nbytes)
 
     def best(self) -> np.ndarray:
-        out = np.empty(self.total)
+        out = np.empty(self.total, self.dtype)
         parts = [(self.best_x[0], out[:self.ncC]), (self.best_x[1], out[self.ncC:])]
         for dev, host in parts:
             if host.size:
                 cl.enqueue_copy(self.rt.queue, host, dev.data)
         self.rt.queue.finish()
         self.bytes_at_end += out.nbytes
-        return out
+        return out.astype(np.float64)
 
     def transfers(self) -> dict:
         """Bytes that crossed between host and device: during the iterations (``bytes_to_device``,

@@ -38,6 +38,12 @@ FAIL_RHO, FAIL_BETA, FAIL_ALPHA = -1, -2, -3
 STEP, STEP_NO_R, RESET = 1, 2, 3
 
 
+def accumulator_dtype(runtime) -> np.dtype:
+    """The type of the device's sums and of the CG state: float64 wherever the device has fp64
+    (also under float32 storage), else float32."""
+    return np.dtype(np.float64 if runtime.info.fp64 else np.float32)
+
+
 def _camera_segments(cam, pt, nc, max_len):
     """Observations in camera order (point order within a camera) cut into runs of about
     ``max_len`` of one camera, never inside one camera-point group (jacobi_blocks sums a group
@@ -81,7 +87,7 @@ class DevicePCG:
             raise ValueError(f"dtype must be float32 or float64, got {dtype}")
         if dtype == np.float64 and not rt.info.fp64:
             raise ValueError(f"float64 needs a device with fp64; {rt.info.name!r} has none: use float32")
-        self.acc = np.dtype(np.float64 if rt.info.fp64 else np.float32)
+        self.acc = accumulator_dtype(rt)
         self.n, self.nc, self.npt = n, nc, npt
         max_segment = MAX_SEGMENT_CPU if runtime.info.is_cpu else MAX_SEGMENT_GPU
         order, seg_start, cam_seg = _camera_segments(cam, pt, nc, max_segment)
