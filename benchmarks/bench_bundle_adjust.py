@@ -19,8 +19,12 @@ device kernels against the rest (``kernel_s``, ``host_s``), the bytes that cross
 device per iteration, and the ratio to Ceres' faster solver on the same problem. The first solve
 in the process (kernel builds, or pyopencl's on-disk cache of them) is timed apart, before all.
 
+``--dtypes float64,float32`` adds iterative_schur with float32 storage (``final_cost_f64``: its
+solution's cost evaluated in float64).
+
     python benchmarks/bench_bundle_adjust.py [--quick] [--device SPEC] [--threads N] [--out DIR]
                                              [--scale venice,final] [--no-bal] [--no-synthetic]
+                                             [--dtypes float64,float32]
 """
 import os
 import sys
@@ -30,6 +34,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
+
+import numpy as np  # noqa: E402
 
 import harness  # noqa: E402
 import ceres_peer  # noqa: E402
@@ -52,13 +58,14 @@ def ceres_solve(path, solver, threads, iterations):
     return out, None
 
 
-def pyclad_row(problem, solver, iterations, device, args):
+def pyclad_row(problem, solver, iterations, device, args, dtype="float64"):
     """pyclad's timed solves and, on the device path, a profiled one: (Timing, row fields)."""
     samples, result = [], None
+    kw = dict(linear_solver=solver, max_iterations=iterations, device=device, handle_sigint=False,
+              dtype=np.dtype(dtype))
     for _ in range(max(1, args.repeat)):
         t0 = time.perf_counter()
-        result = solvers.bundle_adjust(problem, linear_solver=solver, max_iterations=iterations,
-                                       device=device, handle_sigint=False)
+        result = solvers.bundle_adjust(problem, **kw)
         samples.append(time.perf_counter() - t0)
     ours = harness.Timing(samples)
     steps, n_obs, t = max(result.iterations, 1), problem.num_observations, result.transfers
@@ -69,10 +76,13 @@ def pyclad_row(problem, solver, iterations, device, args):
                bytes_to_host_per_iter=t.get("bytes_to_host", 0) / steps,
                bytes_to_device_per_iter=t.get("bytes_to_device", 0) / steps,
                bytes_at_start=t.get("bytes_at_start"), bytes_at_end=t.get("bytes_at_end"))
+    if np.dtype(dtype) != np.float64:
+        # The float32 solution's cost as float64 evaluates it (what it is worth, not its estimate).
+        row["final_cost_f64"] = solvers.bundle_adjust(result.problem, max_iterations=0, device=device,
+                                                      handle_sigint=False).initial_cost
     if result.state == "device" and not args.no_profile:
         t0 = time.perf_counter()
-        prof = solvers.bundle_adjust(problem, linear_solver=solver, max_iterations=iterations,
-                                     device=device, handle_sigint=False, profile_kernels=True)
+        prof = solvers.bundle_adjust(problem, profile_kernels=True, **kw)
         wall = time.perf_counter() - t0
         kernels = prof.times["device_kernels"]
         row.update(kernel_s=kernels["total"], host_s=wall - kernels["total"],
@@ -107,6 +117,8 @@ def main():
     p.add_argument("--no-synthetic", action="store_true", help="skip the synthetic problems")
     p.add_argument("--scale", default="", help="large synthetic problems: venice,final")
     p.add_argument("--no-profile", action="store_true", help="skip the profiled second solve")
+    p.add_argument("--dtypes", default="float64",
+                   help="pyclad's storage types, e.g. float64,float32 (float32: iterative_schur only)")
     p.set_defaults(repeat=1, warmup=0)
     args = p.parse_args()
     chosen = [s for s in args.solvers.split(",") if s]
@@ -115,11 +127,14 @@ def main():
                             ceres=("available" if have_ceres else ceres_peer.unavailable_reason()))
     device = report.runtime
     # Build every kernel once, outside any timing; this first solve is reported on its own.
-    for solver in SOLVERS:
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    for solver, dtype in [(s, "float64") for s in SOLVERS] + [("iterative_schur", d) for d in dtypes
+                                                              if d != "float64"]:
         t0 = time.perf_counter()
         first = solvers.bundle_adjust(solvers.synthetic_problem(4, 20, 2), device=device, max_iterations=2,
-                                      linear_solver=solver, handle_sigint=False)
-        report.add(case="first-solve-in-process", variant=f"pyclad-{solver}",
+                                      linear_solver=solver, handle_sigint=False, dtype=np.dtype(dtype))
+        report.add(case="first-solve-in-process",
+                   variant=f"pyclad-{solver}" + ("" if dtype == "float64" else f"-{dtype}"),
                    timing=harness.Timing([time.perf_counter() - t0]), state=first.state)
 
     cases = []
@@ -165,17 +180,21 @@ def main():
                 ceres_best[name] = min(ceres_best.get(name, float("inf")), ceres_t.median)
             if not ours_runs:
                 continue
-            timing, row = pyclad_row(problem, solver, iterations, device, args)
-            if ceres_t is not None:
-                row["time_ratio_vs_ceres"] = timing.median / ceres_t.median
-                row["cost_ratio_vs_ceres"] = row["final_cost"] / ceres_cost
-            else:
-                row["ceres"] = ceres_cost          # why there is no Ceres figure
-            rows.append(report.add(case=name, variant=f"pyclad-{solver}", timing=timing, **row))
+            for dtype in dtypes:
+                if dtype != "float64" and solver != "iterative_schur":
+                    continue
+                timing, row = pyclad_row(problem, solver, iterations, device, args, dtype)
+                if ceres_t is not None:
+                    row["time_ratio_vs_ceres"] = timing.median / ceres_t.median
+                    row["cost_ratio_vs_ceres"] = row.get("final_cost_f64", row["final_cost"]) / ceres_cost
+                else:
+                    row["ceres"] = ceres_cost          # why there is no Ceres figure
+                variant = f"pyclad-{solver}" + ("" if dtype == "float64" else f"-{dtype}")
+                rows.append(report.add(case=name, variant=variant, timing=timing, **row))
         for row in rows:     # against Ceres' faster solver, once both have run
             if name in ceres_best:
                 row["time_ratio_vs_ceres_best"] = row["median_s"] / ceres_best[name]
-    report.write(["case", "variant", "observations", "median_s", "iterations", "final_cost",
+    report.write(["case", "variant", "observations", "median_s", "iterations", "final_cost", "final_cost_f64",
                   "time_ratio_vs_ceres", "time_ratio_vs_ceres_best", "cost_ratio_vs_ceres", "state",
                   "kernel_s", "host_s", "bytes_to_host_per_iter", "us_per_obs_iter", "jacobian_s",
                   "linear_solver_s", "termination"])
