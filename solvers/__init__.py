@@ -165,8 +165,9 @@ def bundle_adjust(problem: BALProblem, linear_solver: str = "sparse_schur", loss
 
     x0 = ck.x if ck is not None else np.concatenate([problem.cameras.ravel(), problem.points.ravel()])
     if verbose and ck is not None:
+        ended = f" (its solve had ended: {ck.termination_type})" if ck.finished else ""
         print(f"Resuming from checkpoint {ck.path or '(given)'}: iteration {ck.iteration}, cost {ck.cost:e}, "
-              f"trust region radius {opts.initial_trust_region_radius:e}", file=out)
+              f"trust region radius {opts.initial_trust_region_radius:e}{ended}", file=out)
     if verbose and opts.checkpoint is not None:
         print(f"Checkpoints: the best state to {opts.checkpoint} every {opts.checkpoint_every} "
               f"iteration{'s' if opts.checkpoint_every != 1 else ''} and at the end", file=out)
