@@ -17,6 +17,7 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from .bal import BALFormatError, BALProblem, read_bal, write_bal
+from .checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from .evaluator import Evaluator
 from .lm import Options, StopFlag, minimize
 from .loss import LOSSES, Loss
@@ -26,7 +27,7 @@ from .synthetic import synthetic_problem
 
 __all__ = ["bundle_adjust", "BundleAdjustResult", "Options", "Loss", "LOSSES", "LINEAR_SOLVERS",
            "BALProblem", "BALFormatError", "read_bal", "write_bal", "synthetic_problem",
-           "IterationSummary", "StopFlag", "LOG_HEADER"]
+           "IterationSummary", "StopFlag", "LOG_HEADER", "Checkpoint", "CheckpointError", "load_checkpoint"]
 
 
 @dataclasses.dataclass
@@ -37,8 +38,12 @@ class BundleAdjustResult:
     ``history`` the per-iteration records (Ceres' log columns); ``times`` splits the wall time
     into ``jacobian_evaluation`` (residuals and Jacobians), ``residual_evaluation`` (cost only,
     at candidate points), ``linear_solver`` and ``other``, with ``preprocessor``, ``minimizer``
-    and ``total``. ``termination_type`` is one of CONVERGENCE, NO_CONVERGENCE, FAILURE,
-    USER_SUCCESS (Ctrl-C).
+    and ``total`` (and ``checkpoint``, the time spent writing checkpoints, when there were any).
+    ``termination_type`` is one of CONVERGENCE, NO_CONVERGENCE, FAILURE, USER_SUCCESS (Ctrl-C).
+    A solve resumed from a checkpoint has its path in ``resumed_from`` and its iteration in
+    ``resumed_iteration``; its ``history`` and ``initial_cost`` are this solve's own. With
+    ``checkpoint=``, ``checkpoint_iteration`` is the iteration of the last checkpoint written
+    (counted from the first solve; None if none could be written).
     """
     cameras: np.ndarray
     points: np.ndarray
@@ -66,6 +71,9 @@ class BundleAdjustResult:
     # (solvers.lm_device), "host" for the reference path; bytes that crossed to and from it.
     state: str = "host"
     transfers: dict = dataclasses.field(default_factory=dict)
+    resumed_from: str = ""
+    resumed_iteration: int = 0
+    checkpoint_iteration: Optional[int] = None
 
     @property
     def iterations(self) -> int:
@@ -93,7 +101,8 @@ def bundle_adjust(problem: BALProblem, linear_solver: str = "sparse_schur", loss
                   max_iterations: int = 50, function_tolerance: float = 1e-6, gradient_tolerance: float = 1e-10,
                   parameter_tolerance: float = 1e-8, model=None, dtype=np.float64, device=None,
                   backend: Optional[str] = None, callback: Optional[Callable] = None, verbose: bool = False,
-                  stop: Optional[StopFlag] = None, handle_sigint: bool = True, out=None, **options) -> BundleAdjustResult:
+                  stop: Optional[StopFlag] = None, handle_sigint: bool = True, out=None,
+                  resume=None, **options) -> BundleAdjustResult:
     """Minimise the BAL reprojection error of ``problem`` with Levenberg-Marquardt (Ceres' semantics).
 
     - ``linear_solver``: ``"sparse_schur"`` or ``"iterative_schur"``.
@@ -105,6 +114,22 @@ def bundle_adjust(problem: BALProblem, linear_solver: str = "sparse_schur", loss
     - ``callback(iteration_summary)`` runs after every iteration; ``verbose`` prints Ceres' log to
       ``out`` (default stdout) as it goes.
     - Ctrl-C (main thread, ``handle_sigint``) or ``stop.set()`` stops after the current iteration.
+    - ``checkpoint=PATH`` (with ``checkpoint_every=N``, default 1) writes the best state found to
+      PATH (a numpy ``.npz``, :mod:`solvers.checkpoint`) after iteration 0, every N iterations and
+      at the end (Ctrl-C and FAILURE included), atomically (a temporary file in the same directory,
+      fsync'ed, then renamed over PATH): PATH always holds a complete checkpoint, and a killed
+      solve loses at most N iterations. A second Ctrl-C interrupts at once and leaves the last one.
+      The first write raises if it fails; a later failure warns and the solve goes on.
+    - ``resume=PATH`` (or a :class:`solvers.Checkpoint`) starts from a checkpoint's parameters
+      instead of ``problem``'s; it raises :class:`solvers.CheckpointError` if the checkpoint is
+      for another problem (sizes and a fingerprint of the observations are compared). The
+      checkpoint's trust-region radius is restored as ``initial_trust_region_radius`` unless that
+      option is given; Ceres' other per-solve state is not: the Jacobi scaling is computed anew at
+      the checkpoint's parameters and the radius' decrease factor starts at 2, so the resumed
+      iterations follow the uninterrupted ones closely but not digit for digit. The resumed solve
+      is a new solve: its log starts at iteration 0 and ``max_iterations`` counts its own
+      iterations; its checkpoints count on from the checkpoint's iteration. Resuming from and
+      checkpointing to the same PATH is the way to restart a solve that may be killed again.
     - Other keyword options: fields of :class:`solvers.Options` (``eta``, ``initial_trust_region_radius``,
       ``jacobi_scaling``, ``max_linear_solver_iterations``, ``device_resident``, ...).
     - Where it can (``iterative_schur``, a pyclad model in float64, a device with fp64) every
@@ -117,6 +142,11 @@ def bundle_adjust(problem: BALProblem, linear_solver: str = "sparse_schur", loss
     unknown = set(options) - {f.name for f in dataclasses.fields(Options)}
     if unknown:
         raise TypeError(f"unknown option(s) {sorted(unknown)}; see solvers.Options")
+    ck = None
+    if resume is not None:
+        ck = resume if isinstance(resume, Checkpoint) else load_checkpoint(resume)
+        ck.check_problem(problem)
+        options.setdefault("initial_trust_region_radius", ck.trust_region_radius)
     opts = Options(max_iterations=max_iterations, function_tolerance=function_tolerance,
                    gradient_tolerance=gradient_tolerance, parameter_tolerance=parameter_tolerance,
                    linear_solver=linear_solver, **options)
@@ -133,7 +163,14 @@ def bundle_adjust(problem: BALProblem, linear_solver: str = "sparse_schur", loss
         if callback is not None:
             callback(it)
 
-    x0 = np.concatenate([problem.cameras.ravel(), problem.points.ravel()])
+    x0 = ck.x if ck is not None else np.concatenate([problem.cameras.ravel(), problem.points.ravel()])
+    if verbose and ck is not None:
+        ended = f" (its solve had ended: {ck.termination_type})" if ck.finished else ""
+        print(f"Resuming from checkpoint {ck.path or '(given)'}: iteration {ck.iteration}, cost {ck.cost:e}, "
+              f"trust region radius {opts.initial_trust_region_radius:e}{ended}", file=out)
+    if verbose and opts.checkpoint is not None:
+        print(f"Checkpoints: the best state to {opts.checkpoint} every {opts.checkpoint_every} "
+              f"iteration{'s' if opts.checkpoint_every != 1 else ''} and at the end", file=out)
     t_pre = time.perf_counter() - t_start
     runtime = None
     if opts.schur_backend != "numpy":
@@ -147,7 +184,7 @@ def bundle_adjust(problem: BALProblem, linear_solver: str = "sparse_schur", loss
                     raise
                 runtime = None
     s = minimize(evaluator, x0, opts, callback=report, stop=stop, handle_sigint=handle_sigint,
-                 runtime=runtime)
+                 runtime=runtime, iteration_offset=ck.iteration if ck is not None else 0)
     if not np.isfinite(s.initial_cost):
         c = evaluator.cost(x0)
         s.initial_cost = s.final_cost = float("inf") if c is None else c
@@ -160,6 +197,8 @@ def bundle_adjust(problem: BALProblem, linear_solver: str = "sparse_schur", loss
              "other": other, "minimizer": minimizer, "total": t_total}
     if s.kernel_time is not None:
         times["device_kernels"] = s.kernel_time      # seconds per kernel and their total
+    if s.checkpoint_time is not None:
+        times["checkpoint"] = s.checkpoint_time      # part of "other"
     model_obj = evaluator.model
     dev = getattr(getattr(model_obj, "runtime", None), "info", None)
     return BundleAdjustResult(
@@ -173,4 +212,6 @@ def bundle_adjust(problem: BALProblem, linear_solver: str = "sparse_schur", loss
         num_linear_solves=s.num_linear_solves,
         loss_name="TRIVIAL" if loss.name == "trivial" else f"{loss.name.upper()}({loss.scale:g})",
         model_name=type(model_obj).__name__, dtype=np.dtype(dtype).name,
-        device=(dev.name if dev is not None else "host"), state=s.state, transfers=s.transfers)
+        device=(dev.name if dev is not None else "host"), state=s.state, transfers=s.transfers,
+        resumed_from=(ck.path if ck is not None else ""), resumed_iteration=(ck.iteration if ck is not None else 0),
+        checkpoint_iteration=s.checkpoint_iteration)

@@ -121,8 +121,9 @@ class HostState:
     def remember_best(self):
         self.best_x = self.x.copy()
 
-    def best(self) -> np.ndarray:
-        """The best parameters seen (host array, cameras then points)."""
+    def best(self, final: bool = True) -> np.ndarray:
+        """The best parameters seen (host array, cameras then points; not to be modified).
+        ``final`` is for :class:`solvers.lm_device.DeviceState`'s accounting of transfers."""
         return self.best_x
 
     def transfers(self) -> dict:

@@ -20,10 +20,17 @@ What this follows (Ceres 2.x ``TrustRegionMinimizer``, ``LevenbergMarquardtStrat
 - A candidate whose residuals are not finite has infinite cost and is rejected; a non-finite
   Jacobian at an accepted point ends the solve with FAILURE. The parameters returned are always the
   best ones evaluated successfully.
+
+Checkpoints (``Options.checkpoint``, :mod:`solvers.checkpoint`): the best parameters, with the
+iteration, their cost and the radius, are written atomically after iteration 0, after every
+``checkpoint_every``-th iteration the solve continues from, and when it ends (any termination,
+Ctrl-C's USER_SUCCESS and FAILURE included, unless no point was ever evaluated successfully).
+A second Ctrl-C, which interrupts at once, leaves the last checkpoint written.
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import threading
 import time
@@ -31,6 +38,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from .checkpoint import CheckpointWriter
 from .host_state import HostState
 from .schur import LINEAR_SOLVERS
 from .summary import IterationSummary, SolverSummary
@@ -65,6 +73,11 @@ class Options:
     device_resident: Optional[bool] = None
     # Keep the device kernels' events and report their total time (times["device_kernels"]).
     profile_kernels: bool = False
+    # Write the best state found to this file (solvers.checkpoint) after iteration 0, every
+    # checkpoint_every iterations and at the end, atomically: a killed solve loses at most
+    # checkpoint_every iterations. None writes nothing.
+    checkpoint: Optional[str] = None
+    checkpoint_every: int = 1
 
     def check(self):
         if self.linear_solver not in LINEAR_SOLVERS:
@@ -82,6 +95,30 @@ class Options:
             raise ValueError(f"device_resident must be None, True or False, got {self.device_resident!r}")
         if not (0 < self.min_lm_diagonal <= self.max_lm_diagonal):
             raise ValueError("need 0 < min_lm_diagonal <= max_lm_diagonal")
+        every = self.checkpoint_every
+        if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 1:
+            raise ValueError(f"checkpoint_every must be an integer >= 1 (write the best state every N "
+                             f"iterations), got {every!r}")
+        if self.checkpoint is not None:
+            self._check_checkpoint_path()
+
+    def _check_checkpoint_path(self):
+        """Refuse at once a checkpoint path that could never be written (rather than after the
+        first iteration)."""
+        try:
+            path = os.fspath(self.checkpoint)
+        except TypeError:
+            raise TypeError(f"checkpoint must be a file path (str or os.PathLike) or None, "
+                            f"got {type(self.checkpoint).__name__}") from None
+        if not isinstance(path, str) or not path:
+            raise ValueError(f"checkpoint must be a non-empty file path, got {self.checkpoint!r}")
+        if os.path.isdir(path):
+            raise ValueError(f"checkpoint={path!r} is a directory; give a file path in it, "
+                             f"e.g. {os.path.join(path, 'checkpoint.npz')!r}")
+        directory = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(directory):
+            raise ValueError(f"checkpoint={path!r}: the directory {directory!r} does not exist; "
+                             "create it or choose another path")
 
 
 class _LMStrategy:
@@ -147,13 +184,17 @@ class Minimizer:
     """One Levenberg-Marquardt solve (use :func:`minimize`)."""
 
     def __init__(self, evaluator, options: Options, callback=None, stop: Optional[StopFlag] = None,
-                 runtime=None):
+                 runtime=None, iteration_offset: int = 0):
         self.ev, self.o, self.callback = evaluator, options, callback
         self.stop = stop or StopFlag()
         self.runtime = runtime
         self.strategy = _LMStrategy(options)
         self.summary = SolverSummary()
         self.num_linear_solves = 0
+        self.checkpoints = None
+        if options.checkpoint is not None:
+            self.checkpoints = CheckpointWriter(options.checkpoint, options.checkpoint_every,
+                                                evaluator.problem, iteration_offset)
 
     def _make_state(self, x0):
         """Where the iterations run: on the device (:class:`solvers.lm_device.DeviceState`) when
@@ -263,7 +304,16 @@ class Minimizer:
                          f"{it.trust_region_radius:e} <= {o.min_trust_region_radius:e}")
             s.termination_type = "CONVERGENCE"
             return False
+        # Only when the solve goes on: the last iteration's checkpoint is _finish's.
+        if self.checkpoints is not None and self.checkpoints.due(it.iteration):
+            self._write_checkpoint(self.state.best(final=False))
         return True
+
+    def _write_checkpoint(self, x, termination_type: str = ""):
+        # With monotonic steps the best point is the last accepted one, so the radius (the next
+        # step's) goes with it; only a FAILURE ends with an accepted point that is not the best.
+        iteration = self.summary.iterations[-1].iteration if self.summary.iterations else 0
+        self.checkpoints.write(x, iteration, self.minimum_cost, self.strategy.radius, termination_type)
 
     def _compute_trust_region_step(self):
         it = self.it
@@ -354,6 +404,11 @@ class Minimizer:
     def _finish(self) -> SolverSummary:
         s = self.summary
         s.x = self.state.best()
+        if self.checkpoints is not None and np.isfinite(self.minimum_cost):
+            self._write_checkpoint(s.x, s.termination_type)
+        if self.checkpoints is not None:
+            s.checkpoint_time = self.checkpoints.time
+            s.checkpoint_iteration = self.checkpoints.last_iteration
         s.final_cost = self.minimum_cost if np.isfinite(self.minimum_cost) else s.initial_cost
         s.total_time = time.perf_counter() - self.start
         s.linear_solver_time = self.state.linear_solver_time
@@ -370,12 +425,15 @@ class Minimizer:
 
 
 def minimize(evaluator, x0, options: Options, callback: Optional[Callable] = None,
-             stop: Optional[StopFlag] = None, handle_sigint: bool = True, runtime=None) -> SolverSummary:
+             stop: Optional[StopFlag] = None, handle_sigint: bool = True, runtime=None,
+             iteration_offset: int = 0) -> SolverSummary:
     """Run Levenberg-Marquardt from ``x0``; ``callback(iteration_summary)`` after each iteration.
-    With ``handle_sigint`` (main thread only), Ctrl-C stops after the current iteration."""
+    With ``handle_sigint`` (main thread only), Ctrl-C stops after the current iteration.
+    ``iteration_offset``: the iterations done before ``x0`` (a solve resumed from a checkpoint);
+    only the checkpoints count them, the log and the summary start at iteration 0."""
     options.check()
     stop = stop or StopFlag()
-    m = Minimizer(evaluator, options, callback, stop, runtime)
+    m = Minimizer(evaluator, options, callback, stop, runtime, iteration_offset)
     if handle_sigint:
         with _SigintHandler(stop):
             return m.run(x0)

@@ -335,14 +335,20 @@ class DeviceState:
             if src.size:
                 cl.enqueue_copy(q, dst.data, src.data, byte_count=src.nbytes)
 
-    def best(self) -> np.ndarray:
+    def best(self, final: bool = True) -> np.ndarray:
+        """The best parameters seen, read back (a new float64 host array). A read before the end
+        (``final=False``: a checkpoint) counts among the iterations' transfers; it waits for the
+        queue, and changes nothing on the device."""
         out = np.empty(self.total, self.dtype)
         parts = [(self.best_x[0], out[:self.ncC]), (self.best_x[1], out[self.ncC:])]
         for dev, host in parts:
             if host.size:
                 cl.enqueue_copy(self.rt.queue, host, dev.data)
         self.rt.queue.finish()
-        self.bytes_at_end += out.nbytes
+        if final:
+            self.bytes_at_end += out.nbytes
+        else:
+            self.bytes_to_host += out.nbytes
         return out.astype(np.float64)
 
     def transfers(self) -> dict:

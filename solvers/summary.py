@@ -68,6 +68,8 @@ class SolverSummary:
     state: str = "host"              # where the iterations ran: "host" or "device"
     transfers: dict = dataclasses.field(default_factory=dict)   # bytes to and from the device
     kernel_time: Optional[dict] = None    # seconds per device kernel (Options.profile_kernels)
+    checkpoint_time: Optional[float] = None   # seconds writing checkpoints (Options.checkpoint)
+    checkpoint_iteration: Optional[int] = None    # of the last checkpoint written; None: none
 
 
 def full_report(result) -> str:
@@ -94,6 +96,10 @@ def full_report(result) -> str:
     lines.append("")
     row("Minimizer", "TRUST_REGION")
     row("Iterations run on", r.state)
+    if getattr(r, "resumed_from", ""):
+        lines.append(f"{'Resumed from':<{w}}{r.resumed_from} (iteration {r.resumed_iteration})")
+    if getattr(o, "checkpoint", None) is not None:
+        lines.append(f"{'Checkpoint':<{w}}{o.checkpoint} (every {o.checkpoint_every})")
     lines.append("")
     row("Sparse linear algebra library", "SCIPY")
     row("Trust region strategy", "LEVENBERG_MARQUARDT")

@@ -2,6 +2,9 @@
 
 With no FILE, a seeded synthetic problem is solved (works anywhere, a few seconds).
 Ctrl-C stops after the current iteration; the best state found is still written (--out, --ply).
+--checkpoint PATH writes the best state to PATH atomically every --checkpoint-every iterations
+(and at the end), so a killed solve loses at most that many; --resume PATH starts from one
+(`--checkpoint P --resume P` restarts a solve that may be killed again).
 """
 from __future__ import annotations
 
@@ -38,8 +41,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--synthetic", default="20,2000,4", metavar="CAMS,POINTS,OBS_PER_POINT",
                    help="size of the synthetic problem used when no FILE is given (default 20,2000,4)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic problem")
+    p.add_argument("--checkpoint", metavar="PATH",
+                   help="write the best state (a numpy .npz) to PATH atomically after iteration 0, "
+                        "every --checkpoint-every iterations and at the end")
+    p.add_argument("--checkpoint-every", type=_positive_int, default=None, metavar="N",
+                   help="iterations between checkpoints (default 1; needs --checkpoint)")
+    p.add_argument("--resume", metavar="PATH",
+                   help="start from the parameters (and trust region radius) of a checkpoint of this problem")
     p.add_argument("-q", "--quiet", action="store_true", help="no iteration log, only the report")
     return p
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return v
 
 
 def _pyplot():
@@ -73,7 +93,10 @@ def plot_convergence(result, path) -> None:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.checkpoint_every is not None and not args.checkpoint:
+        parser.error("--checkpoint-every needs --checkpoint PATH")
     if args.plot:
         _pyplot()          # say so before solving, not after
     import solvers
@@ -97,12 +120,28 @@ def main(argv=None) -> int:
     print(f"{problem.name}: {problem.num_cameras} cameras, {problem.num_points} points, "
           f"{problem.num_observations} observations"
           + (f" (read in {t_read:.2f} s)" if args.file else " (synthetic; pass a BAL file to solve it)"))
+    resume = None
+    if args.resume:
+        try:
+            resume = solvers.load_checkpoint(args.resume)
+            resume.check_problem(problem)
+        except (solvers.CheckpointError, OSError) as e:
+            print(f"error: --resume: {e}", file=sys.stderr)
+            return 2
+    checkpoint = {}
+    if args.checkpoint:
+        checkpoint = {"checkpoint": args.checkpoint, "checkpoint_every": args.checkpoint_every or 1}
+        try:
+            solvers.Options(**checkpoint).check()
+        except (ValueError, TypeError) as e:
+            print(f"error: --checkpoint: {e}", file=sys.stderr)
+            return 2
     result = solvers.bundle_adjust(
         problem, linear_solver=args.linear_solver, loss=args.loss, loss_scale=args.loss_scale,
         max_iterations=args.iterations, function_tolerance=args.function_tolerance,
         gradient_tolerance=args.gradient_tolerance, parameter_tolerance=args.parameter_tolerance,
         eta=args.eta, dtype=np.dtype(args.dtype), device=args.device, backend=args.backend,
-        verbose=not args.quiet)
+        verbose=not args.quiet, resume=resume, **checkpoint)
     print()
     print(result.full_report())
     if args.out:
@@ -114,6 +153,9 @@ def main(argv=None) -> int:
     if args.plot:
         plot_convergence(result, args.plot)
         print(f"written: {args.plot} (convergence plot)")
+    if result.checkpoint_iteration is not None:
+        print(("" if args.out else "\n") + f"written: {args.checkpoint} (checkpoint of the best state, "
+              f"iteration {result.checkpoint_iteration})")
     return 0 if result.usable else 1
 
 

@@ -1,0 +1,245 @@
+"""Checkpoints of a bundle adjustment: the best state found so far, written atomically.
+
+A checkpoint is a numpy ``.npz`` archive (plain arrays, nothing pickled) holding
+
+- ``format`` (``"pyclad-bal-checkpoint"``) and ``version`` (:data:`FORMAT_VERSION`);
+- ``cameras`` (num_cameras, 9) and ``points`` (num_points, 3): the best parameters found;
+- ``iteration``: the iterations done when it was written, counted from the first solve (a solve
+  resumed from a checkpoint of iteration k writes k + its own iterations);
+- ``cost``: the cost of those parameters (with the loss of the solve that wrote it);
+- ``trust_region_radius``: the radius the next step would have used;
+- ``termination_type``: empty while the solve runs, its termination type once it has ended;
+- ``num_cameras``, ``num_points``, ``num_observations``, ``fingerprint`` (SHA-256 of the
+  observations' camera and point indices and observed values) and ``problem_name``: what
+  :meth:`Checkpoint.check_problem` compares, so that a checkpoint of another problem is refused.
+
+Writing goes to a temporary file in the checkpoint's own directory (``.NAME.PID.RANDOM.tmp``,
+never the checkpoint's name), which is flushed and fsync'ed, then renamed over the checkpoint
+(``os.replace``, atomic on POSIX and Windows); the directory is fsync'ed after the rename where
+the platform allows. At any moment the checkpoint's path therefore holds either the previous
+complete checkpoint or the new complete one; a write that fails or is interrupted removes its
+temporary file and leaves the previous checkpoint as it was.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import secrets
+import time
+import warnings
+import zipfile
+from typing import Optional
+
+import numpy as np
+
+FORMAT = "pyclad-bal-checkpoint"
+FORMAT_VERSION = 1
+
+_SCALARS = ("version", "iteration", "cost", "trust_region_radius", "num_cameras", "num_points",
+            "num_observations")
+_STRINGS = ("format", "termination_type", "fingerprint", "problem_name")
+_KEYS = _SCALARS + _STRINGS + ("cameras", "points")
+
+
+class CheckpointError(ValueError):
+    """A file that is not a usable checkpoint, or a checkpoint of another problem."""
+
+
+def problem_fingerprint(problem) -> str:
+    """SHA-256 (hex) of a BAL problem's observations: their camera and point indices and their
+    observed values, in the file's order. The parameters are left out: they are what a solve
+    changes."""
+    h = hashlib.sha256(FORMAT.encode())
+    h.update(np.array([problem.num_cameras, problem.num_points, problem.num_observations], "<i8").tobytes())
+    # Fixed dtypes and byte order, so the same problem hashes the same on every machine.
+    for a, dtype in ((problem.camera_index, "<i8"), (problem.point_index, "<i8"), (problem.observations, "<f8")):
+        h.update(np.ascontiguousarray(a, dtype=dtype).tobytes())
+    return h.hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """The contents of a checkpoint file (see the module docstring); ``path`` is where it was read."""
+    cameras: np.ndarray
+    points: np.ndarray
+    iteration: int
+    cost: float
+    trust_region_radius: float
+    num_cameras: int
+    num_points: int
+    num_observations: int
+    fingerprint: str
+    termination_type: str = ""
+    problem_name: str = ""
+    path: str = ""
+
+    @property
+    def x(self) -> np.ndarray:
+        """The parameters as the minimizer's state vector (cameras then points)."""
+        return np.concatenate([self.cameras.ravel(), self.points.ravel()])
+
+    @property
+    def finished(self) -> bool:
+        """Whether the solve that wrote it had ended (rather than being stopped or killed mid-way)."""
+        return bool(self.termination_type)
+
+    def check_problem(self, problem) -> None:
+        """Raise :class:`CheckpointError` unless this checkpoint was written for ``problem``."""
+        where = f"checkpoint {self.path!r}" if self.path else "the checkpoint"
+        mine = (self.num_cameras, self.num_points, self.num_observations)
+        theirs = (problem.num_cameras, problem.num_points, problem.num_observations)
+        if mine != theirs:
+            raise CheckpointError(
+                f"{where} was written for a problem with {mine[0]} cameras, {mine[1]} points and "
+                f"{mine[2]} observations ({self.problem_name!r}); this problem ({problem.name!r}) has "
+                f"{theirs[0]}, {theirs[1]} and {theirs[2]}: resume from a checkpoint of this problem")
+        if self.fingerprint != problem_fingerprint(problem):
+            raise CheckpointError(
+                f"{where} was written for another problem ({self.problem_name!r}) of the same size: "
+                f"the observations of {problem.name!r} differ from the ones it was written for; "
+                "resume from a checkpoint of this problem")
+
+
+def _write_npz(f, arrays: dict) -> None:
+    """The archive itself (apart, so the tests can make a write fail half-way)."""
+    np.savez(f, **arrays)
+
+
+def _fsync_directory(directory: str) -> None:
+    """Make a rename in ``directory`` durable; not possible (nor needed) everywhere."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(path, checkpoint: Checkpoint) -> None:
+    """Write ``checkpoint`` to ``path`` atomically (see the module docstring)."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    arrays = {"format": np.array(FORMAT), "version": np.array(FORMAT_VERSION, np.int64),
+              "cameras": np.asarray(checkpoint.cameras, np.float64).reshape(-1, 9),
+              "points": np.asarray(checkpoint.points, np.float64).reshape(-1, 3),
+              "iteration": np.array(checkpoint.iteration, np.int64),
+              "cost": np.array(checkpoint.cost, np.float64),
+              "trust_region_radius": np.array(checkpoint.trust_region_radius, np.float64),
+              "num_cameras": np.array(checkpoint.num_cameras, np.int64),
+              "num_points": np.array(checkpoint.num_points, np.int64),
+              "num_observations": np.array(checkpoint.num_observations, np.int64),
+              "fingerprint": np.array(checkpoint.fingerprint),
+              "termination_type": np.array(checkpoint.termination_type),
+              "problem_name": np.array(checkpoint.problem_name)}
+    # A name of our own in the same directory (a rename is atomic only within one file system);
+    # O_EXCL so that two writers never share one, and mode 0666 so the umask applies as it would
+    # to any new file (tempfile.mkstemp would make it 0600).
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            _write_npz(f, arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:          # a KeyboardInterrupt half-way too: no temporary file left behind
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_directory(directory)
+
+
+def load_checkpoint(path) -> Checkpoint:
+    """Read a checkpoint written by :func:`save_checkpoint` (or a solve's ``checkpoint=``).
+
+    Raises FileNotFoundError when ``path`` does not exist and :class:`CheckpointError` when it is
+    not a checkpoint, is damaged, or has a newer format than this version reads."""
+    path = os.fspath(path)
+    try:
+        z = np.load(path, allow_pickle=False)
+        if not isinstance(z, np.lib.npyio.NpzFile):
+            raise CheckpointError(f"{path!r} is not a checkpoint (a .npy array, not an .npz archive)")
+        with z:
+            missing = [k for k in _KEYS if k not in z.files]
+            if "format" not in z.files or str(z["format"]) != FORMAT:
+                raise CheckpointError(f"{path!r} is not a pyclad bundle adjustment checkpoint")
+            version = int(z["version"]) if "version" in z.files else -1
+            if version > FORMAT_VERSION:
+                raise CheckpointError(f"{path!r} has checkpoint format {version}; this version of pyclad "
+                                      f"reads format {FORMAT_VERSION} and older: upgrade pyclad to resume it")
+            if missing:
+                raise CheckpointError(f"{path!r} is a damaged checkpoint: it lacks {missing}")
+            d = {k: z[k] for k in _KEYS}
+    except (CheckpointError, FileNotFoundError, IsADirectoryError, PermissionError):
+        raise
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as e:     # truncated, garbage, pickled
+        raise CheckpointError(f"{path!r} is not a readable checkpoint: {e}") from e
+    ck = Checkpoint(cameras=np.array(d["cameras"], np.float64), points=np.array(d["points"], np.float64),
+                    iteration=int(d["iteration"]), cost=float(d["cost"]),
+                    trust_region_radius=float(d["trust_region_radius"]),
+                    num_cameras=int(d["num_cameras"]), num_points=int(d["num_points"]),
+                    num_observations=int(d["num_observations"]), fingerprint=str(d["fingerprint"]),
+                    termination_type=str(d["termination_type"]), problem_name=str(d["problem_name"]),
+                    path=path)
+    if ck.cameras.shape != (ck.num_cameras, 9) or ck.points.shape != (ck.num_points, 3):
+        raise CheckpointError(f"{path!r} is a damaged checkpoint: cameras {ck.cameras.shape} and points "
+                              f"{ck.points.shape} for {ck.num_cameras} cameras and {ck.num_points} points")
+    if not (np.all(np.isfinite(ck.cameras)) and np.all(np.isfinite(ck.points))):
+        raise CheckpointError(f"{path!r} is a damaged checkpoint: its parameters are not all finite")
+    if not (np.isfinite(ck.trust_region_radius) and ck.trust_region_radius > 0):
+        raise CheckpointError(f"{path!r} is a damaged checkpoint: trust region radius {ck.trust_region_radius}")
+    return ck
+
+
+class CheckpointWriter:
+    """What a solve uses: writes the best state to ``path`` every ``every`` iterations and at the
+    end. ``iteration_offset`` is the iteration of the checkpoint the solve was resumed from.
+
+    The first write of a solve raises on failure (a path that cannot be written is better known
+    at once); a later failure warns (RuntimeWarning) and the solve goes on, the last checkpoint
+    written staying as it was: the solve's progress is worth more than one missed checkpoint."""
+
+    def __init__(self, path, every: int, problem, iteration_offset: int = 0):
+        self.path, self.every = os.fspath(path), int(every)
+        self.problem_name = problem.name
+        self.shape = (problem.num_cameras, problem.num_points, problem.num_observations)
+        self.fingerprint = problem_fingerprint(problem)
+        self.iteration_offset = int(iteration_offset)
+        self.num_written = 0
+        self.last_iteration: Optional[int] = None     # of the last checkpoint written (with the offset)
+        self.time = 0.0
+
+    def due(self, iteration: int) -> bool:
+        return iteration % self.every == 0
+
+    def write(self, x, iteration: int, cost: float, radius: float, termination_type: str = "") -> bool:
+        """Write the state ``x`` (cameras then points) of ``iteration``; whether it was written."""
+        t0 = time.perf_counter()
+        nc, npt, nobs = self.shape
+        x = np.asarray(x, np.float64)
+        ck = Checkpoint(cameras=x[:9 * nc].reshape(nc, 9), points=x[9 * nc:].reshape(npt, 3),
+                        iteration=self.iteration_offset + int(iteration), cost=float(cost),
+                        trust_region_radius=float(radius), num_cameras=nc, num_points=npt,
+                        num_observations=nobs, fingerprint=self.fingerprint,
+                        termination_type=termination_type, problem_name=self.problem_name)
+        try:
+            save_checkpoint(self.path, ck)
+        except OSError as e:
+            if self.num_written == 0:
+                raise
+            # No iteration number in the message: the same failure repeated warns once.
+            warnings.warn(f"checkpoint={self.path!r} could not be written ({e}); the solve goes on and "
+                          "the last checkpoint written is left as it was", RuntimeWarning, stacklevel=2)
+            return False
+        finally:
+            self.time += time.perf_counter() - t0
+        self.num_written += 1
+        self.last_iteration = ck.iteration
+        return True
