@@ -303,8 +303,9 @@ class BatchFunction:
             raise TypeError("index must be int32 when it is a device array")
         dev_data = arrays.to_device(runtime, data, "data") if data is not None else None
         out_shape, jac_shapes = self._output_shapes(n)
-        out = arrays.empty(runtime, out_shape, self.dtype)
-        jacs = [arrays.empty(runtime, s, self.dtype) for s in jac_shapes] if jacobians else []
+        # scratch: empty, except on the simulator (see arrays.scratch: solvers write these in place)
+        out = arrays.scratch(runtime, out_shape, self.dtype)
+        jacs = [arrays.scratch(runtime, s, self.dtype) for s in jac_shapes] if jacobians else []
         if n:
             events = self._launch(runtime, plan, dev_params, dev_index, dev_data, out, jacs, n, jacobians)
             for a in (out, *jacs):  # later device work (and benchmarks) can wait on them

@@ -1,10 +1,11 @@
 ## Preconditioned conjugate gradients on the implicit Schur complement, entirely on the device
-## (iterative_schur). One CG iteration is five launches and no transfer:
+## (iterative_schur). One CG iteration is five launches (six on GPUs) and no transfer:
 ##
 ##   project_points   per point p:   t_o = F_o v (or the residual f_o), u = sum_o E_o^T t_o,
 ##                                   w_o = t_o - E_o V_p^-1 u     for the observations o of p
+##                                   (on GPUs t = F v is camera_rows', per observation row)
 ##   camera_partials  per run of one camera's observations (camera order): sum F_o^T w_o
-##   cg_product       per camera: q = S p = (its runs' partials) + Dc^2 p, and p'q per work-group
+##   cg_product       per camera entry: q = S p = (its runs' partials) + Dc^2 p, p'q per work-group
 ##   cg_advance       per camera: alpha = rho / p'q, x += alpha p, r -= alpha q (or r = b - S x at a
 ##                    residual reset), z = M r, and per work-group r'z, x'(b + r), r'r
 ##   cg_direction     per camera: Ceres' termination tests, rho, beta, p = z + beta p; work-item 0
@@ -25,10 +26,14 @@
 ## E (n, R, P), row-major.
 ## Parameters: C, P, R (camera, point and residual block sizes, from the model); REAL (storage
 ## type) and ACC (the type of sums and of the CG state: double where the device has it); L (the
-## work-group size of the cg_* kernels, a power of two); SPLIT (camera_partials with one work-item
-## per run and camera parameter instead of per run: coalesced reads on GPUs).
+## work-group size of the cg_* kernels, a power of two); SPLIT (GPUs: camera_rows before
+## project_points, and camera_partials with one work-item per run and camera parameter instead of
+## per run, so that neighbouring work-items read neighbouring memory).
 <%namespace name="common" file="/clkernels/common.cl.mako"/>
 ${common.fp64_pragma()}
+// No fused multiply-adds: the host reference (numpy) rounds every product, and CG's termination
+// on an ill-conditioned system follows the rounding closely enough for fusing to change it.
+#pragma OPENCL FP_CONTRACT OFF
 <%
     T = C * (C + 1) // 2
     tri = [(a, b) for a in range(C) for b in range(a, C)]
@@ -61,6 +66,56 @@ typedef ${ACC} acc;
 #define STEP_NO_R     2   // x += alpha p only (a residual reset follows)
 #define RESET         3   // r = b - S x (S x from the partials of x), z = M r
 
+%if SPLIT:
+// GPUs: t = F v one work-item per observation row (neighbours read neighbouring rows of F), then
+// project_points per point from t; the fused kernel below reads F one point's rows per work-item,
+// far apart, which GPUs' caches serve poorly.
+__kernel void camera_rows(__global const real *restrict Jc,      // (n, R, C)
+                          __global const int *restrict cam,      // (n)
+                          __global const real *restrict v,       // (nc, C)
+                          __global real *restrict t,             // (n, R)
+                          __global const acc *restrict state,
+                          const int n)
+{
+    const int i = get_global_id(0), o = i / ${R};
+    if (o >= n || state[S_STATUS] != RUNNING) return;
+    __global const real *f = Jc + (size_t)i * ${C};
+    __global const real *x = v + (size_t)cam[o] * ${C};
+    t[i] = ${camera_row(0)};
+}
+
+__kernel void project_points(__global const real *restrict Jp,      // (n, R, P)
+                             __global const int *restrict pt_start, // (npt + 1)
+                             __global const real *restrict Vinv,    // (npt, P, P)
+                             __global const real *restrict t,       // (n, R): F v, or f
+                             __global real *restrict w,             // (n, R)
+                             __global const acc *restrict state,
+                             const int npt)
+{
+    const int p = get_global_id(0);
+    if (p >= npt || state[S_STATUS] != RUNNING) return;
+    const int s = pt_start[p], e = pt_start[p + 1];
+%for k in range(P):
+    acc u${k} = 0.0;
+%endfor
+    for (int o = s; o < e; ++o) {
+        __global const real *E = Jp + (size_t)o * ${R * P};
+%for k in range(P):
+        u${k} += ${' + '.join(f'(acc)E[{P * j + k}] * t[{R} * o + {j}]' for j in range(R))};
+%endfor
+    }
+    __global const real *M = Vinv + (size_t)p * ${P * P};
+%for k in range(P):
+    const acc v${k} = ${' + '.join(f'M[{P * k + i}] * u{i}' for i in range(P))};
+%endfor
+    for (int o = s; o < e; ++o) {
+        __global const real *E = Jp + (size_t)o * ${R * P};
+%for j in range(R):
+        w[${R} * o + ${j}] = t[${R} * o + ${j}] - (${' + '.join(f'E[{P * j + k}] * v{k}' for k in range(P))});
+%endfor
+    }
+}
+%else:
 __kernel void project_points(__global const real *restrict Jc,      // (n, R, C)
                              __global const real *restrict Jp,      // (n, R, P)
                              __global const int *restrict cam,      // (n)
@@ -111,6 +166,8 @@ __kernel void project_points(__global const real *restrict Jc,      // (n, R, C)
 %endfor
     }
 }
+
+%endif
 
 %if SPLIT:
 // One work-item per (run, camera parameter a): the work-items of one run read one observation's
@@ -348,7 +405,8 @@ void cg_start(__global const acc *restrict partial, __global const int *restrict
     write_partials(buf, d, 3, dots);
 }
 
-// q = S p and the groups' p'q.
+// q = S p, one work-item per camera entry (neighbours read neighbouring partials), and the
+// groups' p'q.
 __kernel __attribute__((reqd_work_group_size(${L}, 1, 1)))
 void cg_product(__global const acc *restrict partial, __global const int *restrict cam_seg,
                 __global const real *restrict dc2, __global const real *restrict p,
@@ -356,15 +414,13 @@ void cg_product(__global const acc *restrict partial, __global const int *restri
                 __global const acc *restrict state, const int nc)
 {
     __local acc buf[${L}];
-    const int c = get_global_id(0);
+    const int i = get_global_id(0), c = i / ${C}, a = i - c * ${C};
     acc pq = 0.0;
     if (c < nc && state[S_STATUS] == RUNNING) {
-        acc Sv[${C}];
-        camera_product(partial, cam_seg, dc2, p, c, Sv);
-        for (int a = 0; a < ${C}; ++a) {
-            q[${C} * c + a] = Sv[a];
-            pq += p[${C} * c + a] * Sv[a];
-        }
+        acc v = (acc)dc2[i] * p[i];
+        for (int s = cam_seg[c]; s < cam_seg[c + 1]; ++s) v += partial[(size_t)s * ${C} + a];
+        q[i] = v;
+        pq = p[i] * v;
     }
     write_partials(buf, &pq, 1, dots_pq);
 }
@@ -378,12 +434,12 @@ void cg_advance(__global const acc *restrict partial, __global const int *restri
                 __global const real *restrict p, __global real *restrict z,
                 __global const real *restrict q, __global const acc *restrict dots_pq,
                 __global acc *restrict dots, __global const acc *restrict state,
-                const int nc, const int G, const int mode)
+                const int nc, const int G_pq, const int mode)
 {
     __local acc buf[3 * ${L}];
     const int c = get_global_id(0);
     acc pq;
-    dot_totals(dots_pq, G, 1, 1, buf, &pq);
+    dot_totals(dots_pq, G_pq, 1, 1, buf, &pq);
     const acc alpha = state[S_RHO] / pq;
     const int go = state[S_STATUS] == RUNNING && !(pq <= 0.0 || isinf(pq)) && isfinite(alpha);
     acc d[3] = {0.0, 0.0, 0.0};
@@ -411,7 +467,7 @@ __kernel __attribute__((reqd_work_group_size(${L}, 1, 1)))
 void cg_direction(__global const real *restrict z, __global real *restrict p,
                   __global const acc *restrict dots_pq, __global const acc *restrict dots,
                   __global const acc *restrict state, __global acc *restrict next_state,
-                  const int nc, const int G, const int max_iterations,
+                  const int nc, const int G, const int G_pq, const int max_iterations,
                   const acc q_tolerance, const acc r_tolerance)
 {
     __local acc buf[3 * ${L}];
@@ -422,7 +478,7 @@ void cg_direction(__global const real *restrict z, __global real *restrict p,
     acc status = status0, value = state[S_VALUE], iter = state[S_ITER];
     int next = active;
     acc pq, d[3];
-    dot_totals(dots_pq, G, 1, 1, buf, &pq);
+    dot_totals(dots_pq, G_pq, 1, 1, buf, &pq);
     dot_totals(dots, G, 3, 3, buf, d);           // start: r'z, b'b; else r'z, x'(b + r), r'r
     if (active && start) {
         const acc norm_b = sqrt(d[1]);

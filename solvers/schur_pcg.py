@@ -26,6 +26,9 @@ TEMPLATE = "solvers/schur_pcg.cl.mako"
 # work-items run one after another anyway and the sum over a camera's partials is serial.
 MAX_SEGMENT_CPU = 256
 MAX_SEGMENT_GPU = 16
+# The GPU layout of the products (camera_rows, camera_partials per run and parameter): None uses
+# it on GPUs only; True or False forces it (the tests run both layouts on every device).
+SPLIT_LAYOUT = None
 # Iterations enqueued between two reads of the state (the reads overlap the next batch).
 CHECK_EVERY = 4
 RESIDUAL_RESET_PERIOD = 10
@@ -102,22 +105,24 @@ class DevicePCG:
         # The cg_* kernels' work-groups (one work-item per camera): small on CPUs, where PoCL runs
         # a group per core, so a few tens of cameras still make groups for both cores.
         self.L = L = 8 if rt.info.is_cpu else 64
-        self.G = G = max(1, -(-nc // L))
+        self.G = G = max(1, -(-nc // L))               # groups of cg_start/advance/direction
+        self.G_pq = G_pq = max(1, -(-(C * nc) // L))   # cg_product's, one item per camera entry
         # scratch: written by kernels and read by later ones (see arrays.scratch on the simulator)
         real = lambda size: arrays.scratch(rt, max(1, int(size)), dtype)  # noqa: E731
         sums = lambda size: arrays.scratch(rt, max(1, int(size)), self.acc)  # noqa: E731
+        self.split = split = (not rt.info.is_cpu) if SPLIT_LAYOUT is None else bool(SPLIT_LAYOUT)
         self.w = real(R * n)
+        self.t = real(R * n) if split else None     # camera_rows' F v (GPUs)
         self.partial = sums(C * self.nseg)
         self.b, self.x, self.r, self.p, self.z, self.q, self.dc2 = (real(C * nc) for _ in range(7))
         self.Vinv, self.Pinv = real(P * P * npt), real(C * C * nc)
         self.gp, self.yc, self.yp = real(P * npt), real(C * nc), real(P * npt)
         self.blocks = sums(self.T * self.nseg)
-        self.dots_pq, self.dots = sums(G), sums(3 * G)
+        self.dots_pq, self.dots = sums(G_pq), sums(3 * G)
         self._vinv_for = None       # the host V^-1 whose copy self.Vinv holds
         # The CG state, double-buffered (see the template's header): iteration i reads
         # states[i % 2] and writes states[(i + 1) % 2].
         self.states = (sums(8), sums(8))
-        split = not rt.info.is_cpu
         prg = get_program(TEMPLATE, rt, C=C, P=P, R=R, L=L, SPLIT=split,
                           REAL=ctype(dtype), ACC=ctype(self.acc))
         # Kernel objects of this instance alone, one per use and state parity, their arguments
@@ -126,8 +131,10 @@ class DevicePCG:
         # arguments).
         K = lambda name: cl.Kernel(prg, name)  # noqa: E731
         self.k_jacobi, self.k_back = K("jacobi_blocks"), K("back_substitute")
-        # project_points of p, of x and (at the start) of the residuals, per parity
+        # project_points of p, of x and (at the start) of the residuals, per parity; on GPUs
+        # camera_rows first makes t = F v for p and x
         self.k_project = {(v, s): K("project_points") for v in ("p", "x", "f") for s in (0, 1)}
+        self.k_rows = {(v, s): K("camera_rows") for v in ("p", "x") for s in (0, 1)} if split else {}
         self.k_partials = [K("camera_partials") for s in (0, 1)]
         self.k_product = [K("cg_product") for s in (0, 1)]
         self.k_advance = {(m, s): K("cg_advance") for m in (STEP, STEP_NO_R, RESET) for s in (0, 1)}
@@ -139,6 +146,7 @@ class DevicePCG:
         self.ls_points = arrays.work_group_size(rt, self.k_project["p", 0], ls)
         self.ls_partials = arrays.work_group_size(rt, self.k_partials[0], ls)
         self.gs_points = arrays.round_up(max(1, npt), self.ls_points)
+        self.gs_rows = arrays.round_up(max(1, R * n), self.ls_points)
         self.gs_segments = arrays.round_up(max(1, self.nseg), self.ls_partials)
         self.gs_partials = arrays.round_up(max(1, self.nseg * (C if split else 1)), self.ls_partials)
         st = self.states
@@ -152,10 +160,10 @@ class DevicePCG:
                 self.k_advance[m, s].set_args(
                     self.partial.data, self.cam_seg.data, self.dc2.data, self.Pinv.data, self.b.data,
                     self.x.data, self.r.data, self.p.data, self.z.data, self.q.data, self.dots_pq.data,
-                    self.dots.data, st[s].data, i32n(nc), i32n(G), i32n(m))
+                    self.dots.data, st[s].data, i32n(nc), i32n(G_pq), i32n(m))
             self.k_direction[s].set_args(self.z.data, self.p.data, self.dots_pq.data, self.dots.data,
-                                         st[s].data, st[1 - s].data, i32n(nc), i32n(G), i32n(0),
-                                         self.acc.type(0), self.acc.type(0))
+                                         st[s].data, st[1 - s].data, i32n(nc), i32n(G), i32n(G_pq),
+                                         i32n(0), self.acc.type(0), self.acc.type(0))
         self.k_start.set_args(self.partial.data, self.cam_seg.data, self.Pinv.data, self.b.data,
                               self.x.data, self.r.data, self.z.data, self.dots.data, i32n(nc))
         self._jacobian = None
@@ -177,9 +185,17 @@ class DevicePCG:
         self._jacobian = (Jc_dev, Jp_dev, r_dev)
         vectors = {"p": self.p.data, "x": self.x.data, "f": r_dev.data}
         for (v, s), k in self.k_project.items():
-            k.set_args(Jc_dev.data, Jp_dev.data, self.cam.data, self.pt_start.data, self.Vinv.data,
-                       vectors[v], self.w.data, self.states[s].data, np.int32(self.npt),
-                       np.int32(1 if v == "f" else 0))
+            if self.split:
+                k.set_args(Jp_dev.data, self.pt_start.data, self.Vinv.data,
+                           r_dev.data if v == "f" else self.t.data, self.w.data, self.states[s].data,
+                           np.int32(self.npt))
+            else:
+                k.set_args(Jc_dev.data, Jp_dev.data, self.cam.data, self.pt_start.data, self.Vinv.data,
+                           vectors[v], self.w.data, self.states[s].data, np.int32(self.npt),
+                           np.int32(1 if v == "f" else 0))
+        for (v, s), k in self.k_rows.items():
+            k.set_args(Jc_dev.data, self.cam.data, vectors[v], self.t.data, self.states[s].data,
+                       np.int32(self.n))
         for k in self.k_partials:
             k.set_arg(0, Jc_dev.data)
         self.k_jacobi.set_args(Jc_dev.data, Jp_dev.data, self.obs.data, self.pt.data, self.seg_start.data,
@@ -242,6 +258,8 @@ class DevicePCG:
         """Enqueue ``w = (I - E V^-1 E^T) t`` per observation (t = F v, or f for ``v == "f"``) and
         its camera runs' sums into ``self.partial``."""
         if self.npt:
+            if (v, parity) in self.k_rows:
+                self._enqueue("camera_rows", self.k_rows[v, parity], (self.gs_rows,), (self.ls_points,))
             self._enqueue("project_points", self.k_project[v, parity], (self.gs_points,), (self.ls_points,))
         if self.nseg:
             self._enqueue("camera_partials_cg", self.k_partials[parity], (self.gs_partials,),
@@ -254,7 +272,7 @@ class DevicePCG:
         """Enqueue CG iteration ``i`` (1, 2, ...): a residual reset every RESIDUAL_RESET_PERIOD."""
         s = i % 2
         self._apply("p", s)
-        self._vectors("cg_product", self.k_product[s])
+        self._enqueue("cg_product", self.k_product[s], (self.G_pq * self.L,), (self.L,))
         if i % RESIDUAL_RESET_PERIOD == 0:      # r = b - S x, as Ceres does
             self._vectors("cg_advance", self.k_advance[STEP_NO_R, s])
             self._apply("x", s)
@@ -295,9 +313,9 @@ class DevicePCG:
         arrays.write_async(self.rt, self.states[0], np.zeros(8, self.acc), uploads)   # RUNNING, it 0
         self.bytes_to_device += 8 * self.acc.itemsize
         for k in self.k_direction:
-            k.set_arg(8, np.int32(max_iterations))
-            k.set_arg(9, self.acc.type(q_tolerance))
-            k.set_arg(10, self.acc.type(r_tolerance))
+            k.set_arg(9, np.int32(max_iterations))
+            k.set_arg(10, self.acc.type(q_tolerance))
+            k.set_arg(11, self.acc.type(r_tolerance))
         self._apply("f", 0)
         self._vectors("cg_start", self.k_start)
         self._vectors("cg_direction", self.k_direction[0])

@@ -53,9 +53,11 @@ CASES = {
 @pytest.mark.oclgrind
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("max_segment", [256, 2], ids=["whole-cameras", "split-cameras"])
-def test_device_cg_matches_host_cg(device, case, max_segment, monkeypatch, keep_on_simulator):
+@pytest.mark.parametrize("layout", [False, True], ids=["fused", "gpu-layout"])
+def test_device_cg_matches_host_cg(device, case, max_segment, layout, monkeypatch, keep_on_simulator):
     if not device.info.fp64:
         pytest.skip("the device CG needs fp64")
+    monkeypatch.setattr(schur_pcg, "SPLIT_LAYOUT", layout)
     monkeypatch.setattr(schur_pcg, "MAX_SEGMENT_CPU", max_segment)
     monkeypatch.setattr(schur_pcg, "MAX_SEGMENT_GPU", max_segment)
     system, kw, ending = CASES[case]
@@ -92,7 +94,8 @@ def test_device_cg_matches_host_cg(device, case, max_segment, monkeypatch, keep_
 
 @pytest.mark.oclgrind
 @pytest.mark.parametrize("max_segment", [256, 2], ids=["whole-cameras", "split-cameras"])
-def test_preconditioner_blocks_and_back_substitution(device, max_segment, monkeypatch, keep_on_simulator):
+@pytest.mark.parametrize("layout", [False, True], ids=["fused", "gpu-layout"])
+def test_preconditioner_blocks_and_back_substitution(device, max_segment, layout, monkeypatch, keep_on_simulator):
     """jacobi_sums and back_substitute (from Jc and Jp) against the numpy pair sums and W^T y
     (from W), on a system where a camera sees a point three times."""
     monkeypatch.setattr(schur_pcg, "MAX_SEGMENT_CPU", max_segment)
