@@ -68,6 +68,7 @@ class SolverSummary:
     state: str = "host"              # where the iterations ran: "host" or "device"
     transfers: dict = dataclasses.field(default_factory=dict)   # bytes to and from the device
     kernel_time: Optional[dict] = None    # seconds per device kernel (Options.profile_kernels)
+    linear_solver_detail: str = ""        # sparse_schur: S's size and where it is factorised
 
 
 def full_report(result) -> str:
@@ -95,13 +96,17 @@ def full_report(result) -> str:
     row("Minimizer", "TRUST_REGION")
     row("Iterations run on", r.state)
     lines.append("")
-    row("Sparse linear algebra library", "SCIPY")
+    detail = getattr(r, "linear_solver_detail", "")
+    row("Sparse linear algebra library", "SUITE_SPARSE" if "CHOLMOD" in detail or "cholespy" in detail else "SCIPY")
     row("Trust region strategy", "LEVENBERG_MARQUARDT")
     lines.append("")
     lines.append(" " * w + f"{'Given':>20}{'Used':>25}")
     row("Linear solver", o.linear_solver.upper(), o.linear_solver.upper())
     if o.linear_solver == "iterative_schur":
         row("Preconditioner", "SCHUR_JACOBI", "SCHUR_JACOBI")
+    if detail:
+        label, _, how = detail.partition(": ")
+        lines.append(f"{label:<{w}}{how}")
     row("Linear solver ordering", "AUTOMATIC", f"{r.num_points},{r.num_cameras}")
     row("Schur structure", "2,3,9", "2,3,9")
     row("Loss", r.loss_name, r.loss_name)
