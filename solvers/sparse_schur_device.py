@@ -11,7 +11,7 @@ where that is fastest:
   fastest there on the BAL problems), the best sparse Cholesky installed above (CHOLMOD).
 
 On a CPU device the "device" is the host's own cores: PoCL's dense Cholesky measured 3-8x slower
-than LAPACK and 1.5-3x slower than CHOLMOD on the same two cores (README), so CPU devices
+than LAPACK and 1.1-1.8x slower than CHOLMOD on the same two cores (README), so CPU devices
 factorise on the host. The choice is made once per solve and said in :attr:`description`.
 Results and messages are those of :meth:`solvers.schur.NormalEquations.solve`'s sparse_schur.
 """
