@@ -23,7 +23,7 @@ import pyopencl as cl
 from clkernels import arrays
 
 from . import host_cholesky, schur
-from .dense_cholesky import DenseCholesky, block_sizes, dense_bytes
+from .dense_cholesky import DenseCholesky, block_sizes, dense_bytes, padded_size
 from .schur_reduced import MAX_RUN_CPU, MAX_RUN_GPU, ReducedCameraSystem, ReducedPattern
 
 # Dense Cholesky on the device up to this many unknowns (16384: a 2 GiB matrix, ~1.5 TFLOP, a
@@ -46,7 +46,7 @@ def choose_factorisation(info, n_unknowns: int, other_bytes: int) -> str:
     limit = DEVICE_DENSE_MAX_CPU if info.is_cpu else DEVICE_DENSE_MAX
     nb, _ = block_sizes(info)
     need = dense_bytes(n_unknowns, nb)
-    matrix = 8 * (-(-max(1, n_unknowns) // nb) * nb) ** 2
+    matrix = 8 * padded_size(n_unknowns, nb) ** 2
     fits = (matrix <= info.max_alloc_bytes
             and need <= DENSE_MEMORY_FRACTION * max(0, info.global_mem_bytes - other_bytes))
     if n_unknowns <= limit and fits:
@@ -76,7 +76,7 @@ class DeviceSparseSchur:
             self.dense = None
             self.blocks = arrays.scratch(runtime, max(1, pat.nblocks * C * C), np.float64)
             self.rhs = arrays.scratch(runtime, max(1, n), np.float64)
-            self.flag = arrays.scratch(runtime, 1, np.int32)
+            self.flag = arrays.scratch(runtime, 1, np.int32)   # the kernels' flag; the host tests the values
             self.host = host_cholesky.make_factoriser(pat.block_row, pat.block_col, pat.nc, C, self.where)
             total = pat.nc * (pat.nc + 1) // 2
             how = (f"{pat.nblocks} of {total} blocks nonzero, "
