@@ -74,6 +74,9 @@ class BundleAdjustResult:
     resumed_from: str = ""
     resumed_iteration: int = 0
     checkpoint_iteration: Optional[int] = None
+    # sparse_schur: the reduced camera matrix's size and where it was factorised, e.g.
+    # "Reduced camera matrix: 657 x 657, dense Cholesky on the device".
+    linear_solver_detail: str = ""
 
     @property
     def iterations(self) -> int:
@@ -132,9 +135,12 @@ def bundle_adjust(problem: BALProblem, linear_solver: str = "sparse_schur", loss
       checkpointing to the same PATH is the way to restart a solve that may be killed again.
     - Other keyword options: fields of :class:`solvers.Options` (``eta``, ``initial_trust_region_radius``,
       ``jacobi_scaling``, ``max_linear_solver_iterations``, ``device_resident``, ...).
-    - Where it can (``iterative_schur``, a pyclad model in float64, a device with fp64) every
-      iteration stays on the OpenCL device (``result.state == "device"``, :mod:`solvers.lm_device`);
-      ``device_resident=False`` keeps the host reference path, ``True`` requires the device.
+    - Where it can (a pyclad model in float64, a device with fp64) every iteration stays on the
+      OpenCL device (``result.state == "device"``, :mod:`solvers.lm_device`); ``device_resident=False``
+      keeps the host reference path, ``True`` requires the device. For ``sparse_schur`` the reduced
+      camera matrix is factorised on the device or on the host, whichever is faster
+      (:mod:`solvers.sparse_schur_device`); ``result.linear_solver_detail`` (and the verbose log)
+      says which.
     """
     if not isinstance(problem, BALProblem):
         raise TypeError(f"problem must be a solvers.BALProblem (read_bal or synthetic_problem), got {type(problem).__name__}")
@@ -185,6 +191,8 @@ def bundle_adjust(problem: BALProblem, linear_solver: str = "sparse_schur", loss
                 runtime = None
     s = minimize(evaluator, x0, opts, callback=report, stop=stop, handle_sigint=handle_sigint,
                  runtime=runtime, iteration_offset=ck.iteration if ck is not None else 0)
+    if verbose and s.linear_solver_detail:
+        print(f"\n{s.linear_solver_detail}", file=out)      # apart from Ceres' log rows
     if not np.isfinite(s.initial_cost):
         c = evaluator.cost(x0)
         s.initial_cost = s.final_cost = float("inf") if c is None else c
@@ -214,4 +222,4 @@ def bundle_adjust(problem: BALProblem, linear_solver: str = "sparse_schur", loss
         model_name=type(model_obj).__name__, dtype=np.dtype(dtype).name,
         device=(dev.name if dev is not None else "host"), state=s.state, transfers=s.transfers,
         resumed_from=(ck.path if ck is not None else ""), resumed_iteration=(ck.iteration if ck is not None else 0),
-        checkpoint_iteration=s.checkpoint_iteration)
+        checkpoint_iteration=s.checkpoint_iteration, linear_solver_detail=s.linear_solver_detail)

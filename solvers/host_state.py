@@ -128,3 +128,13 @@ class HostState:
 
     def transfers(self) -> dict:
         return {}
+
+    @property
+    def linear_solver_detail(self) -> str:
+        """sparse_schur: S's size and how solvers.schur factorises it."""
+        if self.o.linear_solver != "sparse_schur":
+            return ""
+        from . import schur
+        n = 9 * self.ev.nc
+        how = "dense Cholesky (LAPACK)" if n <= schur.DENSE_MAX else "sparse LDL^T (SuperLU)"
+        return f"Reduced camera matrix: {n} x {n}, {how} on the host"

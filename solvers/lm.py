@@ -413,6 +413,7 @@ class Minimizer:
         s.total_time = time.perf_counter() - self.start
         s.linear_solver_time = self.state.linear_solver_time
         s.state = self.state.where
+        s.linear_solver_detail = getattr(self.state, "linear_solver_detail", "")
         s.transfers = self.state.transfers()
         if self.o.profile_kernels and s.state == "device":
             s.kernel_time = self.state.kernel_time()

@@ -9,7 +9,9 @@ keeps every vector and block on the device:
   gradient, Jacobi scaling, the LM diagonal, ``V^-1``, the Schur-Jacobi preconditioner, the step,
   ``J step`` with the model cost change, the candidate point and its cost, and the norms;
 - ``schur_pcg.cl.mako`` (:class:`solvers.schur_pcg.DevicePCG`) does the conjugate gradients and the
-  back-substitution.
+  back-substitution;
+- for sparse_schur, :class:`solvers.sparse_schur_device.DeviceSparseSchur` assembles the reduced
+  camera system and factorises it (on the device, or on the host from its blocks).
 
 Per iteration the host reads a handful of scalars (costs, norms, the CG state, whether a
 preconditioner block failed); the parameters come back only at the end (:meth:`best`).
@@ -61,8 +63,8 @@ def device_state_or_reason(evaluator, options, runtime, x0):
         return None, "schur_backend='numpy'"
     if runtime is None:
         return None, "no OpenCL device"
-    if options.linear_solver != "iterative_schur":
-        return None, f"linear_solver={options.linear_solver!r} factorises on the host"
+    if options.linear_solver not in ("iterative_schur", "sparse_schur"):
+        return None, f"linear_solver={options.linear_solver!r} has no device-resident path"
     model = evaluator.model
     fn = getattr(model, "function", None)
     if evaluator.permute is not None or fn is None or not hasattr(fn, "values_and_jacobians") \
@@ -72,6 +74,9 @@ def device_state_or_reason(evaluator, options, runtime, x0):
         return None, f"the camera model evaluates in {fn.dtype}"
     if fn.dtype == np.float64 and not runtime.info.fp64:
         return None, f"the device {runtime.info.name!r} has no fp64 (dtype=np.float32 runs on it)"
+    if options.linear_solver == "sparse_schur" and fn.dtype != np.float64:
+        # The reduced camera matrix is assembled and factorised in float64.
+        return None, "sparse_schur on the device needs dtype=np.float64 (float32 runs iterative_schur)"
     return DeviceState(evaluator, options, runtime, x0, profile=options.profile_kernels), None
 
 
@@ -106,6 +111,12 @@ class DeviceState:
         self.linear_solver_time = 0.0
         self.pcg = DevicePCG(rt, ev.cam, ev.pt, nc, npt, C, P, R, self.dtype)
         self.pcg.events = self.events
+        # sparse_schur: the reduced camera system's assembly and factorisation (None: the CG).
+        self.linear = None
+        if options.linear_solver == "sparse_schur":
+            from .sparse_schur_device import DeviceSparseSchur
+            self.linear = DeviceSparseSchur(rt, ev.cam, ev.pt, nc, npt, C, P, R, other_bytes=need,
+                                            events=self.events)
         # The reductions' work-group size, and their number of groups (fixed per device, so the
         # sums run in the same order every time).
         self.L = arrays.work_group_size(rt, None, 64 if rt.info.is_cpu else 256)
@@ -240,18 +251,12 @@ class DeviceState:
 
     # -- the step ----------------------------------------------------------------------------
     def solve_step(self, radius: float, reuse_diagonal: bool) -> StepSolution:
-        o, pcg, nc, npt = self.o, self.pcg, self.nc, self.npt
+        o, pcg, nc = self.o, self.pcg, self.nc
         t0 = time.perf_counter()
         try:
-            ncC, total = self._ncC, self._total
-            if not reuse_diagonal:
-                self._run("lm_diagonal", self.total, self.B.data, self.V.data, *self._pairs(self.s, self.diag),
-                          ncC, total, self.acc.type(o.min_lm_diagonal), self.acc.type(o.max_lm_diagonal))
-            radius = self.acc.type(radius)
-            self._run("camera_regularize", self.ncC, self.diag[0].data, self.s[0].data, pcg.dc2.data, radius, ncC)
-            self._run("point_regularize", npt, self.V.data, self.diag[1].data, self.s[1].data, pcg.Vinv.data,
-                      radius, np.int32(npt))
-            pcg.device_inputs_written()
+            self._regularize(radius, reuse_diagonal)
+            if self.linear is not None:
+                return self._solve_reduced()
             blocks = pcg.jacobi_blocks()
             self._run("schur_jacobi", nc, self.B.data, pcg.dc2.data, blocks.data, pcg.cam_seg.data,
                       pcg.Pinv.data, self.failed.data, np.int32(nc))
@@ -265,19 +270,51 @@ class DeviceState:
                                       max_iterations=o.max_linear_solver_iterations, read_x=False)
             if not ok:
                 return StepSolution(False, its, msg)
-            raw = (pcg.x, pcg.back_substitute_solution())
-            self._run("make_step", self.total, *self._pairs(raw, self.s, self.x, self.delta, self.cand), ncC, total)
-            self._run("model_change", self.n, self.jc.data, self.jp.data, self.r.data, pcg.cam.data, pcg.pt.data,
-                      self.delta[0].data, self.delta[1].data, self.value.data, np.int32(self.n))
-            self._reduce("reduce_sum", CHANGE, self.n, self.value.data)
-            self._reduce("reduce_step", STEP, self.total, *self._pairs(self.x, self.cand, raw), ncC)
-            sc = self._read_scalars()
-            if sc[STEP + 1] > 0:
-                return StepSolution(False, its, "Linear solver failure. Failed to compute a finite step.")
-            self.step_norm = float(np.sqrt(sc[STEP]))
-            return StepSolution(True, its, msg, float(-sc[CHANGE]))
+            return self._step_from((pcg.x, pcg.back_substitute_solution()), its, msg)
         finally:
             self.linear_solver_time += time.perf_counter() - t0
+
+    def _regularize(self, radius, reuse_diagonal):
+        """Enqueue the LM diagonal (unless reused), Dc^2 and V^-1 = (V + Dp^2)^-1 for ``radius``."""
+        o, pcg, npt, ncC, total = self.o, self.pcg, self.npt, self._ncC, self._total
+        if not reuse_diagonal:
+            self._run("lm_diagonal", self.total, self.B.data, self.V.data, *self._pairs(self.s, self.diag),
+                      ncC, total, self.acc.type(o.min_lm_diagonal), self.acc.type(o.max_lm_diagonal))
+        radius = self.acc.type(radius)
+        self._run("camera_regularize", self.ncC, self.diag[0].data, self.s[0].data, pcg.dc2.data, radius, ncC)
+        self._run("point_regularize", npt, self.V.data, self.diag[1].data, self.s[1].data, pcg.Vinv.data,
+                  radius, np.int32(npt))
+        pcg.device_inputs_written()
+
+    def _step_from(self, raw, its, msg) -> StepSolution:
+        """The step, candidate and model cost change from the linear solution ``raw`` (camera and
+        point parts on the device)."""
+        pcg, ncC, total = self.pcg, self._ncC, self._total
+        self._run("make_step", self.total, *self._pairs(raw, self.s, self.x, self.delta, self.cand), ncC, total)
+        self._run("model_change", self.n, self.jc.data, self.jp.data, self.r.data, pcg.cam.data, pcg.pt.data,
+                  self.delta[0].data, self.delta[1].data, self.value.data, np.int32(self.n))
+        self._reduce("reduce_sum", CHANGE, self.n, self.value.data)
+        self._reduce("reduce_step", STEP, self.total, *self._pairs(self.x, self.cand, raw), ncC)
+        sc = self._read_scalars()
+        if sc[STEP + 1] > 0:
+            return StepSolution(False, its, "Linear solver failure. Failed to compute a finite step.")
+        self.step_norm = float(np.sqrt(sc[STEP]))
+        return StepSolution(True, its, msg, float(-sc[CHANGE]))
+
+    # -- sparse_schur (solvers.sparse_schur_device) ------------------------------------------
+    def _solve_reduced(self) -> StepSolution:
+        """sparse_schur's step: the reduced camera system assembled and solved (one iteration, the
+        host path's messages), the points' step by the CG's back-substitution."""
+        pcg = self.pcg
+        ok, msg = self.linear.solve(self.jc, self.jp, pcg.Vinv, self.B, pcg.dc2, self.g[0], pcg.gp, pcg.x)
+        if not ok:
+            return StepSolution(False, 1, msg)
+        return self._step_from((pcg.x, pcg.back_substitute_solution()), 1, msg)
+
+    @property
+    def linear_solver_detail(self) -> str:
+        """How the linear systems are solved, for the log (sparse_schur: where S is factorised)."""
+        return self.linear.description if self.linear is not None else ""
 
     def _pseudo_inverse_preconditioner(self, failed):
         """A diagonal block of S that is not positive definite (``failed``, per camera): as the host
@@ -354,8 +391,9 @@ class DeviceState:
     def transfers(self) -> dict:
         """Bytes that crossed between host and device: during the iterations (``bytes_to_device``,
         ``bytes_to_host``), and before and after them (``bytes_at_start``, ``bytes_at_end``)."""
-        return {"bytes_to_device": int(self.bytes_to_device + self.pcg.bytes_to_device),
-                "bytes_to_host": int(self.bytes_to_host + self.pcg.bytes_to_host),
+        lin = [self.linear] if self.linear is not None else []
+        return {"bytes_to_device": int(self.bytes_to_device + sum(a.bytes_to_device for a in [self.pcg] + lin)),
+                "bytes_to_host": int(self.bytes_to_host + sum(a.bytes_to_host for a in [self.pcg] + lin)),
                 "bytes_at_start": int(self.bytes_at_start), "bytes_at_end": int(self.bytes_at_end)}
 
     def kernel_time(self) -> dict:

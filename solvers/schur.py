@@ -257,24 +257,34 @@ class NormalEquations:
         return LinearSolution(y, True, its, msg)
 
     # ------------------------------------------------------------------ sparse_schur
+    def reduced_camera_system(self, Vinv, Dc2):
+        """sparse_schur's reduced camera system in parts: ``(blocks, diag, rhs)``, the pairs' blocks
+        of S (``-sum Z W^T`` per block of :meth:`Structure.pairs`), ``B + Dc^2`` (nc, 9, 9) and
+        ``gc - W V^-1 gp`` (nc * 9); :meth:`dense_reduced_matrix` puts S together."""
+        diag = self.B.copy()
+        diag[:, np.arange(9), np.arange(9)] += Dc2
+        return -self._pair_sums("all", Vinv), diag, self._rhs(Vinv).ravel()
+
+    def dense_reduced_matrix(self, blocks, diag):
+        """S (9 nc x 9 nc) from :meth:`reduced_camera_system`'s blocks and diagonal."""
+        pairs, nc = self.st.pairs(), self.st.nc
+        S = np.zeros((nc, 9, nc, 9))
+        ci = np.arange(nc)
+        S[ci, :, ci, :] = diag
+        off = pairs.block_row != pairs.block_col
+        S[pairs.block_row, :, pairs.block_col, :] += blocks
+        S[pairs.block_col[off], :, pairs.block_row[off], :] += blocks[off].transpose(0, 2, 1)
+        return S.reshape(9 * nc, 9 * nc)
+
     def _solve_explicit(self, Vinv, Dc2):
         st = self.st
         pairs = st.pairs()
-        blocks = -self._pair_sums("all", Vinv)
-        rhs = self._rhs(Vinv).ravel()
+        blocks, diag, rhs = self.reduced_camera_system(Vinv, Dc2)
         nc = st.nc
-        diag = self.B.copy()
-        diag[:, np.arange(9), np.arange(9)] += Dc2
         if not np.all(np.isfinite(blocks)) or not np.all(np.isfinite(diag)) or not np.all(np.isfinite(rhs)):
             return None, False, 1, "Linear solver failure: non-finite reduced camera matrix."
         if 9 * nc <= DENSE_MAX:
-            S = np.zeros((nc, 9, nc, 9))
-            ci = np.arange(nc)
-            S[ci, :, ci, :] = diag
-            off = pairs.block_row != pairs.block_col
-            S[pairs.block_row, :, pairs.block_col, :] += blocks
-            S[pairs.block_col[off], :, pairs.block_row[off], :] += blocks[off].transpose(0, 2, 1)
-            S = S.reshape(9 * nc, 9 * nc)
+            S = self.dense_reduced_matrix(blocks, diag)
             try:
                 with single_threaded_blas():
                     factor = scipy.linalg.cho_factor(S, lower=False, check_finite=False)

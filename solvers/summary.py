@@ -70,6 +70,7 @@ class SolverSummary:
     kernel_time: Optional[dict] = None    # seconds per device kernel (Options.profile_kernels)
     checkpoint_time: Optional[float] = None   # seconds writing checkpoints (Options.checkpoint)
     checkpoint_iteration: Optional[int] = None    # of the last checkpoint written; None: none
+    linear_solver_detail: str = ""        # sparse_schur: S's size and where it is factorised
 
 
 def full_report(result) -> str:
@@ -101,13 +102,17 @@ def full_report(result) -> str:
     if getattr(o, "checkpoint", None) is not None:
         lines.append(f"{'Checkpoint':<{w}}{o.checkpoint} (every {o.checkpoint_every})")
     lines.append("")
-    row("Sparse linear algebra library", "SCIPY")
+    detail = getattr(r, "linear_solver_detail", "")
+    row("Sparse linear algebra library", "SUITE_SPARSE" if "CHOLMOD" in detail or "cholespy" in detail else "SCIPY")
     row("Trust region strategy", "LEVENBERG_MARQUARDT")
     lines.append("")
     lines.append(" " * w + f"{'Given':>20}{'Used':>25}")
     row("Linear solver", o.linear_solver.upper(), o.linear_solver.upper())
     if o.linear_solver == "iterative_schur":
         row("Preconditioner", "SCHUR_JACOBI", "SCHUR_JACOBI")
+    if detail:
+        label, _, how = detail.partition(": ")
+        lines.append(f"{label:<{w}}{how}")
     row("Linear solver ordering", "AUTOMATIC", f"{r.num_points},{r.num_cameras}")
     row("Schur structure", "2,3,9", "2,3,9")
     row("Loss", r.loss_name, r.loss_name)

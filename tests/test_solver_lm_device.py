@@ -1,7 +1,7 @@
 """The device-resident Levenberg-Marquardt path (solvers.lm_device) against the host reference
 path (solvers.host_state): the same iterations, accept/reject decisions, costs and messages, on
-the real BAL problems, with robust losses, without Jacobi scaling, with non-finite candidates;
-and its memory estimate, its errors and a tiny solve on Oclgrind."""
+the real BAL problems (both linear solvers), with robust losses, without Jacobi scaling, with
+non-finite candidates; and its memory estimate, its errors and a tiny solve on Oclgrind."""
 import numpy as np
 import pytest
 
@@ -14,6 +14,7 @@ from solvers.snavely import SnavelyModel, snavely_residual
 from bal_data import bal_file
 from reference_snavely import ReferenceSnavelyModel
 
+SOLVERS = ["iterative_schur", "sparse_schur"]
 BAL = ["problem-49-7776-pre", "problem-73-11032-pre", "problem-21-11315-pre",
        "problem-39-18060-pre", "problem-16-22106-pre"]
 
@@ -68,7 +69,7 @@ def assert_same_solve(host, dev, rtol=1e-9, norm_rtol=1e-4, compare_points=True,
 @pytest.mark.parametrize("name", BAL)
 def test_device_path_follows_the_host_path_on_bal(device, name):
     problem = solvers.read_bal(bal_file(name))
-    host, dev = both_paths(problem, device)
+    host, dev = both_paths(problem, device, linear_solver="iterative_schur")
     if name == "problem-73-11032-pre":
         # Ladybug-73 is chaotic under CG's truncation (eta = 0.1): the two paths' inputs to CG
         # differ in the last bits (V^-1 by cofactors here, by numpy there), and from iteration 6
@@ -130,6 +131,23 @@ def test_float32_device_state_stores_float32(device):
     assert device_bytes(1000, 10, 100, dtype=np.float32) < device_bytes(1000, 10, 100)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", BAL)
+def test_device_sparse_schur_follows_the_host_path_on_bal(device, name):
+    """sparse_schur: direct solves, so the two paths part only by the order of the sums; the
+    reduced camera matrix factorised where the device's choice puts it (the host, on a CPU)."""
+    problem = solvers.read_bal(bal_file(name))
+    host, dev = both_paths(problem, device, linear_solver="sparse_schur")
+    assert_same_solve(host, dev, rtol=1e-9, norm_rtol=1e-4, compare_points=False)
+    assert [h.linear_solver_iterations for h in dev.history[1:]] == [1] * (len(dev.history) - 1)
+    assert dev.linear_solver_detail.startswith(f"Reduced camera matrix: {9 * dev.num_cameras} x ")
+    # Per iteration: scalars, and S's nonzero blocks and rhs where the host factorises.
+    t = dev.transfers
+    blocks = 81 * 8 * (dev.num_cameras * (dev.num_cameras + 1) // 2) + 9 * 8 * dev.num_cameras
+    assert t["bytes_to_host"] < (2048 + blocks) * len(dev.history)
+    assert t["bytes_at_end"] == 8 * (9 * dev.num_cameras + 3 * dev.num_points)
+
+
 def outlier_problem(seed=3):
     p = solvers.synthetic_problem(12, 400, 4, seed=seed)
     obs = p.observations.copy()
@@ -139,16 +157,19 @@ def outlier_problem(seed=3):
     return solvers.BALProblem(p.cameras, p.points, p.camera_index, p.point_index, obs)
 
 
+@pytest.mark.parametrize("solver", SOLVERS)
 @pytest.mark.parametrize("loss", ["huber", "cauchy", "soft_l1"])
-def test_device_path_robust_losses(device, loss):
-    host, dev = both_paths(outlier_problem(), device, loss=loss, loss_scale=2.0, max_iterations=15)
+def test_device_path_robust_losses(device, loss, solver):
+    host, dev = both_paths(outlier_problem(), device, loss=loss, loss_scale=2.0, max_iterations=15,
+                           linear_solver=solver)
     assert host.final_cost < host.initial_cost
     assert_same_solve(host, dev)
 
 
-def test_device_path_without_jacobi_scaling(device):
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_device_path_without_jacobi_scaling(device, solver):
     host, dev = both_paths(solvers.synthetic_problem(10, 300, 3, seed=2), device, jacobi_scaling=False,
-                           max_iterations=10)
+                           max_iterations=10, linear_solver=solver)
     assert_same_solve(host, dev)
 
 
@@ -170,19 +191,21 @@ class FocalCapModel(SnavelyModel):
         self.function = pc.BatchFunction(capped, params=(9, 3), data=2, device=device)
 
 
-def test_device_path_rejects_non_finite_candidates_as_the_host_does(device):
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_device_path_rejects_non_finite_candidates_as_the_host_does(device, solver):
     p = solvers.synthetic_problem(8, 200, 3, seed=5)
     p.cameras[:, 6] *= 0.97          # every focal length must grow, the largest may not
     FocalCapModel.cap = p.cameras[:, 6].max() + 1e-6
-    host, dev = both_paths(p, device, model=FocalCapModel, max_iterations=8)
+    host, dev = both_paths(p, device, model=FocalCapModel, max_iterations=8, linear_solver=solver)
     assert any(not h.step_is_successful for h in host.history[1:])
     assert_same_solve(host, dev)
 
 
-def test_non_finite_start_fails_on_both_paths(device):
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_non_finite_start_fails_on_both_paths(device, solver):
     p = solvers.synthetic_problem(6, 50, 3, seed=1)
     p.observations[7, 0] = np.nan
-    host, dev = both_paths(p, device)
+    host, dev = both_paths(p, device, linear_solver=solver)
     for r in (host, dev):
         assert r.termination_type == "FAILURE"
         assert r.message == "Residual and Jacobian evaluation failed."
@@ -191,22 +214,22 @@ def test_non_finite_start_fails_on_both_paths(device):
 
 def test_device_resident_true_says_why_it_cannot(device):
     p = solvers.synthetic_problem(6, 50, 3, seed=1)
-    with pytest.raises(ValueError, match="sparse_schur.*factorises on the host"):
-        solvers.bundle_adjust(p, device=device, linear_solver="sparse_schur", device_resident=True)
     with pytest.raises(ValueError, match="schur_backend='numpy'"):
         solvers.bundle_adjust(p, device=device, linear_solver="iterative_schur", schur_backend="numpy",
+                              device_resident=True)
+    with pytest.raises(ValueError, match="sparse_schur on the device needs dtype=np.float64"):
+        solvers.bundle_adjust(p, device=device, linear_solver="sparse_schur", dtype=np.float32,
                               device_resident=True)
     with pytest.raises(ValueError, match="device_resident must be"):
         solvers.bundle_adjust(p, device=device, device_resident="yes")
 
 
-def test_auto_chooses_the_device_for_iterative_schur(device):
+@pytest.mark.parametrize("solver", ["iterative_schur", "sparse_schur"])
+def test_auto_chooses_the_device(device, solver):
     p = solvers.synthetic_problem(6, 50, 3, seed=1)
-    r = solvers.bundle_adjust(p, device=device, linear_solver="iterative_schur", max_iterations=2,
-                              handle_sigint=False)
+    r = solvers.bundle_adjust(p, device=device, linear_solver=solver, max_iterations=2, handle_sigint=False)
     assert r.state == ("device" if device.info.fp64 else "host")
     assert "Iterations run on" in r.full_report()
-    assert solvers.bundle_adjust(p, device=device, max_iterations=2, handle_sigint=False).state == "host"
 
 
 def _allocated_bytes(state):

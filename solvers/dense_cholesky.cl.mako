@@ -1,0 +1,221 @@
+## A dense Cholesky factorisation A = L L^T and the two triangular solves, in float64, for a
+## symmetric positive definite matrix that lives on the device (solvers/dense_cholesky.py).
+##
+## The matrix is row-major, np x np, np a multiple of the block size NB: the caller pads it with
+## an identity (L keeps that identity, the padded unknowns come out zero), so no kernel has a
+## partial block. Only the lower triangle is read. Blocked and right-looking: per block column k
+##
+##   panel     every work-group factors the NB x NB diagonal block in local memory (the same
+##             arithmetic in every group, so the same result); group 0 writes it to diag[], the
+##             others each solve NB rows of the panel below it, X L_kk^T = A_ik, in place
+##   update    the trailing lower triangle A_ij -= P_i P_j^T, one NB x NB tile per work-group,
+##             RT x RT entries per work-item, the two panel tiles in local memory
+##
+## and per block row for the solves (b is overwritten):
+##
+##   forward   L z = b: every group solves the diagonal block's z_k; group 0 stores it, the
+##             others subtract A_ik z_k from their NB entries of b
+##   backward  L^T x = z: every group solves x_k; the group of block k stores it, the others
+##             subtract A_kj^T x_k from their NB entries of z
+##
+## The factored diagonal blocks go to diag[] instead of back into A: a group may not overwrite
+## the diagonal block while the other groups of the same launch still read it. Each launch reads
+## what the previous one wrote; the in-order queue orders them, with no host round trip.
+##
+## flag[0] (int): bit 1 (value 2) is set when a pivot is not positive and finite, as LAPACK's
+## dpotrf fails; the factorisation then goes on with NaN, which the caller discards.
+## Parameters: NB (block size, a power of two), RT (update entries per work-item and dimension,
+## a divisor of NB).
+<%namespace name="common" file="/clkernels/common.cl.mako"/>
+${common.fp64_pragma()}
+<% TT = NB // RT %>
+#define NB ${NB}
+#define NOT_POSITIVE_DEFINITE 2
+
+// A = the padded identity diag(0, ..., 0, 1, ..., 1) (ones from index n on), the padding of b
+// zero, and the failure flag cleared: where every solve starts.
+__kernel void clear(__global double *restrict A, __global double *restrict b,
+                    __global int *restrict flag, const int n, const int np)
+{
+    const int j = get_global_id(0), i = get_global_id(1);
+    if (i >= np || j >= np) return;
+    A[(size_t)i * np + j] = (i == j && i >= n) ? 1.0 : 0.0;
+    if (j == 0 && i >= n) b[i] = 0.0;
+    if (i == 0 && j == 0) flag[0] = 0;
+}
+
+// The Cholesky factor of the NB x NB diagonal block at (k, k): its strictly lower part into L,
+// its diagonal into d, by the unblocked right-looking algorithm; work-item r owns row r.
+// Returns whether every pivot was positive and finite.
+int factor_diagonal_block(__global const double *A, const int np, const int k,
+                          __local double (*L)[NB + 1], __local double *d)
+{
+    const int r = get_local_id(0);
+    for (int i = 0; i < NB; ++i) L[i][r] = A[(size_t)(k + i) * np + k + r];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    int ok = 1;
+    for (int j = 0; j < NB; ++j) {
+        // L[j][j] is not written during step j (its root goes to d[j]), so every item reads it.
+        const double pivot = L[j][j];
+        ok &= pivot > 0.0 && isfinite(pivot);
+        const double dj = sqrt(pivot);
+        if (r > j) L[r][j] /= dj;
+        if (r == j) d[j] = dj;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (r > j)
+            for (int c = j + 1; c <= r; ++c) L[r][c] -= L[r][j] * L[c][j];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    return ok;
+}
+
+__kernel __attribute__((reqd_work_group_size(NB, 1, 1)))
+void panel(__global double *restrict A, const int np, const int k,
+           __global double *restrict diag,       // (np / NB, NB, NB): the factored diagonal blocks
+           __global int *restrict flag)
+{
+    __local double L[NB][NB + 1];
+    __local double X[NB][NB + 1];
+    __local double d[NB];
+    const int r = get_local_id(0), g = get_group_id(0);
+    const int row0 = k + g * NB;          // group 0: the diagonal block; the others: the panel
+    if (g > 0)
+        for (int i = 0; i < NB; ++i) X[i][r] = A[(size_t)(row0 + i) * np + k + r];
+    const int ok = factor_diagonal_block(A, np, k, L, d);
+    if (g == 0) {
+        if (r == 0 && !ok) flag[0] |= NOT_POSITIVE_DEFINITE;
+        __global double *out = diag + (size_t)(k / NB) * NB * NB;
+        for (int i = 0; i < NB; ++i) out[i * NB + r] = r < i ? L[i][r] : (r == i ? d[i] : 0.0);
+        return;
+    }
+    // Row r of X L^T = A_ik: forward substitution along the row, the item's own data.
+    for (int j = 0; j < NB; ++j) {
+        double x = X[r][j];
+        for (int m = 0; m < j; ++m) x -= X[r][m] * L[j][m];
+        X[r][j] = x / d[j];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int i = 0; i < NB; ++i) A[(size_t)(row0 + i) * np + k + r] = X[i][r];
+}
+
+// Tile q of the lower triangle of tiles, row-major: (ti, tj) with q = ti (ti + 1) / 2 + tj.
+int2 lower_tile(const int q)
+{
+    int ti = (int)((sqrt(8.0 * q + 1.0) - 1.0) / 2.0);
+    while (ti * (ti + 1) / 2 > q) --ti;              // the root may round either way
+    while ((ti + 1) * (ti + 2) / 2 <= q) ++ti;
+    return (int2)(ti, q - ti * (ti + 1) / 2);
+}
+
+__kernel __attribute__((reqd_work_group_size(${TT}, ${TT}, 1)))
+void update(__global double *restrict A, const int np, const int k)
+{
+    __local double Pi[NB][NB + 1];
+    __local double Pj[NB][NB + 1];
+    const int2 t = lower_tile(get_group_id(0));
+    const int lx = get_local_id(0), ly = get_local_id(1), lid = ly * ${TT} + lx;
+    const int row0 = k + NB + t.x * NB, col0 = k + NB + t.y * NB;
+    for (int e = lid; e < NB * NB; e += ${TT * TT}) {
+        const int i = e / NB, m = e - i * NB;
+        Pi[i][m] = A[(size_t)(row0 + i) * np + k + m];
+        Pj[i][m] = A[(size_t)(col0 + i) * np + k + m];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    // Item (lx, ly) owns rows ly + u TT and columns lx + v TT: neighbours in x write neighbouring
+    // columns (coalesced) and read rows of Pj NB + 1 apart (no bank conflicts).
+%for u in range(RT):
+%for v in range(RT):
+    double acc${u}_${v} = 0.0;
+%endfor
+%endfor
+    for (int m = 0; m < NB; ++m) {
+%for u in range(RT):
+        const double a${u} = Pi[ly + ${u * TT}][m];
+%endfor
+%for v in range(RT):
+        const double b${v} = Pj[lx + ${v * TT}][m];
+%endfor
+%for u in range(RT):
+%for v in range(RT):
+        acc${u}_${v} += a${u} * b${v};
+%endfor
+%endfor
+    }
+%for u in range(RT):
+%for v in range(RT):
+    A[(size_t)(row0 + ly + ${u * TT}) * np + col0 + lx + ${v * TT}] -= acc${u}_${v};
+%endfor
+%endfor
+}
+
+// The factored diagonal block kb of diag[] into L (row-major, lower).
+void load_diagonal_block(__global const double *diag, const int kb, __local double (*L)[NB + 1])
+{
+    const int r = get_local_id(0);
+    __global const double *src = diag + (size_t)kb * NB * NB;
+    for (int i = 0; i < NB; ++i) L[i][r] = src[i * NB + r];
+}
+
+__kernel __attribute__((reqd_work_group_size(NB, 1, 1)))
+void forward(__global const double *restrict A, const int np, const int k,
+             __global const double *restrict diag,
+             __global double *restrict b,          // (np) right-hand side, updated below block k
+             __global double *restrict z)          // (np) the solution of L z = b
+{
+    __local double L[NB][NB + 1];
+    __local double T[NB][NB + 1];
+    __local double w[NB];
+    const int r = get_local_id(0), g = get_group_id(0);
+    const int row0 = k + g * NB;
+    load_diagonal_block(diag, k / NB, L);
+    w[r] = b[k + r];
+    if (g > 0)
+        for (int i = 0; i < NB; ++i) T[i][r] = A[(size_t)(row0 + i) * np + k + r];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    // NB^2 / 2 multiply-adds: cheaper on one item than NB barriers.
+    if (r == 0)
+        for (int j = 0; j < NB; ++j) {
+            double s = w[j];
+            for (int m = 0; m < j; ++m) s -= L[j][m] * w[m];
+            w[j] = s / L[j][j];
+        }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (g == 0) {
+        z[k + r] = w[r];
+        return;
+    }
+    double s = 0.0;
+    for (int c = 0; c < NB; ++c) s += T[r][c] * w[c];
+    b[row0 + r] -= s;
+}
+
+__kernel __attribute__((reqd_work_group_size(NB, 1, 1)))
+void backward(__global const double *restrict A, const int np, const int k,
+              __global const double *restrict diag,
+              __global double *restrict z,         // (np) from forward, updated above block k
+              __global double *restrict x,         // (n) the solution of L^T x = z
+              const int n)
+{
+    __local double L[NB][NB + 1];
+    __local double w[NB];
+    const int r = get_local_id(0), g = get_group_id(0), kb = k / NB;
+    load_diagonal_block(diag, kb, L);
+    w[r] = z[k + r];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (r == 0)
+        for (int j = NB - 1; j >= 0; --j) {
+            double s = w[j];
+            for (int m = j + 1; m < NB; ++m) s -= L[m][j] * w[m];
+            w[j] = s / L[j][j];
+        }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (g == kb) {
+        if (k + r < n) x[k + r] = w[r];
+        return;
+    }
+    // Column g NB + r of block row k: neighbouring items read neighbouring entries.
+    const int col = g * NB + r;
+    double s = 0.0;
+    for (int m = 0; m < NB; ++m) s += A[(size_t)(k + m) * np + col] * w[m];
+    z[col] -= s;
+}

@@ -1,0 +1,162 @@
+"""sparse_schur's reduced camera system ``S yc = rhs`` assembled on the OpenCL device
+(``schur_reduced.cl.mako``), in the conventions of :mod:`solvers.schur`:
+
+    rhs = gc - W V^-1 gp,     S = B + Dc^2 - W V^-1 W^T,
+
+with ``W = F^T E``. :class:`ReducedPattern` is S's block-sparse structure (which camera pairs share
+a point, and through which observations), found on the host once per solve from the observations'
+cameras and points; :class:`ReducedCameraSystem` holds it on the device and enqueues the
+assembly, either as S's nonzero blocks (for a host factorisation) or into a dense matrix (for
+:class:`solvers.dense_cholesky.DenseCholesky`).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyopencl as cl
+
+from clkernels import arrays
+from clkernels.templates import get_program
+
+TEMPLATE = "solvers/schur_reduced.cl.mako"
+# Pairs one work-item of pair_partials sums: a camera's diagonal block has a pair per point it
+# sees (thousands), an off-diagonal block a pair per shared point. Short on GPUs, which need many
+# work-items; long on CPUs, where they run one after another anyway.
+MAX_RUN_CPU = 4096
+MAX_RUN_GPU = 64
+
+
+class ReducedPattern:
+    """S's nonzero C x C blocks (a <= b: every camera's diagonal block, and the pairs of cameras
+    that see a common point) and, per block, the pairs of camera-point groups that sum into it.
+
+    A camera-point group is one camera's observations of one point (one, unless a camera sees a
+    point twice); groups are numbered in camera order, points in order within a camera.
+    Observations must be sorted by point (solvers.schur.Structure's order)."""
+
+    def __init__(self, cam, pt, num_cameras, num_points, max_run=MAX_RUN_CPU):
+        cam = np.asarray(cam, dtype=np.int64)
+        pt = np.asarray(pt, dtype=np.int64)
+        n, nc = cam.size, int(num_cameras)
+        if n and (cam.min() < 0 or cam.max() >= nc or pt.min() < 0 or pt.max() >= num_points):
+            raise ValueError("an observation's camera or point index is out of range")
+        if n and np.any(pt[1:] < pt[:-1]):
+            raise ValueError("observations must be sorted by point index")
+        self.n, self.nc, self.npt = n, nc, int(num_points)
+        # Observations in camera order, points in order within a camera, cut into groups.
+        self.obs = np.argsort(cam, kind="stable")
+        c, p = cam[self.obs], pt[self.obs]
+        first = np.flatnonzero(np.concatenate(([True], (c[1:] != c[:-1]) | (p[1:] != p[:-1])))) \
+            if n else np.zeros(0, np.int64)
+        self.group_start = np.concatenate((first, [n]))
+        self.group_cam, self.group_pt = c[first], p[first]
+        ng = first.size
+        self.cam_group = np.searchsorted(self.group_cam, np.arange(nc + 1))
+        # Pairs of groups of one point, cameras in order (a <= b): the groups in point order
+        # (stable, so cameras ascend within a point), each with itself and the ones after it.
+        by_pt = np.argsort(self.group_pt, kind="stable")
+        gp = self.group_pt[by_pt]
+        run_end = np.searchsorted(gp, gp, side="right")
+        pos = np.arange(ng)
+        partners = run_end - pos
+        rep_pos = np.repeat(pos, partners)
+        offset = np.arange(rep_pos.size) - np.repeat(np.cumsum(partners) - partners, partners)
+        a, b = by_pt[rep_pos], by_pt[rep_pos + offset]
+        block = self.group_cam[a] * nc + self.group_cam[b]
+        order = np.argsort(block, kind="stable")
+        self.pair_a, self.pair_b, block = a[order], b[order], block[order]
+        # Blocks: every diagonal one (an unobserved camera's holds Dc^2 only) and the shared ones.
+        blocks = np.union1d(block, np.arange(nc, dtype=np.int64) * (nc + 1))
+        self.block_row, self.block_col = blocks // nc, blocks % nc
+        self.nblocks = blocks.size
+        pair_start = np.searchsorted(block, blocks, side="left")
+        pair_end = np.searchsorted(block, blocks, side="right")
+        # Runs of at most max_run pairs of one block (a block without pairs has none).
+        count = pair_end - pair_start
+        runs = -(-count // max_run)
+        self.block_run = np.concatenate(([0], np.cumsum(runs)))
+        owner = np.repeat(np.arange(self.nblocks), runs)
+        k = np.arange(owner.size) - self.block_run[owner]
+        self.run_start = np.concatenate((pair_start[owner] + k * max_run, [block.size]))
+        self.nruns = owner.size
+        self.npairs = block.size
+
+    @property
+    def offdiagonal(self) -> np.ndarray:
+        return self.block_row != self.block_col
+
+    def index_bytes(self) -> int:
+        return 4 * (self.n + 2 * (self.group_start.size + self.nc) + 2 * self.npairs
+                    + self.run_start.size + self.block_run.size + 2 * self.nblocks)
+
+
+class ReducedCameraSystem:
+    """The device copy of a :class:`ReducedPattern` and the kernels that assemble S and rhs.
+
+    Every ``enqueue_*`` method takes device arrays (float64, contiguous) and returns at once:
+    Jc (n, R, C) and Jp (n, R, P) sorted by point, ``Vinv`` (npt, P, P) = (V + Dp^2)^-1, B's upper
+    triangles (nc, C (C + 1) / 2), ``dc2`` (nc * C), ``gc`` (nc * C), ``gp`` (npt * P). ``flag``
+    (int32) gets bit 0 set when a value of S or rhs is not finite."""
+
+    def __init__(self, runtime, pattern: ReducedPattern, C=9, P=3, R=2):
+        self.rt, self.pat = runtime, pattern
+        self.C, self.P, self.R = C, P, R
+        if max(pattern.n, pattern.npairs, C * pattern.nc, pattern.nruns * C * C) >= 2 ** 31:
+            raise ValueError("the reduced camera system indexes with 32-bit ints: problem too large")
+        i32 = lambda a: arrays.to_device(runtime, np.ascontiguousarray(a if len(a) else [0], dtype=np.int32))  # noqa: E731
+        pat = pattern
+        self.obs, self.group_start, self.group_pt = i32(pat.obs), i32(pat.group_start), i32(pat.group_pt)
+        self.cam_group = i32(pat.cam_group)
+        self.pair_a, self.pair_b, self.run_start = i32(pat.pair_a), i32(pat.pair_b), i32(pat.run_start)
+        self.block_run, self.block_row, self.block_col = i32(pat.block_run), i32(pat.block_row), i32(pat.block_col)
+        self.partial = arrays.scratch(runtime, max(1, pat.nruns * C * C), np.float64)
+        self.bytes_to_device = pat.index_bytes()
+        self._k = {}
+        self.events = None        # a list to keep (name, event) pairs for a profile, or None
+        ls = 8 if runtime.info.is_cpu else 64
+        self._ls = {name: arrays.work_group_size(runtime, self._kernel(name, "blocks"), ls)
+                    for name in ("reduced_rhs", "pair_partials", "reduced_blocks")}
+
+    @property
+    def nbytes(self) -> int:
+        return self.bytes_to_device + self.partial.nbytes
+
+    def _kernel(self, name, out):
+        key = (name, "blocks" if name != "reduced_blocks" else out)
+        if key not in self._k:
+            prg = get_program(TEMPLATE, self.rt, C=self.C, P=self.P, R=self.R, OUT=key[1])
+            self._k[key] = cl.Kernel(prg, name)
+        return self._k[key]
+
+    def _run(self, name, items, *args, out="blocks"):
+        if items <= 0:
+            return
+        ls = self._ls[name]
+        e = self._kernel(name, out)(self.rt.queue, (arrays.round_up(items, ls),), (ls,), *args)
+        if self.events is not None:
+            self.events.append((name, e))
+
+    def enqueue_rhs(self, Jc, Jp, Vinv, gc, gp, rhs, flag):
+        """``rhs`` (at least nc * C entries) = gc - W V^-1 gp."""
+        self._run("reduced_rhs", self.pat.nc, Jc.data, Jp.data, Vinv.data, gc.data, gp.data, self.obs.data,
+                  self.group_start.data, self.group_pt.data, self.cam_group.data, rhs.data, flag.data,
+                  np.int32(self.pat.nc))
+
+    def _enqueue_partials(self, Jc, Jp, Vinv):
+        self._run("pair_partials", self.pat.nruns, Jc.data, Jp.data, Vinv.data, self.obs.data,
+                  self.group_start.data, self.group_pt.data, self.pair_a.data, self.pair_b.data,
+                  self.run_start.data, self.partial.data, np.int32(self.pat.nruns))
+
+    def enqueue_blocks(self, Jc, Jp, Vinv, B, dc2, out, flag):
+        """``out`` (nblocks, C, C): S's nonzero blocks, in :class:`ReducedPattern`'s order."""
+        self._enqueue_partials(Jc, Jp, Vinv)
+        self._run("reduced_blocks", self.pat.nblocks, B.data, dc2.data, self.partial.data, self.block_run.data,
+                  self.block_row.data, self.block_col.data, out.data, flag.data, np.int32(self.pat.nblocks),
+                  np.int32(0), out="blocks")
+
+    def enqueue_dense(self, Jc, Jp, Vinv, B, dc2, A, ld, flag):
+        """S's nonzero blocks into the lower triangle of the row-major dense ``A`` (``ld``
+        columns); the rest of ``A`` is left as it is (zero it first)."""
+        self._enqueue_partials(Jc, Jp, Vinv)
+        self._run("reduced_blocks", self.pat.nblocks, B.data, dc2.data, self.partial.data, self.block_run.data,
+                  self.block_row.data, self.block_col.data, A.data, flag.data, np.int32(self.pat.nblocks),
+                  np.int32(ld), out="dense")

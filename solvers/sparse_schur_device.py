@@ -1,0 +1,150 @@
+"""sparse_schur for the device-resident Levenberg-Marquardt (:mod:`solvers.lm_device`): the
+reduced camera system assembled on the device (:mod:`solvers.schur_reduced`) and factorised
+where that is fastest:
+
+- on the device, by a dense Cholesky (:mod:`solvers.dense_cholesky`), while the dense matrix fits
+  (a fraction of the memory the rest of the solve leaves, one allocation) and is no larger than
+  :data:`DEVICE_DENSE_MAX` unknowns, on GPUs and other accelerators. Nothing crosses to the host
+  but a failure flag.
+- otherwise on the host, from S's nonzero blocks read back (:mod:`solvers.host_cholesky`): the
+  dense LAPACK Cholesky up to :data:`HOST_DENSE_MAX` unknowns (the host path's choice, and the
+  fastest there on the BAL problems), the best sparse Cholesky installed above (CHOLMOD).
+
+On a CPU device the "device" is the host's own cores: PoCL's dense Cholesky measured 3-8x slower
+than LAPACK and 1.1-1.8x slower than CHOLMOD on the same two cores (README), so CPU devices
+factorise on the host. The choice is made once per solve and said in :attr:`description`.
+Results and messages are those of :meth:`solvers.schur.NormalEquations.solve`'s sparse_schur.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyopencl as cl
+
+from clkernels import arrays
+
+from . import host_cholesky, schur
+from .dense_cholesky import DenseCholesky, block_sizes, dense_bytes, padded_size
+from .schur_reduced import MAX_RUN_CPU, MAX_RUN_GPU, ReducedCameraSystem, ReducedPattern
+
+# Dense Cholesky on the device up to this many unknowns (16384: a 2 GiB matrix, ~1.5 TFLOP, a
+# fraction of a second on a data-centre GPU; beyond it the sparse factorisation of a typical
+# camera graph wins). CPU devices: never by default (see the module docstring).
+DEVICE_DENSE_MAX = 16384
+DEVICE_DENSE_MAX_CPU = 0
+# The dense matrix may take this fraction of the device memory the rest of the solve leaves.
+DENSE_MEMORY_FRACTION = 0.5
+# The host factorises densely (LAPACK) up to this many unknowns, as solvers.schur does.
+HOST_DENSE_MAX = schur.DENSE_MAX
+
+NOT_FINITE, NOT_POSITIVE_DEFINITE = 1, 2      # flag bits (schur_reduced / dense_cholesky templates)
+MSG_NOT_FINITE = "Linear solver failure: non-finite reduced camera matrix."
+MSG_NOT_PD = "Linear solver failure: the reduced camera matrix is not positive definite."
+
+
+def choose_factorisation(info, n_unknowns: int, other_bytes: int) -> str:
+    """``"device"`` or the name of the host factoriser (:data:`host_cholesky.LABELS`)."""
+    limit = DEVICE_DENSE_MAX_CPU if info.is_cpu else DEVICE_DENSE_MAX
+    nb, _ = block_sizes(info)
+    need = dense_bytes(n_unknowns, nb)
+    matrix = 8 * padded_size(n_unknowns, nb) ** 2
+    fits = (matrix <= info.max_alloc_bytes
+            and need <= DENSE_MEMORY_FRACTION * max(0, info.global_mem_bytes - other_bytes))
+    if n_unknowns <= limit and fits:
+        return "device"
+    return "lapack" if n_unknowns <= HOST_DENSE_MAX else host_cholesky.best_sparse()
+
+
+class DeviceSparseSchur:
+    """One solve's sparse_schur linear systems on the device (built once per solve: the block
+    structure does not change). :meth:`solve` per linear system."""
+
+    def __init__(self, runtime, cam, pt, num_cameras, num_points, C=9, P=3, R=2, other_bytes=0, events=None):
+        self.rt, self.C = runtime, C
+        info = runtime.info
+        self.pattern = pat = ReducedPattern(cam, pt, num_cameras, num_points,
+                                            max_run=MAX_RUN_CPU if info.is_cpu else MAX_RUN_GPU)
+        self.system = ReducedCameraSystem(runtime, pat, C, P, R)
+        self.system.events = events
+        self.n = n = C * pat.nc
+        self.where = choose_factorisation(info, n, other_bytes + self.system.nbytes)
+        self.bytes_to_host = self.bytes_to_device = 0
+        if self.where == "device":
+            self.dense = DenseCholesky(runtime, n)
+            self.dense.events = events
+            how = "dense Cholesky on the device"
+        else:
+            self.dense = None
+            self.blocks = arrays.scratch(runtime, max(1, pat.nblocks * C * C), np.float64)
+            self.rhs = arrays.scratch(runtime, max(1, n), np.float64)
+            self.flag = arrays.scratch(runtime, 1, np.int32)   # the kernels' flag; the host tests the values
+            self.host = host_cholesky.make_factoriser(pat.block_row, pat.block_col, pat.nc, C, self.where)
+            total = pat.nc * (pat.nc + 1) // 2
+            how = (f"{pat.nblocks} of {total} blocks nonzero, "
+                   f"{host_cholesky.LABELS[self.where]} on the host")
+        self.description = f"Reduced camera matrix: {n} x {n}, {how}"
+        self._check_memory(other_bytes)
+        # On the Oclgrind simulator these buffers outlive the solve: released, their shadows would
+        # be reused at their old sizes by the next solve's buffers (see arrays.keep_on_simulator).
+        arrays.keep_on_simulator(runtime, self)
+
+    @property
+    def nbytes(self) -> int:
+        if self.dense is not None:
+            return self.system.nbytes + self.dense.nbytes
+        return self.system.nbytes + self.blocks.nbytes + self.rhs.nbytes + 4
+
+    def _check_memory(self, other_bytes):
+        from .lm_device import DeviceMemoryError
+        need, have = other_bytes + self.nbytes, self.rt.info.global_mem_bytes
+        if need > have:
+            raise DeviceMemoryError(
+                f"this problem's sparse_schur solve needs about {need / 2**30:.2f} GiB on "
+                f"{self.rt.info.name!r}, which has {have / 2**30:.2f} GiB; use iterative_schur, "
+                "a device with more memory, or device_resident=False (the host path)")
+
+    def solve(self, Jc, Jp, Vinv, B, dc2, gc, gp, x):
+        """Solve ``S yc = gc - W V^-1 gp`` for the device arrays of the normal equations (see
+        :class:`ReducedCameraSystem`); ``yc`` into the device array ``x`` (nc * C).
+        Returns ``(ok, message)``."""
+        if self.n == 0:
+            return True, "Success."
+        if self.dense is not None:
+            return self._solve_on_device(Jc, Jp, Vinv, B, dc2, gc, gp, x)
+        return self._solve_on_host(Jc, Jp, Vinv, B, dc2, gc, gp, x)
+
+    def _solve_on_device(self, Jc, Jp, Vinv, B, dc2, gc, gp, x):
+        d, sys_ = self.dense, self.system
+        d.clear()
+        sys_.enqueue_rhs(Jc, Jp, Vinv, gc, gp, d.b, d.flag)
+        sys_.enqueue_dense(Jc, Jp, Vinv, B, dc2, d.A, d.m, d.flag)
+        d.factor()
+        d.solve(x)
+        flag = np.empty(1, np.int32)
+        cl.enqueue_copy(self.rt.queue, flag, d.flag.data)
+        self.bytes_to_host += flag.nbytes
+        # The host path tests the matrix for non-finite entries before it factorises.
+        if flag[0] & NOT_FINITE:
+            return False, MSG_NOT_FINITE
+        if flag[0] & NOT_POSITIVE_DEFINITE:
+            return False, MSG_NOT_PD
+        return True, "Success."
+
+    def _solve_on_host(self, Jc, Jp, Vinv, B, dc2, gc, gp, x):
+        q, sys_ = self.rt.queue, self.system
+        sys_.enqueue_rhs(Jc, Jp, Vinv, gc, gp, self.rhs, self.flag)
+        sys_.enqueue_blocks(Jc, Jp, Vinv, B, dc2, self.blocks, self.flag)
+        blocks = np.empty(self.pattern.nblocks * self.C * self.C)
+        rhs = np.empty(self.n)
+        cl.enqueue_copy(q, blocks, self.blocks.data, is_blocking=False)
+        cl.enqueue_copy(q, rhs, self.rhs.data)
+        self.bytes_to_host += blocks.nbytes + rhs.nbytes
+        if not (np.all(np.isfinite(blocks)) and np.all(np.isfinite(rhs))):
+            return False, MSG_NOT_FINITE
+        try:
+            self.host.factor(blocks)
+        except host_cholesky.NotPositiveDefinite:
+            return False, MSG_NOT_PD
+        y = np.ascontiguousarray(self.host.solve(rhs))
+        cl.enqueue_copy(q, x.data, y)
+        self.bytes_to_device += y.nbytes
+        return True, "Success."
