@@ -10,7 +10,7 @@ grows with size). Synthetic problems run a fixed number of iterations on both si
 
 ``--scale venice,final`` adds the large synthetic problems (venice size: 1,778 cameras, 993,923
 points, 5.04M observations, 10 iterations; final size: 13,682 cameras, 4.46M points, 29.0M
-observations, 5 iterations), with iterative_schur (the device-resident path on a GPU) and Ceres'
+observations, 5 iterations), with both solvers (device-resident on a GPU) and Ceres'
 SPARSE_SCHUR at venice size (its ITERATIVE_SCHUR does not finish there in minutes, and at final
 size neither does in the time a run has).
 
@@ -167,9 +167,7 @@ def main():
         n_obs = problem.num_observations
         rows = []
         for solver in chosen:
-            # At scale pyclad runs iterative_schur alone (its sparse_schur factorises on the host),
-            # Ceres the solvers SCALES names.
-            ours_runs = not at_scale or solver == "iterative_schur"
+            # At scale pyclad runs both solvers (device-resident), Ceres the solvers SCALES names.
             if not have_ceres:
                 ceres_t, ceres_cost = None, ceres_peer.unavailable_reason()
             elif at_scale and solver not in scale_ceres[name]:
@@ -178,8 +176,6 @@ def main():
                 ceres_t, ceres_cost = ceres_row(report, name, path, solver, iterations, args, n_obs)
             if ceres_t is not None:
                 ceres_best[name] = min(ceres_best.get(name, float("inf")), ceres_t.median)
-            if not ours_runs:
-                continue
             for dtype in dtypes:
                 if dtype != "float64" and solver != "iterative_schur":
                     continue
