@@ -6,13 +6,15 @@
 ##   S_ab   = [a == b] (B_a + Dc^2_a) - sum over the points p both see of G_ap V_p^-1 G_bp^T
 ##
 ## with F_o (R x C) and E_o (R x P) an observation's camera and point blocks and G_ap the sum of
-## F_o^T E_o over camera a's observations of p. S_ab is summed pair by pair of observations,
-## F_o1^T (E_o1 V_p^-1 E_o2^T) F_o2, whose middle factor is only R x R: nothing per observation
-## or pair is stored.
+## F_o^T E_o over camera a's observations of p. S_ab is summed over the pairs of camera-point
+## groups, Z_ap G_bp^T with Z = G V^-1: G and Z are stored once per group (2 C P values), nothing
+## per pair; neighbouring work-items own neighbouring rows of a run's sum.
 ##
-##   reduced_rhs    one work-item per camera, over its observations
-##   pair_partials  one work-item per run of at most a few hundred (camera-point group, camera-point
-##                  group) pairs of one block of S, its partial sum of the pairs' products
+##   group_blocks   one work-item per camera-point group g: G_g = sum F_o^T E_o and Z_g = G_g V_p^-1
+##   rhs_partials   one work-item per (run of a camera's groups, row): sum of Z_g gp_p
+##   reduced_rhs    one work-item per camera entry: gc less its runs' sums
+##   pair_partials  one work-item per (run of at most a few hundred (group, group) pairs of one
+##                  block of S, row): its partial sum of Z_ga G_gb^T
 ##   reduced_blocks one work-item per nonzero block (a <= b): B + Dc^2 - its runs' partials, into
 ##                  OUT = "blocks": (nblocks, C, C), S_ab as it is; or OUT = "dense": the lower
 ##                  triangle of the row-major dense matrix (ld columns), S_ab^T at rows of b and
@@ -34,119 +36,106 @@ ${common.fp64_pragma()}
 %>
 #define NOT_FINITE 1
 
-__kernel void reduced_rhs(__global const double *restrict Jc,         // (n, R, C)
-                          __global const double *restrict Jp,         // (n, R, P)
-                          __global const double *restrict Vinv,       // (npt, P, P)
-                          __global const double *restrict gc,         // (nc, C)
-                          __global const double *restrict gp,         // (npt, P)
-                          __global const int *restrict obs,           // (n) in camera order
-                          __global const int *restrict group_start,   // (ngroups + 1) into obs
-                          __global const int *restrict group_pt,      // (ngroups)
-                          __global const int *restrict cam_group,     // (nc + 1): each camera's groups
-                          __global double *restrict rhs,              // (nc, C)
+// Per camera-point group g (camera a, point p): G_g = sum over its observations of F_o^T E_o and
+// Z_g = G_g V_p^-1, both C x P, row-major, into GZ[g] = (G_g, Z_g).
+__kernel void group_blocks(__global const double *restrict Jc,         // (n, R, C)
+                           __global const double *restrict Jp,         // (n, R, P)
+                           __global const double *restrict Vinv,       // (npt, P, P)
+                           __global const int *restrict obs,           // (n) in camera order
+                           __global const int *restrict group_start,   // (ngroups + 1) into obs
+                           __global const int *restrict group_pt,      // (ngroups)
+                           __global double *restrict GZ,               // (ngroups, 2, C, P)
+                           const int ngroups)
+{
+    const int g = get_global_id(0);
+    if (g >= ngroups) return;
+%for i in range(C):
+%for j in range(P):
+    double g${i}_${j} = 0.0;
+%endfor
+%endfor
+    for (int k = group_start[g]; k < group_start[g + 1]; ++k) {
+        __global const double *F = Jc + (size_t)obs[k] * ${R * C};
+        __global const double *E = Jp + (size_t)obs[k] * ${R * P};
+%for i in range(C):
+%for j in range(P):
+        g${i}_${j} += ${' + '.join(f'F[{r * C + i}] * E[{r * P + j}]' for r in range(R))};
+%endfor
+%endfor
+    }
+    __global const double *M = Vinv + (size_t)group_pt[g] * ${P * P};
+    __global double *out = GZ + (size_t)g * ${2 * C * P};
+%for i in range(C):
+%for j in range(P):
+    out[${i * P + j}] = g${i}_${j};
+    out[${C * P + i * P + j}] = ${' + '.join(f'g{i}_{m} * M[{m * P + j}]' for m in range(P))};
+%endfor
+%endfor
+}
+
+// One work-item per (run of a camera's groups, row i of rhs): sum over the groups of (Z_g gp_p)_i.
+__kernel void rhs_partials(__global const double *restrict GZ,         // (ngroups, 2, C, P)
+                           __global const int *restrict group_pt,      // (ngroups)
+                           __global const double *restrict gp,         // (npt, P)
+                           __global const int *restrict rhs_run_start, // (nrhs_runs + 1) into groups
+                           __global double *restrict rhs_partial,      // (nrhs_runs, C)
+                           const int nrhs_runs)
+{
+    const int gid = get_global_id(0), s = gid / ${C}, i = gid - s * ${C};
+    if (s >= nrhs_runs) return;
+    double acc = 0.0;
+    for (int g = rhs_run_start[s]; g < rhs_run_start[s + 1]; ++g) {
+        __global const double *z = GZ + (size_t)g * ${2 * C * P} + ${C * P} + i * ${P};
+        __global const double *u = gp + (size_t)group_pt[g] * ${P};
+        acc += ${' + '.join(f'z[{k}] * u[{k}]' for k in range(P))};
+    }
+    rhs_partial[gid] = acc;
+}
+
+// rhs = gc - W V^-1 gp, one work-item per camera entry: gc less its runs' partial sums.
+__kernel void reduced_rhs(__global const double *restrict gc,          // (nc, C)
+                          __global const double *restrict rhs_partial, // (nrhs_runs, C)
+                          __global const int *restrict cam_rhs_run,    // (nc + 1)
+                          __global double *restrict rhs,               // (nc, C)
                           __global int *restrict flag,
                           const int nc)
 {
-    const int c = get_global_id(0);
+    const int i = get_global_id(0), c = i / ${C}, a = i - c * ${C};
     if (c >= nc) return;
-%for i in range(C):
-    double acc${i} = 0.0;
-%endfor
-    for (int g = cam_group[c]; g < cam_group[c + 1]; ++g) {
-        const int p = group_pt[g];
-        __global const double *M = Vinv + (size_t)p * ${P * P};
-        __global const double *gpp = gp + (size_t)p * ${P};
-%for j in range(P):
-        const double u${j} = ${' + '.join(f'M[{j * P + m}] * gpp[{m}]' for m in range(P))};
-%endfor
-        for (int k = group_start[g]; k < group_start[g + 1]; ++k) {
-            const int o = obs[k];
-            __global const double *E = Jp + (size_t)o * ${R * P};
-            __global const double *F = Jc + (size_t)o * ${R * C};
-%for r in range(R):
-            const double t${r} = ${' + '.join(f'E[{r * P + j}] * u{j}' for j in range(P))};
-%endfor
-%for i in range(C):
-            acc${i} += ${' + '.join(f'F[{r * C + i}] * t{r}' for r in range(R))};
-%endfor
-        }
-    }
-    int finite = 1;
-%for i in range(C):
-    {
-        const double v = gc[(size_t)c * ${C} + ${i}] - acc${i};
-        finite &= isfinite(v);
-        rhs[(size_t)c * ${C} + ${i}] = v;
-    }
-%endfor
-    if (!finite) atomic_or(flag, NOT_FINITE);
+    double acc = 0.0;
+    for (int s = cam_rhs_run[c]; s < cam_rhs_run[c + 1]; ++s) acc += rhs_partial[(size_t)s * ${C} + a];
+    const double v = gc[i] - acc;
+    rhs[i] = v;
+    if (!isfinite(v)) atomic_or(flag, NOT_FINITE);
 }
 
-__kernel void pair_partials(__global const double *restrict Jc,        // (n, R, C)
-                            __global const double *restrict Jp,        // (n, R, P)
-                            __global const double *restrict Vinv,      // (npt, P, P)
-                            __global const int *restrict obs,          // (n) in camera order
-                            __global const int *restrict group_start,  // (ngroups + 1)
-                            __global const int *restrict group_pt,     // (ngroups)
+// One work-item per (run of one block's group pairs, row i): row i of the run's sum of
+// Z_ga G_gb^T (= F_a^T E_a V_p^-1 E_b^T F_b summed over the groups' observations).
+__kernel void pair_partials(__global const double *restrict GZ,        // (ngroups, 2, C, P)
                             __global const int *restrict pair_a,       // (npairs): group of camera a
                             __global const int *restrict pair_b,       // (npairs): group of camera b
                             __global const int *restrict run_start,    // (nruns + 1) into the pairs
                             __global double *restrict partial,         // (nruns, C, C)
                             const int nruns)
 {
-    const int s = get_global_id(0);
+    const int gid = get_global_id(0), s = gid / ${C}, i = gid - s * ${C};
     if (s >= nruns) return;
-%for i in range(C):
 %for j in range(C):
-    double acc${i}_${j} = 0.0;
-%endfor
+    double acc${j} = 0.0;
 %endfor
     for (int e = run_start[s]; e < run_start[s + 1]; ++e) {
-        const int ga = pair_a[e], gb = pair_b[e];
-        __global const double *M = Vinv + (size_t)group_pt[ga] * ${P * P};
-        for (int ka = group_start[ga]; ka < group_start[ga + 1]; ++ka) {
-            const int oa = obs[ka];
-            __global const double *Ea = Jp + (size_t)oa * ${R * P};
-            __global const double *Fa = Jc + (size_t)oa * ${R * C};
-            // t = E_a V^-1 (R x P)
-%for r in range(R):
-%for j in range(P):
-            const double t${r}_${j} = ${' + '.join(f'Ea[{r * P + m}] * M[{m * P + j}]' for m in range(P))};
-%endfor
-%endfor
-            for (int kb = group_start[gb]; kb < group_start[gb + 1]; ++kb) {
-                const int ob = obs[kb];
-                __global const double *Eb = Jp + (size_t)ob * ${R * P};
-                __global const double *Fb = Jc + (size_t)ob * ${R * C};
-                // w = F_a^T t E_b^T (C x R), then acc += w F_b
-%for r in range(R):
-%for q in range(R):
-                const double m${r}_${q} = ${' + '.join(f't{r}_{j} * Eb[{q * P + j}]' for j in range(P))};
-%endfor
-%endfor
-%for i in range(C):
-%for q in range(R):
-                const double w${i}_${q} = ${' + '.join(f'Fa[{r * C + i}] * m{r}_{q}' for r in range(R))};
-%endfor
+        __global const double *z = GZ + (size_t)pair_a[e] * ${2 * C * P} + ${C * P} + i * ${P};
+        __global const double *G = GZ + (size_t)pair_b[e] * ${2 * C * P};
+%for k in range(P):
+        const double z${k} = z[${k}];
 %endfor
 %for j in range(C):
-%for q in range(R):
-                const double f${q}_${j} = Fb[${q * C + j}];
+        acc${j} += ${' + '.join(f'z{k} * G[{j * P + k}]' for k in range(P))};
 %endfor
-%endfor
-%for i in range(C):
-%for j in range(C):
-                acc${i}_${j} += ${' + '.join(f'w{i}_{q} * f{q}_{j}' for q in range(R))};
-%endfor
-%endfor
-            }
-        }
     }
-    __global double *out = partial + (size_t)s * ${C * C};
-%for i in range(C):
+    __global double *out = partial + (size_t)gid * ${C};
 %for j in range(C):
-    out[${i * C + j}] = acc${i}_${j};
-%endfor
+    out[${j}] = acc${j};
 %endfor
 }
 

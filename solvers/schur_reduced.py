@@ -23,6 +23,8 @@ TEMPLATE = "solvers/schur_reduced.cl.mako"
 # work-items; long on CPUs, where they run one after another anyway.
 MAX_RUN_CPU = 4096
 MAX_RUN_GPU = 64
+# Groups one work-item of rhs_partials sums (a camera has a group per point it sees).
+MAX_RHS_RUN = 64
 
 
 class ReducedPattern:
@@ -79,6 +81,15 @@ class ReducedPattern:
         self.run_start = np.concatenate((pair_start[owner] + k * max_run, [block.size]))
         self.nruns = owner.size
         self.npairs = block.size
+        # rhs: each camera's groups in runs of at most MAX_RHS_RUN.
+        self.ngroups = ng
+        count = np.diff(self.cam_group)
+        runs = -(-count // MAX_RHS_RUN)
+        self.cam_rhs_run = np.concatenate(([0], np.cumsum(runs)))
+        owner = np.repeat(np.arange(nc), runs)
+        k = np.arange(owner.size) - self.cam_rhs_run[owner]
+        self.rhs_run_start = np.concatenate((self.cam_group[owner] + k * MAX_RHS_RUN, [ng]))
+        self.nrhs_runs = owner.size
 
     @property
     def offdiagonal(self) -> np.ndarray:
@@ -86,7 +97,8 @@ class ReducedPattern:
 
     def index_bytes(self) -> int:
         return 4 * (self.n + 2 * (self.group_start.size + self.nc) + 2 * self.npairs
-                    + self.run_start.size + self.block_run.size + 2 * self.nblocks)
+                    + self.run_start.size + self.block_run.size + 2 * self.nblocks
+                    + self.rhs_run_start.size + self.cam_rhs_run.size)
 
 
 class ReducedCameraSystem:
@@ -100,7 +112,8 @@ class ReducedCameraSystem:
     def __init__(self, runtime, pattern: ReducedPattern, C=9, P=3, R=2):
         self.rt, self.pat = runtime, pattern
         self.C, self.P, self.R = C, P, R
-        if max(pattern.n, pattern.npairs, C * pattern.nc, pattern.nruns * C * C) >= 2 ** 31:
+        if max(pattern.n, pattern.npairs, C * pattern.nc, pattern.nruns * C * C,
+               2 * C * P * pattern.ngroups) >= 2 ** 31:
             raise ValueError("the reduced camera system indexes with 32-bit ints: problem too large")
         i32 = lambda a: arrays.to_device(runtime, np.ascontiguousarray(a if len(a) else [0], dtype=np.int32))  # noqa: E731
         pat = pattern
@@ -108,17 +121,28 @@ class ReducedCameraSystem:
         self.cam_group = i32(pat.cam_group)
         self.pair_a, self.pair_b, self.run_start = i32(pat.pair_a), i32(pat.pair_b), i32(pat.run_start)
         self.block_run, self.block_row, self.block_col = i32(pat.block_run), i32(pat.block_row), i32(pat.block_col)
+        self.rhs_run_start, self.cam_rhs_run = i32(pat.rhs_run_start), i32(pat.cam_rhs_run)
         self.partial = arrays.scratch(runtime, max(1, pat.nruns * C * C), np.float64)
+        self.rhs_partial = arrays.scratch(runtime, max(1, pat.nrhs_runs * C), np.float64)
+        # G and Z = G V^-1 per camera-point group: made by enqueue_groups for rhs and blocks.
+        self.GZ = arrays.scratch(runtime, max(1, pat.ngroups * 2 * C * P), np.float64)
         self.bytes_to_device = pat.index_bytes()
         self._k = {}
         self.events = None        # a list to keep (name, event) pairs for a profile, or None
         ls = 8 if runtime.info.is_cpu else 64
         self._ls = {name: arrays.work_group_size(runtime, self._kernel(name, "blocks"), ls)
-                    for name in ("reduced_rhs", "pair_partials", "reduced_blocks")}
+                    for name in ("group_blocks", "rhs_partials", "reduced_rhs", "pair_partials",
+                                 "reduced_blocks")}
 
     @property
     def nbytes(self) -> int:
-        return self.bytes_to_device + self.partial.nbytes
+        return self.bytes_to_device + self.partial.nbytes + self.rhs_partial.nbytes + self.GZ.nbytes
+
+    @staticmethod
+    def estimate_bytes(pattern: "ReducedPattern", C=9, P=3) -> int:
+        """Device bytes of a system for ``pattern``, before making it."""
+        return pattern.index_bytes() + 8 * (pattern.nruns * C * C + pattern.nrhs_runs * C
+                                            + pattern.ngroups * 2 * C * P)
 
     def _kernel(self, name, out):
         key = (name, "blocks" if name != "reduced_blocks" else out)
@@ -131,32 +155,41 @@ class ReducedCameraSystem:
         if items <= 0:
             return
         ls = self._ls[name]
+        if name in ("rhs_partials", "reduced_rhs", "pair_partials"):
+            items *= self.C                 # a work-item per row
         e = self._kernel(name, out)(self.rt.queue, (arrays.round_up(items, ls),), (ls,), *args)
         if self.events is not None:
             self.events.append((name, e))
 
-    def enqueue_rhs(self, Jc, Jp, Vinv, gc, gp, rhs, flag):
-        """``rhs`` (at least nc * C entries) = gc - W V^-1 gp."""
-        self._run("reduced_rhs", self.pat.nc, Jc.data, Jp.data, Vinv.data, gc.data, gp.data, self.obs.data,
-                  self.group_start.data, self.group_pt.data, self.cam_group.data, rhs.data, flag.data,
-                  np.int32(self.pat.nc))
+    def enqueue_groups(self, Jc, Jp, Vinv):
+        """G and Z = G V^-1 per camera-point group, which enqueue_rhs and the blocks read: enqueue
+        it first, after every change of the Jacobian or of V^-1."""
+        self._run("group_blocks", self.pat.ngroups, Jc.data, Jp.data, Vinv.data, self.obs.data,
+                  self.group_start.data, self.group_pt.data, self.GZ.data, np.int32(self.pat.ngroups))
 
-    def _enqueue_partials(self, Jc, Jp, Vinv):
-        self._run("pair_partials", self.pat.nruns, Jc.data, Jp.data, Vinv.data, self.obs.data,
-                  self.group_start.data, self.group_pt.data, self.pair_a.data, self.pair_b.data,
+    def enqueue_rhs(self, gc, gp, rhs, flag):
+        """``rhs`` (at least nc * C entries) = gc - W V^-1 gp (after :meth:`enqueue_groups`)."""
+        self._run("rhs_partials", self.pat.nrhs_runs, self.GZ.data, self.group_pt.data, gp.data,
+                  self.rhs_run_start.data, self.rhs_partial.data, np.int32(self.pat.nrhs_runs))
+        self._run("reduced_rhs", self.pat.nc, gc.data, self.rhs_partial.data, self.cam_rhs_run.data,
+                  rhs.data, flag.data, np.int32(self.pat.nc))
+
+    def _enqueue_partials(self):
+        self._run("pair_partials", self.pat.nruns, self.GZ.data, self.pair_a.data, self.pair_b.data,
                   self.run_start.data, self.partial.data, np.int32(self.pat.nruns))
 
-    def enqueue_blocks(self, Jc, Jp, Vinv, B, dc2, out, flag):
-        """``out`` (nblocks, C, C): S's nonzero blocks, in :class:`ReducedPattern`'s order."""
-        self._enqueue_partials(Jc, Jp, Vinv)
+    def enqueue_blocks(self, B, dc2, out, flag):
+        """``out`` (nblocks, C, C): S's nonzero blocks, in :class:`ReducedPattern`'s order (after
+        :meth:`enqueue_groups`)."""
+        self._enqueue_partials()
         self._run("reduced_blocks", self.pat.nblocks, B.data, dc2.data, self.partial.data, self.block_run.data,
                   self.block_row.data, self.block_col.data, out.data, flag.data, np.int32(self.pat.nblocks),
                   np.int32(0), out="blocks")
 
-    def enqueue_dense(self, Jc, Jp, Vinv, B, dc2, A, ld, flag):
+    def enqueue_dense(self, B, dc2, A, ld, flag):
         """S's nonzero blocks into the lower triangle of the row-major dense ``A`` (``ld``
-        columns); the rest of ``A`` is left as it is (zero it first)."""
-        self._enqueue_partials(Jc, Jp, Vinv)
+        columns); the rest of ``A`` is left as it is (zero it first). After :meth:`enqueue_groups`."""
+        self._enqueue_partials()
         self._run("reduced_blocks", self.pat.nblocks, B.data, dc2.data, self.partial.data, self.block_run.data,
                   self.block_row.data, self.block_col.data, A.data, flag.data, np.int32(self.pat.nblocks),
                   np.int32(ld), out="dense")

@@ -115,8 +115,9 @@ class DeviceSparseSchur:
     def _solve_on_device(self, Jc, Jp, Vinv, B, dc2, gc, gp, x):
         d, sys_ = self.dense, self.system
         d.clear()
-        sys_.enqueue_rhs(Jc, Jp, Vinv, gc, gp, d.b, d.flag)
-        sys_.enqueue_dense(Jc, Jp, Vinv, B, dc2, d.A, d.m, d.flag)
+        sys_.enqueue_groups(Jc, Jp, Vinv)
+        sys_.enqueue_rhs(gc, gp, d.b, d.flag)
+        sys_.enqueue_dense(B, dc2, d.A, d.m, d.flag)
         d.factor()
         d.solve(x)
         flag = np.empty(1, np.int32)
@@ -131,8 +132,9 @@ class DeviceSparseSchur:
 
     def _solve_on_host(self, Jc, Jp, Vinv, B, dc2, gc, gp, x):
         q, sys_ = self.rt.queue, self.system
-        sys_.enqueue_rhs(Jc, Jp, Vinv, gc, gp, self.rhs, self.flag)
-        sys_.enqueue_blocks(Jc, Jp, Vinv, B, dc2, self.blocks, self.flag)
+        sys_.enqueue_groups(Jc, Jp, Vinv)
+        sys_.enqueue_rhs(gc, gp, self.rhs, self.flag)
+        sys_.enqueue_blocks(B, dc2, self.blocks, self.flag)
         blocks = np.empty(self.pattern.nblocks * self.C * self.C)
         rhs = np.empty(self.n)
         cl.enqueue_copy(q, blocks, self.blocks.data, is_blocking=False)

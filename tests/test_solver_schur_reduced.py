@@ -120,9 +120,10 @@ def assemble_on_device(device, st, inputs, max_run, keep):
     blocks = arrays.scratch(device, pat.nblocks * 81, np.float64)
     dense = arrays.to_device(device, np.zeros(n * n))
     keep(system, flag, rhs, blocks, dense)
-    system.enqueue_rhs(k["Jc"], k["Jp"], k["Vinv"], k["gc"], k["gp"], rhs, flag)
-    system.enqueue_blocks(k["Jc"], k["Jp"], k["Vinv"], k["B"], k["dc2"], blocks, flag)
-    system.enqueue_dense(k["Jc"], k["Jp"], k["Vinv"], k["B"], k["dc2"], dense, n, flag)
+    system.enqueue_groups(k["Jc"], k["Jp"], k["Vinv"])
+    system.enqueue_rhs(k["gc"], k["gp"], rhs, flag)
+    system.enqueue_blocks(k["B"], k["dc2"], blocks, flag)
+    system.enqueue_dense(k["B"], k["dc2"], dense, n, flag)
     bl = blocks.get().reshape(-1, 9, 9)
     S = np.zeros((st.nc, 9, st.nc, 9))
     for b, (ra, cb) in enumerate(zip(pat.block_row, pat.block_col)):
