@@ -21,7 +21,7 @@ from .checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from .evaluator import Evaluator
 from .lm import Options, StopFlag, minimize
 from .loss import LOSSES, Loss
-from .schur import LINEAR_SOLVERS
+from .linear_solver import LINEAR_SOLVERS
 from .summary import LOG_HEADER, IterationSummary, full_report
 from .synthetic import synthetic_problem
 

@@ -40,7 +40,7 @@ import numpy as np
 
 from .checkpoint import CheckpointWriter
 from .host_state import HostState
-from .schur import LINEAR_SOLVERS
+from .linear_solver import LINEAR_SOLVERS
 from .summary import IterationSummary, SolverSummary
 
 DBL_MAX = np.finfo(np.float64).max

@@ -27,6 +27,7 @@ from clkernels import arrays
 from clkernels.templates import ctype, get_program
 
 from .host_state import StepSolution
+from .linear_solver import linear_solver
 
 TEMPLATE = "solvers/lm_device.cl.mako"
 # scalars[]: pairs written by the reductions' finish kernel.
@@ -63,8 +64,6 @@ def device_state_or_reason(evaluator, options, runtime, x0):
         return None, "schur_backend='numpy'"
     if runtime is None:
         return None, "no OpenCL device"
-    if options.linear_solver not in ("iterative_schur", "sparse_schur"):
-        return None, f"linear_solver={options.linear_solver!r} has no device-resident path"
     model = evaluator.model
     fn = getattr(model, "function", None)
     if evaluator.permute is not None or fn is None or not hasattr(fn, "values_and_jacobians") \
@@ -74,9 +73,9 @@ def device_state_or_reason(evaluator, options, runtime, x0):
         return None, f"the camera model evaluates in {fn.dtype}"
     if fn.dtype == np.float64 and not runtime.info.fp64:
         return None, f"the device {runtime.info.name!r} has no fp64 (dtype=np.float32 runs on it)"
-    if options.linear_solver == "sparse_schur" and fn.dtype != np.float64:
-        # The reduced camera matrix is assembled and factorised in float64.
-        return None, "sparse_schur on the device needs dtype=np.float64 (float32 runs iterative_schur)"
+    if fn.dtype not in linear_solver(options.linear_solver).dtypes:
+        return None, (f"{options.linear_solver} on the device needs dtype=np.float64 "
+                      "(float32 runs iterative_schur)")
     return DeviceState(evaluator, options, runtime, x0, profile=options.profile_kernels), None
 
 
@@ -111,12 +110,10 @@ class DeviceState:
         self.linear_solver_time = 0.0
         self.pcg = DevicePCG(rt, ev.cam, ev.pt, nc, npt, C, P, R, self.dtype)
         self.pcg.events = self.events
-        # sparse_schur: the reduced camera system's assembly and factorisation (None: the CG).
-        self.linear = None
-        if options.linear_solver == "sparse_schur":
-            from .sparse_schur_device import DeviceSparseSchur
-            self.linear = DeviceSparseSchur(rt, ev.cam, ev.pt, nc, npt, C, P, R, other_bytes=need,
-                                            events=self.events)
+        # The linear solver of the step (solvers.linear_solver), after the CG's buffers, which
+        # every method shares (the back-substitution, V^-1, Dc^2).
+        self.device_bytes = need
+        self.linear = linear_solver(options.linear_solver).device(self)
         # The reductions' work-group size, and their number of groups (fixed per device, so the
         # sums run in the same order every time).
         self.L = arrays.work_group_size(rt, None, 64 if rt.info.is_cpu else 256)
@@ -251,23 +248,11 @@ class DeviceState:
 
     # -- the step ----------------------------------------------------------------------------
     def solve_step(self, radius: float, reuse_diagonal: bool) -> StepSolution:
-        o, pcg, nc = self.o, self.pcg, self.nc
+        pcg = self.pcg
         t0 = time.perf_counter()
         try:
             self._regularize(radius, reuse_diagonal)
-            if self.linear is not None:
-                return self._solve_reduced()
-            blocks = pcg.jacobi_blocks()
-            self._run("schur_jacobi", nc, self.B.data, pcg.dc2.data, blocks.data, pcg.cam_seg.data,
-                      pcg.Pinv.data, self.failed.data, np.int32(nc))
-            if nc:
-                failed = np.empty(nc, np.int32)
-                cl.enqueue_copy(self.rt.queue, failed, self.failed.data)
-                self.bytes_to_host += failed.nbytes
-                if failed.any():
-                    self._pseudo_inverse_preconditioner(failed)
-            _, ok, its, msg = pcg.run(q_tolerance=o.eta, r_tolerance=-1.0,
-                                      max_iterations=o.max_linear_solver_iterations, read_x=False)
+            ok, its, msg = self.linear.solve()
             if not ok:
                 return StepSolution(False, its, msg)
             return self._step_from((pcg.x, pcg.back_substitute_solution()), its, msg)
@@ -301,38 +286,10 @@ class DeviceState:
         self.step_norm = float(np.sqrt(sc[STEP]))
         return StepSolution(True, its, msg, float(-sc[CHANGE]))
 
-    # -- sparse_schur (solvers.sparse_schur_device) ------------------------------------------
-    def _solve_reduced(self) -> StepSolution:
-        """sparse_schur's step: the reduced camera system assembled and solved (one iteration, the
-        host path's messages), the points' step by the CG's back-substitution."""
-        pcg = self.pcg
-        ok, msg = self.linear.solve(self.jc, self.jp, pcg.Vinv, self.B, pcg.dc2, self.g[0], pcg.gp, pcg.x)
-        if not ok:
-            return StepSolution(False, 1, msg)
-        return self._step_from((pcg.x, pcg.back_substitute_solution()), 1, msg)
-
     @property
     def linear_solver_detail(self) -> str:
         """How the linear systems are solved, for the log (sparse_schur: where S is factorised)."""
-        return self.linear.description if self.linear is not None else ""
-
-    def _pseudo_inverse_preconditioner(self, failed):
-        """A diagonal block of S that is not positive definite (``failed``, per camera): as the host
-        path, every block's inverse becomes a pseudo-inverse (rare: the failed blocks came back as
-        they are, see schur_jacobi)."""
-        C, pcg = self.C, self.pcg
-        blocks = np.empty((self.nc, C, C), self.dtype)
-        cl.enqueue_copy(self.rt.queue, blocks, pcg.Pinv.data)
-        blocks = blocks.astype(np.float64)
-        # The blocks that did factorise came back inverted: invert them back to S's blocks.
-        ok = failed == 0
-        with np.errstate(all="ignore"):
-            blocks[ok] = np.linalg.inv(blocks[ok])
-            pinv = np.linalg.pinv(blocks, hermitian=True)
-        self.bytes_to_host += blocks.nbytes
-        pinv = np.ascontiguousarray(pinv, self.dtype)
-        cl.enqueue_copy(self.rt.queue, pcg.Pinv.data, pinv)
-        self.bytes_to_device += pinv.nbytes
+        return self.linear.description
 
     def evaluate_candidate(self):
         ev = self.ev
@@ -391,9 +348,9 @@ class DeviceState:
     def transfers(self) -> dict:
         """Bytes that crossed between host and device: during the iterations (``bytes_to_device``,
         ``bytes_to_host``), and before and after them (``bytes_at_start``, ``bytes_at_end``)."""
-        lin = [self.linear] if self.linear is not None else []
-        return {"bytes_to_device": int(self.bytes_to_device + sum(a.bytes_to_device for a in [self.pcg] + lin)),
-                "bytes_to_host": int(self.bytes_to_host + sum(a.bytes_to_host for a in [self.pcg] + lin)),
+        parts = (self, self.pcg, self.linear)
+        return {"bytes_to_device": int(sum(a.bytes_to_device for a in parts)),
+                "bytes_to_host": int(sum(a.bytes_to_host for a in parts)),
                 "bytes_at_start": int(self.bytes_at_start), "bytes_at_end": int(self.bytes_at_end)}
 
     def kernel_time(self) -> dict:

@@ -32,8 +32,8 @@ import scipy.sparse.linalg as spla
 
 from .blas_threads import single_threaded_blas
 from .cg import conjugate_gradients
+from .linear_solver import linear_solver
 
-LINEAR_SOLVERS = ("sparse_schur", "iterative_schur")
 PAIR_CHUNK = 1 << 12
 # Dense LAPACK Cholesky (on one thread, see solvers.blas_threads) of the reduced camera matrix up
 # to this size (111 cameras: a few ms); SuperLU on a symmetric ordering above.
@@ -242,12 +242,7 @@ class NormalEquations:
         D2 = np.asarray(D, dtype=np.float64) ** 2
         Dc2, Dp2 = D2[:9 * st.nc].reshape(st.nc, 9), D2[9 * st.nc:].reshape(st.npt, 3)
         Vinv = self._v_inverse(Dp2)
-        if method == "sparse_schur":
-            yc, ok, its, msg = self._solve_explicit(Vinv, Dc2)
-        elif method == "iterative_schur":
-            yc, ok, its, msg = self._solve_pcg(Vinv, Dc2, eta, max_iterations, r_tolerance)
-        else:
-            raise ValueError(f"linear_solver={method!r} is not one of {LINEAR_SOLVERS}")
+        yc, ok, its, msg = linear_solver(method).host(self, Vinv, Dc2, eta, max_iterations, r_tolerance)
         if not ok:
             return LinearSolution(None, False, its, msg)
         yp = self._back_substitute(Vinv, yc)

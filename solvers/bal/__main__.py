@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from ..loss import LOSSES
-from ..schur import LINEAR_SOLVERS
+from ..linear_solver import LINEAR_SOLVERS
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,133 @@
+"""The LM step's linear solvers: one entry per method (``Options.linear_solver``), each with its
+host reference and its device-resident solver, and :func:`linear_solver` that picks one by name.
+
+Both sides solve the Schur-reduced system for the cameras' step; the points' step follows by
+back-substitution, done by the caller (:class:`solvers.schur.NormalEquations` on the host,
+:class:`solvers.lm_device.DeviceState` on the device). A device solver has this interface:
+
+- ``description``: how it solves, for the log ("" when there is nothing to say);
+- ``solve()`` -> ``(ok, iterations, message)``, the cameras' solution left in the state's
+  ``pcg.x`` on the device;
+- ``nbytes``: the device memory it holds; ``bytes_to_device``, ``bytes_to_host``: what it moved
+  apart from the state's own counters.
+
+A new method is one more :class:`LinearSolver` in ``_SOLVERS``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+import pyopencl as cl
+
+
+@dataclasses.dataclass(frozen=True)
+class LinearSolver:
+    """One method: ``host(neq, Vinv, Dc2, eta, max_iterations, r_tolerance)`` -> ``(yc, ok,
+    iterations, message)`` on :class:`solvers.schur.NormalEquations`; ``device(state)`` -> a device
+    solver for a :class:`solvers.lm_device.DeviceState` (see the module docstring)."""
+    name: str
+    host: Callable
+    device: Callable
+    dtypes: tuple = (np.float32, np.float64)    # storage types its device solver takes
+
+
+class DeviceIterativeSchur:
+    """iterative_schur on the device: the Schur-Jacobi preconditioner (a pseudo-inverse of every
+    block where one is not positive definite, as the host path does), then the PCG of
+    :class:`solvers.schur_pcg.DevicePCG`."""
+
+    description = ""
+    nbytes = bytes_to_device = bytes_to_host = 0     # counted in the state's and the CG's
+
+    def __init__(self, state):
+        self.st = state
+
+    def solve(self):
+        st, pcg, nc, o = self.st, self.st.pcg, self.st.nc, self.st.o
+        blocks = pcg.jacobi_blocks()
+        st._run("schur_jacobi", nc, st.B.data, pcg.dc2.data, blocks.data, pcg.cam_seg.data,
+                pcg.Pinv.data, st.failed.data, np.int32(nc))
+        if nc:
+            failed = np.empty(nc, np.int32)
+            cl.enqueue_copy(st.rt.queue, failed, st.failed.data)
+            st.bytes_to_host += failed.nbytes
+            if failed.any():
+                self._pseudo_inverse_preconditioner(failed)
+        _, ok, its, msg = pcg.run(q_tolerance=o.eta, r_tolerance=-1.0,
+                                  max_iterations=o.max_linear_solver_iterations, read_x=False)
+        return ok, its, msg
+
+    def _pseudo_inverse_preconditioner(self, failed):
+        """A diagonal block of S that is not positive definite (``failed``, per camera): as the host
+        path, every block's inverse becomes a pseudo-inverse (rare: the failed blocks came back as
+        they are, see schur_jacobi)."""
+        st = self.st
+        C, pcg = st.C, st.pcg
+        blocks = np.empty((st.nc, C, C), st.dtype)
+        cl.enqueue_copy(st.rt.queue, blocks, pcg.Pinv.data)
+        blocks = blocks.astype(np.float64)
+        # The blocks that did factorise came back inverted: invert them back to S's blocks.
+        ok = failed == 0
+        with np.errstate(all="ignore"):
+            blocks[ok] = np.linalg.inv(blocks[ok])
+            pinv = np.linalg.pinv(blocks, hermitian=True)
+        st.bytes_to_host += blocks.nbytes
+        pinv = np.ascontiguousarray(pinv, st.dtype)
+        cl.enqueue_copy(st.rt.queue, pcg.Pinv.data, pinv)
+        st.bytes_to_device += pinv.nbytes
+
+
+class DeviceSparseSchurSolver:
+    """sparse_schur on the device: :class:`solvers.sparse_schur_device.DeviceSparseSchur`
+    assembles the reduced camera system and factorises it where it is fastest (one iteration,
+    the host path's messages)."""
+
+    def __init__(self, state):
+        from .sparse_schur_device import DeviceSparseSchur
+        self.st = st = state
+        self.system = DeviceSparseSchur(st.rt, st.ev.cam, st.ev.pt, st.nc, st.npt, st.C, st.P, st.R,
+                                        other_bytes=st.device_bytes, events=st.events)
+        self.description = self.system.description
+
+    @property
+    def nbytes(self):
+        return self.system.nbytes
+
+    @property
+    def bytes_to_device(self):
+        return self.system.bytes_to_device
+
+    @property
+    def bytes_to_host(self):
+        return self.system.bytes_to_host
+
+    def solve(self):
+        st, pcg = self.st, self.st.pcg
+        ok, msg = self.system.solve(st.jc, st.jp, pcg.Vinv, st.B, pcg.dc2, st.g[0], pcg.gp, pcg.x)
+        return ok, 1, msg
+
+
+_SOLVERS = {
+    s.name: s for s in (
+        LinearSolver("sparse_schur",
+                     host=lambda neq, Vinv, Dc2, eta, max_iterations, r_tolerance:
+                         neq._solve_explicit(Vinv, Dc2),
+                     device=DeviceSparseSchurSolver,
+                     dtypes=(np.float64,)),      # assembled and factorised in float64
+        LinearSolver("iterative_schur",
+                     host=lambda neq, Vinv, Dc2, eta, max_iterations, r_tolerance:
+                         neq._solve_pcg(Vinv, Dc2, eta, max_iterations, r_tolerance),
+                     device=DeviceIterativeSchur),
+    )
+}
+LINEAR_SOLVERS = tuple(_SOLVERS)
+
+
+def linear_solver(name: str) -> LinearSolver:
+    """The method called ``name``; a ValueError that lists the choices for any other name."""
+    try:
+        return _SOLVERS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"linear_solver={name!r} is not one of {LINEAR_SOLVERS}") from None
