@@ -102,7 +102,8 @@ class DeviceState:
         self.bytes_to_device = self.bytes_to_host = 0
         self.events = [] if profile else None
         self.linear_solver_time = 0.0
-        self.pcg = DevicePCG(rt, ev.cam, ev.pt, nc, npt)
+        # The Evaluator's camera order: sorted once for everything that needs it.
+        self.pcg = DevicePCG(rt, ev.cam, ev.pt, nc, npt, camera_order=ev.camera_order())
         self.pcg.events = self.events
         # The reductions' work-group size, and their number of groups (fixed per device, so the
         # sums run in the same order every time).

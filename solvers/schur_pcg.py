@@ -19,6 +19,8 @@ import pyopencl as cl
 from clkernels import arrays
 from clkernels.templates import get_program
 
+from . import ordering
+
 TEMPLATE = "solvers/schur_pcg.cl.mako"
 # Longest run of one camera's observations one work-item of camera_partials sums: cameras seen
 # thousands of times spread over many work-items, whose partial sums cg_update adds. Short on
@@ -37,26 +39,26 @@ FAIL_RHO, FAIL_BETA, FAIL_ALPHA = -1, -2, -3
 START, STEP, STEP_NO_R, RESET = 0, 1, 2, 3
 
 
-def _camera_segments(cam, pt, nc, max_len):
+def _camera_segments(cam, pt, nc, max_len, order=None):
     """Observations in camera order (point order within a camera) cut into runs of about
     ``max_len`` of one camera, never inside one camera-point group (jacobi_blocks sums a group
     before its product). Returns the observation order, the runs' starts (nseg + 1; a run may be
-    empty) and each camera's first run (nc + 1)."""
-    n = cam.size
-    order = np.argsort(cam, kind="stable")               # stable: point order within a camera
-    c, p = cam[order], pt[order]
-    group_start = np.flatnonzero(np.concatenate(([True], (c[1:] != c[:-1]) | (p[1:] != p[:-1])))) \
-        if n else np.zeros(0, np.int64)
-    group_start = np.concatenate((group_start, [n]))
-    counts = np.bincount(cam, minlength=nc)
+    empty) and each camera's first run (nc + 1). ``order``, when given, is that observation order
+    already (``np.argsort(cam, kind="stable")``, as ``Evaluator.camera_order`` has it)."""
+    if order is None:
+        order = ordering.stable_order(cam, nc)              # stable: point order within a camera
+    counts = ordering.counts(cam, nc)
+    first_obs = np.concatenate(([0], np.cumsum(counts)))
+    # A group starts where a camera starts or the point changes within one.
+    group_start = ordering.changes(pt, order)
+    group_start[first_obs[:-1][counts > 0]] = True
     pieces = -(-counts // max_len)                       # a camera without observations: none
     cam_seg = np.concatenate(([0], np.cumsum(pieces)))
-    first_obs = np.concatenate(([0], np.cumsum(counts)))
     owner = np.repeat(np.arange(nc), pieces)
     k = np.arange(owner.size) - cam_seg[owner]
     want = first_obs[owner] + k * max_len
-    start = np.minimum(group_start[np.searchsorted(group_start, want)], first_obs[owner + 1])
-    return order, np.concatenate((start, [n])), cam_seg
+    start = np.minimum(ordering.next_true(group_start, want), first_obs[owner + 1])
+    return order, np.concatenate((start, [cam.size])), cam_seg
 
 
 class DevicePCG:
@@ -65,18 +67,17 @@ class DevicePCG:
     Built once per solve (the structure does not change); :meth:`bind_jacobian` after every new
     Jacobian, :meth:`solve` for every linear system."""
 
-    def __init__(self, runtime, cam, pt, num_cameras, num_points):
+    def __init__(self, runtime, cam, pt, num_cameras, num_points, camera_order=None):
         self.rt = rt = runtime
-        cam = np.asarray(cam, dtype=np.int64)
-        pt = np.asarray(pt, dtype=np.int64)
+        cam, pt = np.asarray(cam), np.asarray(pt)      # int32 from the Evaluator: no copies
         n, nc, npt = cam.size, int(num_cameras), int(num_points)
         if max(n, 9 * nc, 9 * npt) >= 2 ** 31:
             raise ValueError("the device CG indexes with 32-bit ints: problem too large")
         self.n, self.nc, self.npt = n, nc, npt
         max_segment = MAX_SEGMENT_CPU if runtime.info.is_cpu else MAX_SEGMENT_GPU
-        order, seg_start, cam_seg = _camera_segments(cam, pt, nc, max_segment)
+        order, seg_start, cam_seg = _camera_segments(cam, pt, nc, max_segment, camera_order)
         self.nseg = seg_start.size - 1
-        pt_start = np.concatenate((np.searchsorted(pt, np.arange(npt)), [n]))
+        pt_start = ordering.starts(pt, npt)              # pt is sorted: counts, not searches
         i32 = lambda a: arrays.to_device(rt, np.ascontiguousarray(a, dtype=np.int32))  # noqa: E731
         self.cam, self.pt, self.pt_start = i32(cam), i32(pt), i32(pt_start)
         # Cameras with observations and their first runs: where jacobi_sums' partials go.

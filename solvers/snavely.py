@@ -50,7 +50,9 @@ class SnavelyModel:
         self.dtype = np.dtype(dtype)
         self.function = snavely_function(self.dtype, backend, device)
         self.n_obs = len(observations)
-        index = np.stack([np.asarray(cam_idx), np.asarray(pt_idx)], axis=1).astype(np.int32)
+        # Written column by column: stacking first would make an int64 copy twice this size.
+        index = np.empty((self.n_obs, 2), np.int32)
+        index[:, 0], index[:, 1] = cam_idx, pt_idx
         observed = np.ascontiguousarray(observations, dtype=self.dtype)
         self._host = (index, observed)
         self._device = None
