@@ -19,7 +19,7 @@ import pyopencl as cl
 from clkernels import arrays
 from clkernels.templates import get_program
 
-from . import ordering
+from . import host_memory, ordering
 
 TEMPLATE = "solvers/schur_pcg.cl.mako"
 # Longest run of one camera's observations one work-item of camera_partials sums: cameras seen
@@ -49,14 +49,19 @@ def _camera_segments(cam, pt, nc, max_len, order=None):
         order = ordering.stable_order(cam, nc)              # stable: point order within a camera
     counts = ordering.counts(cam, nc)
     first_obs = np.concatenate(([0], np.cumsum(counts)))
-    # A group starts where a camera starts or the point changes within one.
-    group_start = ordering.changes(pt, order)
-    group_start[first_obs[:-1][counts > 0]] = True
     pieces = -(-counts // max_len)                       # a camera without observations: none
     cam_seg = np.concatenate(([0], np.cumsum(pieces)))
     owner = np.repeat(np.arange(nc), pieces)
     k = np.arange(owner.size) - cam_seg[owner]
     want = first_obs[owner] + k * max_len
+    # A group starts where a camera starts or the point changes within one. Cuts almost always
+    # fall on a group's start; only when one does not is every group start needed.
+    inner = np.flatnonzero(k > 0)
+    at = want[inner]
+    if not np.any(np.take(pt, np.take(order, at)) == np.take(pt, np.take(order, at - 1))):
+        return order, np.concatenate((want, [cam.size])), cam_seg
+    group_start = ordering.changes(pt, order)
+    group_start[first_obs[:-1][counts > 0]] = True
     start = np.minimum(ordering.next_true(group_start, want), first_obs[owner + 1])
     return order, np.concatenate((start, [cam.size])), cam_seg
 
@@ -78,7 +83,8 @@ class DevicePCG:
         order, seg_start, cam_seg = _camera_segments(cam, pt, nc, max_segment, camera_order)
         self.nseg = seg_start.size - 1
         pt_start = ordering.starts(pt, npt)              # pt is sorted: counts, not searches
-        i32 = lambda a: arrays.to_device(rt, np.ascontiguousarray(a, dtype=np.int32))  # noqa: E731
+        # Index arrays the kernels only read: over the host arrays on a CPU device, else copies.
+        i32 = lambda a: host_memory.read_only(rt, np.ascontiguousarray(a, dtype=np.int32))  # noqa: E731
         self.cam, self.pt, self.pt_start = i32(cam), i32(pt), i32(pt_start)
         # Cameras with observations and their first runs: where jacobi_sums' partials go.
         self._seen_cams = np.flatnonzero(np.diff(cam_seg) > 0)
