@@ -10,6 +10,7 @@ from typing import Optional
 
 import numpy as np
 
+from . import ordering
 from .loss import Loss, correct
 
 
@@ -29,10 +30,23 @@ class Evaluator:
     def __init__(self, problem, loss: Loss, model=None, dtype=np.float64, device=None, backend=None):
         self.problem, self.loss = problem, loss
         self.nc, self.npt = problem.num_cameras, problem.num_points
-        self.order = np.argsort(problem.point_index, kind="stable")
-        self.cam = problem.camera_index[self.order]
-        self.pt = problem.point_index[self.order]
-        observed = problem.observations[self.order]
+        n = problem.num_observations
+        # The point order, np.argsort(point_index, kind="stable"), found without a comparison
+        # sort (solvers.ordering), and the indices in it as int32 (where they fit), which every
+        # consumer takes.
+        self._camera_order = None
+        cam_type, pt_type = ordering.index_dtype(self.nc), ordering.index_dtype(self.npt)
+        if ordering.is_sorted(problem.point_index):
+            # Already in point order: nothing to sort or gather.
+            self.order = np.arange(n, dtype=ordering.index_dtype(n))
+            self.cam = problem.camera_index.astype(cam_type)
+            self.pt = problem.point_index.astype(pt_type)
+            observed = problem.observations
+        else:
+            self.order = ordering.stable_order(problem.point_index, self.npt)
+            self.cam = ordering.take(problem.camera_index, self.order, dtype=cam_type)
+            self.pt = ordering.take(problem.point_index, self.order, dtype=pt_type)
+            observed = ordering.take(problem.observations, self.order)
         if model is None:
             model = default_model_class()
         if isinstance(model, type) or (callable(model) and not hasattr(model, "residuals_and_jacobians")):
@@ -51,6 +65,21 @@ class Evaluator:
         self.num_jacobian_evaluations = 0
         self.residual_time = 0.0
         self.jacobian_time = 0.0
+
+    def camera_order(self) -> np.ndarray:
+        """The observations, in this evaluator's (point) order, sorted by camera: the same as
+        ``np.argsort(self.cam, kind="stable")`` (int32), made once.
+
+        Problems whose observations come sorted by camera, then point (as BAL files and
+        :func:`solvers.synthetic_problem` have them) need no sort: the camera order is then the
+        file order, whose positions in point order are the inverse of :attr:`order`."""
+        if self._camera_order is None:
+            p = self.problem
+            if ordering.is_sorted_by(p.camera_index, p.point_index):
+                self._camera_order = ordering.inverse_permutation(self.order)
+            else:
+                self._camera_order = ordering.stable_order(self.cam, self.nc)
+        return self._camera_order
 
     def split(self, x):
         return x[:9 * self.nc].reshape(self.nc, 9), x[9 * self.nc:].reshape(self.npt, 3)

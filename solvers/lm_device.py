@@ -108,7 +108,8 @@ class DeviceState:
         self.bytes_to_device = self.bytes_to_host = 0
         self.events = [] if profile else None
         self.linear_solver_time = 0.0
-        self.pcg = DevicePCG(rt, ev.cam, ev.pt, nc, npt, C, P, R, self.dtype)
+        # The Evaluator's camera order: sorted once for everything that needs it.
+        self.pcg = DevicePCG(rt, ev.cam, ev.pt, nc, npt, C, P, R, self.dtype, camera_order=ev.camera_order())
         self.pcg.events = self.events
         # The linear solver of the step (solvers.linear_solver), after the CG's buffers, which
         # every method shares (the back-substitution, V^-1, Dc^2).

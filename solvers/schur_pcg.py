@@ -19,6 +19,8 @@ import pyopencl as cl
 from clkernels import arrays
 from clkernels.templates import ctype, get_program
 
+from . import host_memory, ordering
+
 TEMPLATE = "solvers/schur_pcg.cl.mako"
 # Longest run of one camera's observations one work-item of camera_partials sums: cameras seen
 # thousands of times spread over many work-items, whose partial sums cg_product adds. Short on
@@ -47,26 +49,31 @@ def accumulator_dtype(runtime) -> np.dtype:
     return np.dtype(np.float64 if runtime.info.fp64 else np.float32)
 
 
-def _camera_segments(cam, pt, nc, max_len):
+def _camera_segments(cam, pt, nc, max_len, order=None):
     """Observations in camera order (point order within a camera) cut into runs of about
     ``max_len`` of one camera, never inside one camera-point group (jacobi_blocks sums a group
     before its product). Returns the observation order, the runs' starts (nseg + 1; a run may be
-    empty) and each camera's first run (nc + 1)."""
-    n = cam.size
-    order = np.argsort(cam, kind="stable")               # stable: point order within a camera
-    c, p = cam[order], pt[order]
-    group_start = np.flatnonzero(np.concatenate(([True], (c[1:] != c[:-1]) | (p[1:] != p[:-1])))) \
-        if n else np.zeros(0, np.int64)
-    group_start = np.concatenate((group_start, [n]))
-    counts = np.bincount(cam, minlength=nc)
+    empty) and each camera's first run (nc + 1). ``order``, when given, is that observation order
+    already (``np.argsort(cam, kind="stable")``, as ``Evaluator.camera_order`` has it)."""
+    if order is None:
+        order = ordering.stable_order(cam, nc)              # stable: point order within a camera
+    counts = ordering.counts(cam, nc)
+    first_obs = np.concatenate(([0], np.cumsum(counts)))
     pieces = -(-counts // max_len)                       # a camera without observations: none
     cam_seg = np.concatenate(([0], np.cumsum(pieces)))
-    first_obs = np.concatenate(([0], np.cumsum(counts)))
     owner = np.repeat(np.arange(nc), pieces)
     k = np.arange(owner.size) - cam_seg[owner]
     want = first_obs[owner] + k * max_len
-    start = np.minimum(group_start[np.searchsorted(group_start, want)], first_obs[owner + 1])
-    return order, np.concatenate((start, [n])), cam_seg
+    # A group starts where a camera starts or the point changes within one. Cuts almost always
+    # fall on a group's start; only when one does not is every group start needed.
+    inner = np.flatnonzero(k > 0)
+    at = want[inner]
+    if not np.any(np.take(pt, np.take(order, at)) == np.take(pt, np.take(order, at - 1))):
+        return order, np.concatenate((want, [cam.size])), cam_seg
+    group_start = ordering.changes(pt, order)
+    group_start[first_obs[:-1][counts > 0]] = True
+    start = np.minimum(ordering.next_true(group_start, want), first_obs[owner + 1])
+    return order, np.concatenate((start, [cam.size])), cam_seg
 
 
 class DevicePCG:
@@ -77,10 +84,10 @@ class DevicePCG:
     point and residual block sizes; ``dtype`` is the storage type of the Jacobian blocks and the
     vectors (sums and the CG state are float64 wherever the device has fp64)."""
 
-    def __init__(self, runtime, cam, pt, num_cameras, num_points, C=9, P=3, R=2, dtype=np.float64):
+    def __init__(self, runtime, cam, pt, num_cameras, num_points, C=9, P=3, R=2, dtype=np.float64,
+                 camera_order=None):
         self.rt = rt = runtime
-        cam = np.asarray(cam, dtype=np.int64)
-        pt = np.asarray(pt, dtype=np.int64)
+        cam, pt = np.asarray(cam), np.asarray(pt)      # int32 from the Evaluator: no copies
         n, nc, npt = cam.size, int(num_cameras), int(num_points)
         self.C, self.P, self.R, self.T = C, P, R, C * (C + 1) // 2
         if max(n * R * max(C, P), C * nc, P * P * npt) >= 2 ** 31:
@@ -93,10 +100,11 @@ class DevicePCG:
         self.acc = accumulator_dtype(rt)
         self.n, self.nc, self.npt = n, nc, npt
         max_segment = MAX_SEGMENT_CPU if runtime.info.is_cpu else MAX_SEGMENT_GPU
-        order, seg_start, cam_seg = _camera_segments(cam, pt, nc, max_segment)
+        order, seg_start, cam_seg = _camera_segments(cam, pt, nc, max_segment, camera_order)
         self.nseg = seg_start.size - 1
-        pt_start = np.concatenate((np.searchsorted(pt, np.arange(npt)), [n]))
-        i32 = lambda a: arrays.to_device(rt, np.ascontiguousarray(a, dtype=np.int32))  # noqa: E731
+        pt_start = ordering.starts(pt, npt)              # pt is sorted: counts, not searches
+        # Index arrays the kernels only read: over the host arrays on a CPU device, else copies.
+        i32 = lambda a: host_memory.read_only(rt, np.ascontiguousarray(a, dtype=np.int32))  # noqa: E731
         self.cam, self.pt, self.pt_start = i32(cam), i32(pt), i32(pt_start)
         # Cameras with observations and their first runs: where jacobi_sums' partials go.
         self._seen_cams = np.flatnonzero(np.diff(cam_seg) > 0)

@@ -13,6 +13,8 @@ import pyopencl.array as cla
 import pyclad as pc
 from clkernels import get_runtime
 
+from . import host_memory
+
 
 def snavely_residual(camera, point, observed):
     """Reprojection residual (2,) of one observation; a pyclad-traceable function."""
@@ -50,7 +52,9 @@ class SnavelyModel:
         self.dtype = np.dtype(dtype)
         self.function = snavely_function(self.dtype, backend, device)
         self.n_obs = len(observations)
-        index = np.stack([np.asarray(cam_idx), np.asarray(pt_idx)], axis=1).astype(np.int32)
+        # Written column by column: stacking first would make an int64 copy twice this size.
+        index = np.empty((self.n_obs, 2), np.int32)
+        index[:, 0], index[:, 1] = cam_idx, pt_idx
         observed = np.ascontiguousarray(observations, dtype=self.dtype)
         self._host = (index, observed)
         self._device = None
@@ -62,7 +66,7 @@ class SnavelyModel:
             # device instead works on the host arrays in place, and anything too large is
             # evaluated from the host in chunks.
             per_obs = 4 * 2 + self.dtype.itemsize * (2 + 2 + 2 * 12)
-            in_place = runtime.info.is_cpu and not runtime.info.is_simulator
+            in_place = host_memory.shares_host_memory(runtime)
             # Uploaded at the first call, not here (see device_inputs).
             self._upload = not in_place and per_obs * self.n_obs < runtime.info.global_mem_bytes // 3 and \
                 self.dtype.itemsize * 2 * 9 * self.n_obs < runtime.info.max_alloc_bytes
@@ -79,11 +83,12 @@ class SnavelyModel:
 
     def device_inputs(self):
         """The observation index (n, 2) int32 and the observations (n, 2) on the device, uploaded
-        once: what this model's calls with device parameters read (the device-resident solver,
-        solvers.lm_device, passes them to :attr:`function` itself)."""
+        once (on a CPU device: buffers over the host arrays): what this model's calls with device
+        parameters read (the device-resident solver, solvers.lm_device, passes them to
+        :attr:`function` itself)."""
         if self._device is None:
-            q = self.runtime.queue
-            self._device = (cla.to_device(q, self._host[0]), cla.to_device(q, self._host[1]))
+            # On a CPU device: buffers over the host arrays (kernels only read them), no copies.
+            self._device = tuple(host_memory.read_only(self.runtime, a) for a in self._host)
         return self._device
 
     @staticmethod

@@ -1,0 +1,224 @@
+"""solvers.ordering and the preparation built on it against the plain numpy definitions
+(``np.argsort(kind="stable")``, ``np.searchsorted``, ``np.bincount``): same values, on random
+data and the edge cases (no observations, one camera, unobserved cameras and points, a point
+seen twice by one camera, unsorted input)."""
+import numpy as np
+import pytest
+
+import solvers
+import solvers.ordering as ordering
+import solvers.schur_pcg as schur_pcg
+from solvers.evaluator import Evaluator
+from solvers.snavely import SnavelyModel
+
+
+def _reference_segments(cam, pt, nc, max_len):
+    """schur_pcg._camera_segments as it was first written: argsort, gathers, searchsorted."""
+    n = cam.size
+    order = np.argsort(cam, kind="stable")
+    c, p = cam[order], pt[order]
+    group_start = np.flatnonzero(np.concatenate(([True], (c[1:] != c[:-1]) | (p[1:] != p[:-1])))) \
+        if n else np.zeros(0, np.int64)
+    group_start = np.concatenate((group_start, [n]))
+    counts = np.bincount(cam, minlength=nc)
+    pieces = -(-counts // max_len)
+    cam_seg = np.concatenate(([0], np.cumsum(pieces)))
+    first_obs = np.concatenate(([0], np.cumsum(counts)))
+    owner = np.repeat(np.arange(nc), pieces)
+    k = np.arange(owner.size) - cam_seg[owner]
+    want = first_obs[owner] + k * max_len
+    start = np.minimum(group_start[np.searchsorted(group_start, want)], first_obs[owner + 1])
+    return order, np.concatenate((start, [n])), cam_seg
+
+
+def _keys(rng, kind, n, bound):
+    if kind == "random":
+        return rng.integers(0, bound, n)
+    if kind == "sorted":
+        return np.sort(rng.integers(0, bound, n))
+    if kind == "reversed":
+        return np.sort(rng.integers(0, bound, n))[::-1].copy()
+    if kind == "constant":
+        return np.full(n, bound - 1)
+    if kind == "few-distinct":
+        return rng.choice(rng.integers(0, bound, 3), n)
+    raise ValueError(kind)
+
+
+KINDS = ["random", "sorted", "reversed", "constant", "few-distinct"]
+# Bounds on both sides of the one-pass (8-bit), radix (24-bit) and comparison-sort (wider) cases.
+BOUNDS = [1, 2, 255, 256, 257, 13682, 65536, 65537, 4460000, 1 << 24, (1 << 24) + 1, 1 << 30]
+
+
+@pytest.mark.parametrize("bound", BOUNDS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+def test_stable_order_is_numpys_stable_argsort(bound, kind, dtype):
+    rng = np.random.default_rng(bound % 1000 + 7 * KINDS.index(kind))
+    for n in (0, 1, 2, 1000, 70000):
+        keys = _keys(rng, kind, n, bound).astype(dtype)
+        got = ordering.stable_order(keys, bound)
+        assert got.dtype == np.int32
+        assert np.array_equal(got, np.argsort(keys, kind="stable")), (bound, kind, n)
+
+
+def test_stable_order_over_many_chunks_and_threads(monkeypatch):
+    rng = np.random.default_rng(3)
+    keys = rng.integers(0, 4460000, 300000)
+    want = np.argsort(keys, kind="stable")
+    monkeypatch.setattr(ordering, "CHUNK", 4096)
+    for t in (1, 3):
+        monkeypatch.setattr(ordering, "threads", lambda: t)
+        assert np.array_equal(ordering.stable_order(keys, 4460000), want)
+        assert np.array_equal(ordering.stable_order(np.sort(keys), 4460000), np.arange(keys.size))
+    assert np.array_equal(ordering.stable_order(keys, 4460000, dtype=np.int64), want)
+
+
+def test_sortedness_checks(monkeypatch):
+    monkeypatch.setattr(ordering, "CHUNK", 5)
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 2, 5, 6, 11, 50):
+        for _ in range(20):
+            a = np.sort(rng.integers(0, 4, n))
+            b = rng.integers(0, 4, n)
+            if n > 1 and rng.random() < 0.5:
+                i = rng.integers(1, n)
+                a[i] = a[i - 1] - 1
+            assert ordering.is_sorted(a) == bool(np.all(a[1:] >= a[:-1]))
+            lex = np.lexsort((b, a))
+            assert ordering.is_sorted_by(a, b) == np.array_equal(lex, np.arange(n))
+            order = np.lexsort((b, a))
+            assert ordering.is_sorted_by(a[order], b[order])
+
+
+def test_counts_and_starts(monkeypatch):
+    monkeypatch.setattr(ordering, "CHUNK", 7)
+    rng = np.random.default_rng(1)
+    for n, bound in ((0, 0), (0, 5), (1, 1), (100, 3), (1000, 5000), (5000, 40)):
+        keys = rng.integers(0, max(bound, 1), n) if bound else np.zeros(0, np.int64)
+        assert np.array_equal(ordering.counts(keys, bound), np.bincount(keys, minlength=bound))
+        s = np.sort(keys).astype(np.int32)
+        want = np.concatenate((np.searchsorted(s, np.arange(bound)), [n]))
+        assert np.array_equal(ordering.starts(s, bound), want)
+
+
+def test_inverse_permutation_take_and_changes(monkeypatch):
+    monkeypatch.setattr(ordering, "CHUNK", 64)
+    rng = np.random.default_rng(2)
+    for n in (0, 1, 63, 64, 65, 1000):
+        p = rng.permutation(n)
+        assert np.array_equal(ordering.inverse_permutation(p), np.argsort(p))
+        rows = rng.standard_normal((n, 2))
+        assert np.array_equal(ordering.take(rows, p), rows[p])
+        ints = rng.integers(0, 5, n)
+        got = ordering.take(ints, p.astype(np.int32), dtype=np.int32)
+        assert got.dtype == np.int32 and np.array_equal(got, ints[p])
+        v = ints[p]
+        assert np.array_equal(ordering.changes(ints, p), np.concatenate(([True], v[1:] != v[:-1]))[:n])
+
+
+def test_next_true():
+    rng = np.random.default_rng(4)
+    for n in (0, 1, 2, 10, 500):
+        for density in (0.0, 0.05, 0.5, 0.95, 1.0):
+            mask = rng.random(n) < density
+            pos = rng.integers(0, n + 1, 50) if n else np.zeros(3, np.int64)
+            t = np.concatenate((np.flatnonzero(mask), [n]))
+            assert np.array_equal(ordering.next_true(mask, pos), t[np.searchsorted(t, pos)])
+
+
+def _observations(rng, nc, npt, n, twice=0, shuffle=True):
+    """``n`` observations of ``npt`` points by ``nc`` cameras, ``twice`` of them repeating a
+    (camera, point) pair; in camera-then-point order unless ``shuffle``."""
+    cam, pt = rng.integers(0, nc, n), rng.integers(0, npt, n)
+    if twice and n:
+        i = rng.integers(0, n, twice)
+        cam, pt = np.concatenate((cam, cam[i])), np.concatenate((pt, pt[i]))
+    if shuffle:
+        p = rng.permutation(cam.size)
+    else:
+        p = np.lexsort((pt, cam))
+    return cam[p], pt[p]
+
+
+SEGMENT_CASES = {
+    # name: (cameras, points, observations, repeated pairs)
+    "empty": (3, 4, 0, 0),
+    "one-camera": (1, 50, 400, 0),
+    "one-observation": (5, 1, 1, 0),
+    "unobserved-cameras": (40, 30, 60, 0),
+    "seen-twice": (6, 20, 300, 80),
+    "long-runs-of-one-point": (2, 2, 700, 400),
+    "random": (30, 500, 4000, 30),
+}
+
+
+@pytest.mark.parametrize("case", list(SEGMENT_CASES))
+@pytest.mark.parametrize("max_len", [1, 2, 3, 16, 256])
+def test_camera_segments_match_the_first_definition(case, max_len):
+    nc, npt, n, twice = SEGMENT_CASES[case]
+    rng = np.random.default_rng(len(case) * 31 + max_len)
+    cam, pt = _observations(rng, nc, npt, n, twice)
+    order = np.argsort(pt, kind="stable")
+    cam, pt = cam[order], pt[order]                 # point order, as DevicePCG gets them
+    want = _reference_segments(cam, pt, nc, max_len)
+    for given in (None, np.argsort(cam, kind="stable").astype(np.int32)):
+        got = schur_pcg._camera_segments(cam.astype(np.int32), pt.astype(np.int32), nc, max_len, given)
+        for g, w in zip(got, want):
+            assert np.array_equal(g, w), case
+
+
+class _NoModel:
+    """A model class that only records what the Evaluator hands it."""
+
+    def __init__(self, cam, pt, observations, dtype=None, device=None):
+        self.cam, self.pt, self.observations = cam, pt, observations
+
+
+@pytest.mark.parametrize("layout", ["camera-then-point", "point", "shuffled"])
+@pytest.mark.parametrize("case", list(SEGMENT_CASES))
+def test_evaluator_orders(case, layout):
+    nc, npt, n, twice = SEGMENT_CASES[case]
+    rng = np.random.default_rng(len(case) + len(layout))
+    cam, pt = _observations(rng, nc, npt, n, twice, shuffle=layout == "shuffled")
+    if layout == "point":
+        p = np.argsort(pt, kind="stable")
+        cam, pt = cam[p], pt[p]
+    obs = rng.standard_normal((cam.size, 2))
+    problem = solvers.BALProblem(np.zeros((nc, 9)), np.zeros((npt, 3)), cam, pt, obs)
+    ev = Evaluator(problem, solvers.Loss(), model=_NoModel)
+    order = np.argsort(pt, kind="stable")
+    assert np.array_equal(ev.order, order)
+    assert np.array_equal(ev.cam, cam[order]) and np.array_equal(ev.pt, pt[order])
+    assert np.array_equal(ev.model.cam, cam[order]) and np.array_equal(ev.model.pt, pt[order])
+    assert np.array_equal(ev.model.observations, obs[order])
+    assert np.array_equal(ev.camera_order(), np.argsort(cam[order], kind="stable"))
+    assert ev.camera_order() is ev.camera_order()
+
+
+def test_snavely_model_index_is_the_stacked_int32_index():
+    rng = np.random.default_rng(5)
+    cam, pt = rng.integers(0, 7, 100), rng.integers(0, 1000, 100)
+    model = SnavelyModel(cam, pt, rng.standard_normal((100, 2)), backend="numpy")
+    want = np.stack([cam, pt], axis=1).astype(np.int32)
+    assert model._host[0].dtype == np.int32 and np.array_equal(model._host[0], want)
+
+
+def test_device_pcg_index_arrays(device):
+    """DevicePCG's index arrays, with and without the Evaluator's camera order, against the
+    first definition's (argsort, searchsorted)."""
+    if not device.info.fp64:
+        pytest.skip("the device CG needs fp64")
+    rng = np.random.default_rng(6)
+    nc, npt = 9, 300
+    cam, pt = _observations(rng, nc, npt, 2000, twice=40, shuffle=False)
+    problem = solvers.BALProblem(np.zeros((nc, 9)), np.zeros((npt, 3)), cam, pt, np.zeros((cam.size, 2)))
+    ev = Evaluator(problem, solvers.Loss(), model=_NoModel)
+    max_len = schur_pcg.MAX_SEGMENT_CPU if device.info.is_cpu else schur_pcg.MAX_SEGMENT_GPU
+    order, seg_start, cam_seg = _reference_segments(ev.cam.astype(np.int64), ev.pt.astype(np.int64), nc, max_len)
+    pt_start = np.concatenate((np.searchsorted(ev.pt, np.arange(npt)), [ev.pt.size]))
+    for given in (None, ev.camera_order()):
+        pcg = schur_pcg.DevicePCG(device, ev.cam, ev.pt, nc, npt, camera_order=given)
+        for dev, want in ((pcg.obs, order), (pcg.seg_start, seg_start), (pcg.cam_seg, cam_seg),
+                          (pcg.pt_start, pt_start), (pcg.cam, ev.cam), (pcg.pt, ev.pt)):
+            assert np.array_equal(dev.get(), want)
