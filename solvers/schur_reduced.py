@@ -17,6 +17,8 @@ import pyopencl as cl
 from clkernels import arrays
 from clkernels.templates import get_program
 
+from . import ordering
+
 TEMPLATE = "solvers/schur_reduced.cl.mako"
 # Pairs one work-item of pair_partials sums: a camera's diagonal block has a pair per point it
 # sees (thousands), an off-diagonal block a pair per shared point. Short on GPUs, which need many
@@ -35,39 +37,55 @@ class ReducedPattern:
     point twice); groups are numbered in camera order, points in order within a camera.
     Observations must be sorted by point (solvers.schur.Structure's order)."""
 
-    def __init__(self, cam, pt, num_cameras, num_points, max_run=MAX_RUN_CPU):
-        cam = np.asarray(cam, dtype=np.int64)
-        pt = np.asarray(pt, dtype=np.int64)
-        n, nc = cam.size, int(num_cameras)
-        if n and (cam.min() < 0 or cam.max() >= nc or pt.min() < 0 or pt.max() >= num_points):
+    def __init__(self, cam, pt, num_cameras, num_points, max_run=MAX_RUN_CPU, camera_order=None):
+        cam, pt = np.asarray(cam), np.asarray(pt)
+        n, nc, npt = cam.size, int(num_cameras), int(num_points)
+        if n and (cam.min() < 0 or cam.max() >= nc or pt.min() < 0 or pt.max() >= npt):
             raise ValueError("an observation's camera or point index is out of range")
-        if n and np.any(pt[1:] < pt[:-1]):
+        if n and not ordering.is_sorted(pt):
             raise ValueError("observations must be sorted by point index")
-        self.n, self.nc, self.npt = n, nc, int(num_points)
-        # Observations in camera order, points in order within a camera, cut into groups.
-        self.obs = np.argsort(cam, kind="stable")
-        c, p = cam[self.obs], pt[self.obs]
-        first = np.flatnonzero(np.concatenate(([True], (c[1:] != c[:-1]) | (p[1:] != p[:-1])))) \
-            if n else np.zeros(0, np.int64)
+        self.n, self.nc, self.npt = n, nc, npt
+        # Observations in camera order, points in order within a camera (the Evaluator's
+        # camera_order when given: the same order, already made), cut into groups.
+        self.obs = camera_order if camera_order is not None else ordering.stable_order(cam, nc)
+        c, p = ordering.take(cam, self.obs), ordering.take(pt, self.obs)
+        new_group = ordering.changes(c, np.arange(n)) | ordering.changes(p, np.arange(n)) if n \
+            else np.zeros(0, bool)
+        first = np.flatnonzero(new_group)
         self.group_start = np.concatenate((first, [n]))
         self.group_cam, self.group_pt = c[first], p[first]
+        del c, p, new_group
         ng = first.size
-        self.cam_group = np.searchsorted(self.group_cam, np.arange(nc + 1))
+        self.cam_group = ordering.starts(self.group_cam, nc)
         # Pairs of groups of one point, cameras in order (a <= b): the groups in point order
         # (stable, so cameras ascend within a point), each with itself and the ones after it.
-        by_pt = np.argsort(self.group_pt, kind="stable")
+        by_pt = ordering.stable_order(self.group_pt, npt)
         gp = self.group_pt[by_pt]
-        run_end = np.searchsorted(gp, gp, side="right")
-        pos = np.arange(ng)
-        partners = run_end - pos
+        run_end = ordering.starts(gp, npt)[gp + 1]
+        # Every gather below is over the pairs (~3x the observations): threaded (ordering.take),
+        # in 32-bit indices where they fit.
+        pos = np.arange(ng, dtype=ordering.index_dtype(ng))
+        partners = (run_end - pos).astype(pos.dtype)
+        npairs = int(partners.sum(dtype=np.int64))
+        it = ordering.index_dtype(npairs)
         rep_pos = np.repeat(pos, partners)
-        offset = np.arange(rep_pos.size) - np.repeat(np.cumsum(partners) - partners, partners)
-        a, b = by_pt[rep_pos], by_pt[rep_pos + offset]
-        block = self.group_cam[a] * nc + self.group_cam[b]
-        order = np.argsort(block, kind="stable")
-        self.pair_a, self.pair_b, block = a[order], b[order], block[order]
-        # Blocks: every diagonal one (an unobserved camera's holds Dc^2 only) and the shared ones.
-        blocks = np.union1d(block, np.arange(nc, dtype=np.int64) * (nc + 1))
+        offset = np.arange(npairs, dtype=it)
+        offset -= np.repeat((np.cumsum(partners, dtype=it) - partners).astype(it), partners)
+        offset += rep_pos
+        a, b = ordering.take(by_pt, rep_pos, pos.dtype), ordering.take(by_pt, offset, pos.dtype)
+        del rep_pos, offset
+        block = ordering.take(self.group_cam, a, np.int64)
+        block *= nc
+        block += ordering.take(self.group_cam, b)
+        order = ordering.stable_order(block, nc * nc)
+        self.pair_a, self.pair_b = ordering.take(a, order), ordering.take(b, order)
+        block = ordering.take(block, order)
+        del a, b, order
+        # Blocks: every diagonal one (an unobserved camera's holds Dc^2 only) and the shared ones
+        # (block is sorted: its distinct values are where it changes).
+        present = block[np.flatnonzero(ordering.changes(block, np.arange(block.size)))] if block.size \
+            else np.zeros(0, np.int64)
+        blocks = np.union1d(present, np.arange(nc, dtype=np.int64) * (nc + 1))
         self.block_row, self.block_col = blocks // nc, blocks % nc
         self.nblocks = blocks.size
         pair_start = np.searchsorted(block, blocks, side="left")

@@ -58,11 +58,13 @@ class DeviceSparseSchur:
     """One solve's sparse_schur linear systems on the device (built once per solve: the block
     structure does not change). :meth:`solve` per linear system."""
 
-    def __init__(self, runtime, cam, pt, num_cameras, num_points, C=9, P=3, R=2, other_bytes=0, events=None):
+    def __init__(self, runtime, cam, pt, num_cameras, num_points, C=9, P=3, R=2, other_bytes=0, events=None,
+                 camera_order=None):
         self.rt, self.C = runtime, C
         info = runtime.info
         self.pattern = pat = ReducedPattern(cam, pt, num_cameras, num_points,
-                                            max_run=MAX_RUN_CPU if info.is_cpu else MAX_RUN_GPU)
+                                            max_run=MAX_RUN_CPU if info.is_cpu else MAX_RUN_GPU,
+                                            camera_order=camera_order)
         self.system = ReducedCameraSystem(runtime, pat, C, P, R)
         self.system.events = events
         self.n = n = C * pat.nc
