@@ -28,6 +28,10 @@ CHUNK = 1 << 20
 BUCKET_BITS, RADIX_BITS = 8, 16
 
 
+# Inputs up to this length are sorted by numpy alone.
+SMALL = 1 << 18
+
+
 def threads() -> int:
     """Threads for the parallel passes: the cores this process may run on."""
     try:
@@ -113,6 +117,9 @@ def stable_order(keys, bound: int, dtype=None) -> np.ndarray:
     dtype = np.dtype(dtype) if dtype is not None else index_dtype(n)
     if is_sorted(keys):
         return np.arange(n, dtype=dtype)
+    if n <= SMALL:
+        # Below this the buckets' threads cost more than numpy's own sort (256 tasks of nothing).
+        return np.argsort(keys, kind="stable").astype(dtype, copy=False)
     shift = max(0, int(bound - 1).bit_length() - BUCKET_BITS)
     nb = 1 << BUCKET_BITS
     chunks = _chunks(n)

@@ -12,6 +12,20 @@ from solvers.evaluator import Evaluator
 from solvers.snavely import SnavelyModel
 
 
+@pytest.fixture(autouse=True)
+def bucketed_sorts(monkeypatch):
+    """The bucketed sorts even for these small inputs (numpy's sort takes over below SMALL)."""
+    monkeypatch.setattr(ordering, "SMALL", 0)
+
+
+def test_small_inputs_sort_as_numpy_does(monkeypatch):
+    monkeypatch.setattr(ordering, "SMALL", 1 << 18)
+    keys = np.random.default_rng(0).integers(0, 50, 1000)
+    got = ordering.stable_order(keys, 50)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, np.argsort(keys, kind="stable"))
+
+
 def _reference_segments(cam, pt, nc, max_len):
     """schur_pcg._camera_segments as it was first written: argsort, gathers, searchsorted."""
     n = cam.size
