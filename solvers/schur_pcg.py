@@ -29,8 +29,11 @@ TEMPLATE = "solvers/schur_pcg.cl.mako"
 MAX_SEGMENT_CPU = 256
 MAX_SEGMENT_GPU = 16
 # The GPU layout of the products (camera_rows, camera_partials per run and parameter): None uses
-# it on GPUs only; True or False forces it (the tests run both layouts on every device).
+# it on GPUs for problems of at least SPLIT_MIN_OBSERVATIONS (below, the kernels take a few
+# microseconds either way and the host's launches set the pace: the fused layout has one fewer);
+# True or False forces it (the tests run both layouts on every device).
 SPLIT_LAYOUT = None
+SPLIT_MIN_OBSERVATIONS = 200_000
 # Iterations enqueued between two reads of the state (the reads overlap the next batch).
 CHECK_EVERY = 4
 RESIDUAL_RESET_PERIOD = 10
@@ -118,7 +121,8 @@ class DevicePCG:
         # scratch: written by kernels and read by later ones (see arrays.scratch on the simulator)
         real = lambda size: arrays.scratch(rt, max(1, int(size)), dtype)  # noqa: E731
         sums = lambda size: arrays.scratch(rt, max(1, int(size)), self.acc)  # noqa: E731
-        self.split = split = (not rt.info.is_cpu) if SPLIT_LAYOUT is None else bool(SPLIT_LAYOUT)
+        self.split = split = (not rt.info.is_cpu and n >= SPLIT_MIN_OBSERVATIONS) if SPLIT_LAYOUT is None \
+            else bool(SPLIT_LAYOUT)
         self.w = real(R * n)
         self.t = real(R * n) if split else None     # camera_rows' F v (GPUs)
         self.partial = sums(C * self.nseg)
