@@ -11,8 +11,10 @@ Each function equals a plain numpy definition, given in its docstring and checke
 - the per-bucket and per-chunk work runs on threads (numpy releases the GIL in its sorts and in
   ``take``, not in fancy indexing); every thread writes its own slice of the output, so the
   result does not depend on the thread count;
-- outputs are int32 where the values fit, and large temporaries are made chunk by chunk: on a
-  machine where fresh memory is slow to fault in, the bytes touched cost more than the arithmetic.
+- outputs are int32 where the values fit, large temporaries are made chunk by chunk, and fresh
+  output memory is first written on threads: on a machine where new memory is slow to fault in
+  (a virtual machine whose host takes freed memory back), the bytes touched cost more than the
+  arithmetic, and faulting them in on several cores is faster than on one.
 """
 from __future__ import annotations
 
@@ -55,6 +57,33 @@ def _map(fn, items):
 
 def _chunks(n, size=CHUNK):
     return [(a, min(n, a + size)) for a in range(0, n, size)]
+
+
+def empty(shape, dtype) -> np.ndarray:
+    """``np.empty(shape, dtype)`` with its memory touched on threads (zeros), for an output that
+    is then written in an order that one thread would fault in page by page (a scatter)."""
+    out = np.empty(shape, dtype)
+    flat = out.reshape(-1)
+    _map(lambda c: flat[c[0]:c[1]].fill(0), _chunks(flat.size, 4 * CHUNK))
+    return out
+
+
+def columns(cols, dtype) -> np.ndarray:
+    """``np.stack(cols, axis=1).astype(dtype)``, written a chunk at a time on threads, without the
+    stacked copy in the columns' own dtype."""
+    cols = [np.asarray(c) for c in cols]
+    n = cols[0].size if cols else 0
+    if any(c.shape != (n,) for c in cols):
+        raise ValueError(f"columns of different lengths: {[c.shape for c in cols]}")
+    out = np.empty((n, len(cols)), dtype)
+
+    def write(chunk):
+        lo, hi = chunk
+        for j, c in enumerate(cols):
+            out[lo:hi, j] = c[lo:hi]
+
+    _map(write, _chunks(n))
+    return out
 
 
 def index_dtype(n: int):
@@ -180,10 +209,9 @@ def inverse_permutation(p, dtype=None) -> np.ndarray:
     p = np.asarray(p)
     n = p.size
     dtype = np.dtype(dtype) if dtype is not None else index_dtype(n)
-    out = np.empty(n, dtype)
-
-    # One thread: numpy holds the GIL in a fancy-index assignment, which is still faster than
-    # np.put.
+    # The scatter runs on one thread (numpy holds the GIL in a fancy-index assignment, which is
+    # still faster than np.put); the output's fresh memory is faulted in on threads first.
+    out = empty(n, dtype)
     for lo, hi in _chunks(n):
         out[p[lo:hi]] = np.arange(lo, hi, dtype=dtype)
     return out

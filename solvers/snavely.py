@@ -13,7 +13,7 @@ import pyopencl.array as cla
 import pyclad as pc
 from clkernels import get_runtime
 
-from . import host_memory
+from . import host_memory, ordering
 
 
 def snavely_residual(camera, point, observed):
@@ -52,9 +52,8 @@ class SnavelyModel:
         self.dtype = np.dtype(dtype)
         self.function = snavely_function(self.dtype, backend, device)
         self.n_obs = len(observations)
-        # Written column by column: stacking first would make an int64 copy twice this size.
-        index = np.empty((self.n_obs, 2), np.int32)
-        index[:, 0], index[:, 1] = cam_idx, pt_idx
+        # Written a chunk at a time: stacking first would make an int64 copy twice this size.
+        index = ordering.columns([cam_idx, pt_idx], np.int32)
         observed = np.ascontiguousarray(observations, dtype=self.dtype)
         self._host = (index, observed)
         self._device = None

@@ -131,6 +131,19 @@ def test_inverse_permutation_take_and_changes(monkeypatch):
         assert np.array_equal(ordering.changes(ints, p), np.concatenate(([True], v[1:] != v[:-1]))[:n])
 
 
+def test_empty_and_columns(monkeypatch):
+    monkeypatch.setattr(ordering, "CHUNK", 3)
+    rng = np.random.default_rng(7)
+    for n in (0, 1, 5, 40):
+        e = ordering.empty((n, 3), np.int32)
+        assert e.shape == (n, 3) and e.dtype == np.int32
+        a, b = rng.integers(0, 1000, n), rng.integers(0, 1000, n).astype(np.int32)
+        got = ordering.columns([a, b], np.int32)
+        assert got.dtype == np.int32 and np.array_equal(got, np.stack([a, b], axis=1).astype(np.int32))
+    with pytest.raises(ValueError, match="different lengths"):
+        ordering.columns([np.zeros(3), np.zeros(4)], np.int32)
+
+
 def test_next_true():
     rng = np.random.default_rng(4)
     for n in (0, 1, 2, 10, 500):
