@@ -88,7 +88,7 @@ class DeviceSparseSchurSolver:
         from .sparse_schur_device import DeviceSparseSchur
         self.st = st = state
         self.system = DeviceSparseSchur(st.rt, st.ev.cam, st.ev.pt, st.nc, st.npt, st.C, st.P, st.R,
-                                        other_bytes=st.device_bytes, events=st.events,
+                                        other_bytes=st.bytes_needed, events=st.events,
                                         camera_order=st.ev.camera_order())
         self.description = self.system.description
 

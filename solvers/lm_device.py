@@ -113,7 +113,7 @@ class DeviceState:
         self.pcg.events = self.events
         # The linear solver of the step (solvers.linear_solver), after the CG's buffers, which
         # every method shares (the back-substitution, V^-1, Dc^2).
-        self.device_bytes = need
+        self.bytes_needed = need
         self.linear = linear_solver(options.linear_solver).device(self)
         # The reductions' work-group size, and their number of groups (fixed per device, so the
         # sums run in the same order every time).
@@ -125,20 +125,20 @@ class DeviceState:
         self.k = {k.function_name: k for k in prg.all_kernels()}
         # Small groups on CPUs, as DevicePCG's (schur_jacobi has the most live values).
         self.ls = arrays.work_group_size(rt, self.k["schur_jacobi"], 8 if rt.info.is_cpu else 64)
-        f64 = lambda size: arrays.scratch(rt, max(1, int(size)), self.dtype)  # noqa: E731 (storage)
+        real = lambda size: arrays.scratch(rt, max(1, int(size)), self.dtype)  # noqa: E731 (storage)
         sums = lambda size: arrays.scratch(rt, max(1, int(size)), self.acc)  # noqa: E731
         self.ncC, self.total = nc * C, nc * C + npt * P
         self._ncC, self._total = np.int32(self.ncC), np.int32(self.total)     # as kernel arguments
         x0 = np.asarray(x0, dtype=self.dtype)
         self.x = self._upload_pair(x0)
-        self.cand = (f64(self.ncC), f64(npt * P))
-        self.best_x = (f64(self.ncC), f64(npt * P))
-        self.delta = (f64(self.ncC), f64(npt * P))
-        self.s = (f64(self.ncC), f64(npt * P))
-        self.diag = (f64(self.ncC), f64(npt * P))
+        self.cand = (real(self.ncC), real(npt * P))
+        self.best_x = (real(self.ncC), real(npt * P))
+        self.delta = (real(self.ncC), real(npt * P))
+        self.s = (real(self.ncC), real(npt * P))
+        self.diag = (real(self.ncC), real(npt * P))
         # The gradient; its point part is DevicePCG's gp, which its back-substitution reads.
-        self.g = (f64(self.ncC), self.pcg.gp)
-        self.B, self.V = f64(nc * self.T), f64(npt * P * P)
+        self.g = (real(self.ncC), self.pcg.gp)
+        self.B, self.V = real(nc * self.T), real(npt * P * P)
         self.partial = sums(self.pcg.nseg * (self.T + C))
         self.value = sums(n)
         self.reduce_partial = sums(2 * self.groups)

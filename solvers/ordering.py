@@ -18,6 +18,7 @@ Each function equals a plain numpy definition, given in its docstring and checke
 """
 from __future__ import annotations
 
+import collections
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -188,7 +189,7 @@ def stable_order(keys, bound: int, dtype=None) -> np.ndarray:
             at += m
 
     _map(place, range(len(chunks)))
-    del bucket
+    bucket = None      # free it (the closures above are done with it)
     if shift == 0:
         return by_bucket
     out = np.empty(n, dtype)
@@ -201,6 +202,24 @@ def stable_order(keys, bound: int, dtype=None) -> np.ndarray:
 
     _map(sort_bucket, range(nb))
     return out
+
+
+Runs = collections.namedtuple("Runs", "start item_run owner k")
+
+
+def cut_runs(starts, max_len: int, min_runs: int = 0) -> Runs:
+    """The ranges ``[starts[i], starts[i + 1])`` cut into runs of at most ``max_len``, an empty
+    range into ``min_runs`` (0 or 1) runs of nothing. ``start``: the runs' starts, then the end
+    (nruns + 1); ``item_run``: each range's first run, then nruns (n + 1, for reduceat or a
+    gather of its runs' sums); ``owner`` and ``k``: each run's range and its place in it."""
+    starts = np.asarray(starts, dtype=np.int64)
+    lengths = np.diff(starts)
+    pieces = np.maximum(min_runs, -(-lengths // max_len))
+    item_run = np.concatenate(([0], np.cumsum(pieces)))
+    owner = np.repeat(np.arange(lengths.size), pieces)
+    k = np.arange(owner.size) - item_run[owner]
+    start = np.minimum(starts[owner] + k * max_len, starts[owner + 1])
+    return Runs(np.concatenate((start, starts[-1:])), item_run, owner, k)
 
 
 def inverse_permutation(p, dtype=None) -> np.ndarray:

@@ -20,23 +20,11 @@ import pyopencl as cl
 
 from clkernels import arrays
 
+from . import ordering
 from .schur import NormalEquations, Structure
 from .segment_products import Segments, segment_products
 
 MAX_SEGMENT = 256
-
-
-def _split(starts, max_len):
-    """Cut segments [starts[i], starts[i+1]) into pieces of at most ``max_len``; returns the new
-    starts and, per owner segment, the index of its first piece (for ``numpy.add.reduceat``)."""
-    starts = np.asarray(starts, dtype=np.int64)
-    lengths = np.diff(starts)
-    pieces = np.maximum(1, -(-lengths // max_len))
-    first = np.concatenate(([0], np.cumsum(pieces)[:-1]))
-    owner = np.repeat(np.arange(lengths.size), pieces)
-    k = np.arange(owner.size) - first[owner]
-    new = np.minimum(starts[owner] + k * max_len, starts[owner + 1])
-    return np.concatenate((new, starts[-1:])), first
 
 
 class _Reducer:
@@ -44,7 +32,8 @@ class _Reducer:
     blocks); owners without any product get zeros."""
 
     def __init__(self, runtime, owner_starts, owners, n_owners, i1, i2, n1, n2):
-        new_starts, first = _split(owner_starts, MAX_SEGMENT)
+        runs = ordering.cut_runs(owner_starts, MAX_SEGMENT, min_runs=1)
+        new_starts, first = runs.start, runs.item_run[:-1]
         self.first, self.owners, self.n_owners = first, owners, n_owners
         self.seg = Segments(runtime, new_starts, i1, i2, n1, n2)
         self.trivial = new_starts.size - 1 == n_owners and np.array_equal(owners, np.arange(n_owners))

@@ -42,6 +42,26 @@ typedef ${REAL} real;
 typedef ${ACC} acc;
 ## camera_row(j): row j of the observation's camera block F_o (at f) times the camera vector at x
 <%def name="camera_row(row)">${' + '.join(f'(acc)f[{C * row + k}] * x[{k}]' for k in range(C))}</%def>
+## project_points' two halves, the same in both layouts: u += E_o^T t_o (t_at(j): row j of
+## observation o's t), and after the loop v = V_p^-1 u with w_o = t_o - E_o v (t_buf: where t is).
+<%def name="accumulate_u(t_at)">
+        __global const real *E = Jp + (size_t)o * ${R * P};
+%for k in range(P):
+        u${k} += ${' + '.join(f'(acc)E[{P * j + k}] * {t_at(j)}' for j in range(R))};
+%endfor
+</%def>
+<%def name="subtract_projection(t_buf)">
+    __global const real *M = Vinv + (size_t)p * ${P * P};
+%for k in range(P):
+    const acc v${k} = ${' + '.join(f'M[{P * k + i}] * u{i}' for i in range(P))};
+%endfor
+    for (int o = s; o < e; ++o) {
+        __global const real *E = Jp + (size_t)o * ${R * P};
+%for j in range(R):
+        w[${R} * o + ${j}] = ${t_buf}[${R} * o + ${j}] - (${' + '.join(f'E[{P * j + k}] * v{k}' for k in range(P))});
+%endfor
+    }
+</%def>
 
 // state[]: what the host reads back (kept in step with schur_pcg.py)
 #define S_STATUS 0   // RUNNING or how the solve ended
@@ -99,21 +119,9 @@ __kernel void project_points(__global const real *restrict Jp,      // (n, R, P)
     acc u${k} = 0.0;
 %endfor
     for (int o = s; o < e; ++o) {
-        __global const real *E = Jp + (size_t)o * ${R * P};
-%for k in range(P):
-        u${k} += ${' + '.join(f'(acc)E[{P * j + k}] * t[{R} * o + {j}]' for j in range(R))};
-%endfor
+${accumulate_u(lambda j: f't[{R} * o + {j}]')}
     }
-    __global const real *M = Vinv + (size_t)p * ${P * P};
-%for k in range(P):
-    const acc v${k} = ${' + '.join(f'M[{P * k + i}] * u{i}' for i in range(P))};
-%endfor
-    for (int o = s; o < e; ++o) {
-        __global const real *E = Jp + (size_t)o * ${R * P};
-%for j in range(R):
-        w[${R} * o + ${j}] = t[${R} * o + ${j}] - (${' + '.join(f'E[{P * j + k}] * v{k}' for k in range(P))});
-%endfor
-    }
+${subtract_projection('t')}
 }
 %else:
 __kernel void project_points(__global const real *restrict Jc,      // (n, R, C)
@@ -150,21 +158,9 @@ __kernel void project_points(__global const real *restrict Jc,      // (n, R, C)
 %for j in range(R):
         w[${R} * o + ${j}] = t${j};
 %endfor
-        __global const real *E = Jp + (size_t)o * ${R * P};
-%for k in range(P):
-        u${k} += ${' + '.join(f'E[{P * j + k}] * t{j}' for j in range(R))};
-%endfor
+${accumulate_u(lambda j: f't{j}')}
     }
-    __global const real *M = Vinv + (size_t)p * ${P * P};
-%for k in range(P):
-    const acc v${k} = ${' + '.join(f'M[{P * k + i}] * u{i}' for i in range(P))};
-%endfor
-    for (int o = s; o < e; ++o) {
-        __global const real *E = Jp + (size_t)o * ${R * P};
-%for j in range(R):
-        w[${R} * o + ${j}] -= ${' + '.join(f'E[{P * j + k}] * v{k}' for k in range(P))};
-%endfor
-    }
+${subtract_projection('w')}
 }
 
 %endif

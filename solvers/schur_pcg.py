@@ -4,7 +4,8 @@ entirely on the OpenCL device, on the implicit Schur complement.
 The host version (:func:`solvers.cg.conjugate_gradients` with a matrix-free product) waits for
 the device once per CG iteration; at a few tens of thousands of observations that wait, not the
 arithmetic, is most of the time. Here one iteration is five kernel enqueues of preset kernels
-with nothing read back, the dot products summed in two stages over many work-groups: the host enqueues a few iterations ahead, reads the 8-number state every ``CHECK_EVERY``
+(six in the GPU layout) with nothing read back, the dot products summed in two stages over many
+work-groups: the host enqueues a few iterations ahead, reads the 8-number state every ``CHECK_EVERY``
 iterations, and the kernels do nothing once the state says the solve has ended. Same algorithm,
 termination tests, iteration counts and messages as ``conjugate_gradients`` (Ceres'
 ``ConjugateGradientsSolver``); only the order of the floating-point sums differs.
@@ -62,17 +63,14 @@ def _camera_segments(cam, pt, nc, max_len, order=None):
         order = ordering.stable_order(cam, nc)              # stable: point order within a camera
     counts = ordering.counts(cam, nc)
     first_obs = np.concatenate(([0], np.cumsum(counts)))
-    pieces = -(-counts // max_len)                       # a camera without observations: none
-    cam_seg = np.concatenate(([0], np.cumsum(pieces)))
-    owner = np.repeat(np.arange(nc), pieces)
-    k = np.arange(owner.size) - cam_seg[owner]
-    want = first_obs[owner] + k * max_len
+    runs = ordering.cut_runs(first_obs, max_len)         # a camera without observations: none
+    cam_seg, owner, k, want = runs.item_run, runs.owner, runs.k, runs.start[:-1]
     # A group starts where a camera starts or the point changes within one. Cuts almost always
     # fall on a group's start; only when one does not is every group start needed.
     inner = np.flatnonzero(k > 0)
     at = want[inner]
     if not np.any(np.take(pt, np.take(order, at)) == np.take(pt, np.take(order, at - 1))):
-        return order, np.concatenate((want, [cam.size])), cam_seg
+        return order, runs.start, cam_seg
     group_start = ordering.changes(pt, order)
     group_start[first_obs[:-1][counts > 0]] = True
     start = np.minimum(ordering.next_true(group_start, want), first_obs[owner + 1])

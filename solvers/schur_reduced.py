@@ -89,25 +89,15 @@ class ReducedPattern:
         self.block_row, self.block_col = blocks // nc, blocks % nc
         self.nblocks = blocks.size
         pair_start = np.searchsorted(block, blocks, side="left")
-        pair_end = np.searchsorted(block, blocks, side="right")
-        # Runs of at most max_run pairs of one block (a block without pairs has none).
-        count = pair_end - pair_start
-        runs = -(-count // max_run)
-        self.block_run = np.concatenate(([0], np.cumsum(runs)))
-        owner = np.repeat(np.arange(self.nblocks), runs)
-        k = np.arange(owner.size) - self.block_run[owner]
-        self.run_start = np.concatenate((pair_start[owner] + k * max_run, [block.size]))
-        self.nruns = owner.size
+        # Runs of at most max_run pairs of one block (a block without pairs has none); the
+        # blocks' pair ranges follow one another in the sorted pairs.
+        runs = ordering.cut_runs(np.concatenate((pair_start, [block.size])), max_run)
+        self.block_run, self.run_start, self.nruns = runs.item_run, runs.start, runs.owner.size
         self.npairs = block.size
         # rhs: each camera's groups in runs of at most MAX_RHS_RUN.
         self.ngroups = ng
-        count = np.diff(self.cam_group)
-        runs = -(-count // MAX_RHS_RUN)
-        self.cam_rhs_run = np.concatenate(([0], np.cumsum(runs)))
-        owner = np.repeat(np.arange(nc), runs)
-        k = np.arange(owner.size) - self.cam_rhs_run[owner]
-        self.rhs_run_start = np.concatenate((self.cam_group[owner] + k * MAX_RHS_RUN, [ng]))
-        self.nrhs_runs = owner.size
+        runs = ordering.cut_runs(self.cam_group, MAX_RHS_RUN)
+        self.cam_rhs_run, self.rhs_run_start, self.nrhs_runs = runs.item_run, runs.start, runs.owner.size
 
     @property
     def offdiagonal(self) -> np.ndarray:
