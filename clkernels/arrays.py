@@ -12,6 +12,7 @@ import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
 
+from . import simulator
 from .runtime import Runtime
 
 __all__ = ["is_device_array", "check_array", "to_device", "write_async", "to_host_like", "empty",
@@ -54,8 +55,10 @@ def to_device(runtime: Runtime, a, name: str = "array") -> cla.Array:
     the runtime's context), numpy arrays are copied over once."""
     if is_device_array(a):
         if a.context != runtime.context:
-            raise ValueError(f"{name} lives on another OpenCL context than the selected device "
-                             f"({runtime.info.name}); pass device=... to match, or copy it")
+            raise ValueError(
+                f"{name} lives on another OpenCL context than the one this call runs on "
+                f"({runtime.info.name}, chosen by device= or queue=): leave device= and queue= out "
+                f"to run where the arrays live, or copy {name} to that context")
         if not a.flags.c_contiguous:
             raise ValueError(f"{name} must be C-contiguous on the device")
         return a
@@ -85,38 +88,26 @@ def empty(runtime: Runtime, shape, dtype) -> cla.Array:
 
 def scratch(runtime: Runtime, shape, dtype) -> cla.Array:
     """A buffer that kernels write and later kernels read: ``empty``, except on the Oclgrind
-    simulator, where it is written from the host (zeros) for the reason :func:`zeros` gives."""
-    if runtime.info.is_simulator:
+    simulator, where it is written from the host (see :func:`simulator.zeros_from_host`)."""
+    if simulator.zeros_from_host(runtime):
         shape = (shape,) if np.isscalar(shape) else tuple(shape)
         return cla.to_device(runtime.queue, np.zeros(shape, dtype))
     return empty(runtime, shape, dtype)
 
 
-_KEPT_ON_SIMULATOR: list = []
-
-
 def keep_on_simulator(runtime: Runtime, *objects) -> None:
-    """Never release these device arrays on the Oclgrind simulator (a no-op elsewhere): its
-    uninitialised-memory checker reuses a released buffer's shadow, at the old size, for a later
-    buffer (see :func:`zeros`), so a launcher that makes fresh outputs per call would see them
-    reported as uninitialised. Only for the tiny shapes the simulator runs."""
-    if runtime.info.is_simulator:
-        _KEPT_ON_SIMULATOR.append(objects)
+    """Never release these device arrays on the simulator (see :func:`simulator.keep`)."""
+    simulator.keep(runtime, *objects)
 
 
 def zeros(runtime: Runtime, shape, dtype) -> cla.Array:
     """A zero-filled device array, filled by a kernel. (pyopencl's ``zeros`` may use
     clEnqueueFillBuffer, whose result Oclgrind's checks do not count as initialised.)
     The fill writes integers of the element's size: all-zero bits are 0 in every type, and
-    no device needs cl_khr_fp16 to zero a half buffer.
-
-    On the Oclgrind simulator the zeros are written from the host instead: its
-    uninitialised-memory checker keeps the shadow of a released buffer and reuses it, at the
-    old size, for the next buffer given the same index, so a fill kernel's stores past the
-    old size are lost and later reads are reported as uninitialised. A host write resizes
-    the shadow."""
+    no device needs cl_khr_fp16 to zero a half buffer. On the simulator the zeros are written
+    from the host (see :func:`simulator.zeros_from_host`)."""
     from .templates import build, kernel
-    if runtime.info.is_simulator:
+    if simulator.zeros_from_host(runtime):
         return scratch(runtime, shape, dtype)
     out = empty(runtime, shape, dtype)
     if out.size:

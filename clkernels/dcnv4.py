@@ -30,7 +30,6 @@ for CPU torch tensors (torch is imported only when it is used).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import warnings
 from typing import Optional
@@ -38,12 +37,12 @@ from typing import Optional
 import numpy as np
 import pyopencl as cl
 
-from . import arrays
-from .runtime import get_runtime
-from .templates import BuildError, Storage, get_program, kernel
+from . import arrays, launch, torch_autograd
+from .launch import INPUT, OUTPUT, TEMP
+from .templates import BuildError, Storage
 
 __all__ = ["dcnv4", "dcnv4_backward", "Options", "KernelConfig", "LADDER", "offset_mask_channels",
-           "forward_config", "backward_config", "launch_forward", "launch_backward", "used_ptx",
+           "forward_config", "backward_config", "enqueue_forward", "enqueue_backward", "used_ptx",
            "torch_dcnv4"]
 
 TEMPLATE = "clkernels/dcnv4.cl.mako"
@@ -162,7 +161,7 @@ def backward_config(info, group_channels: int, dtype, batch: int = 1, group: int
 _ptx_refused: dict = {}  # device -> the build log, when its compiler refused inline PTX
 
 
-def _program(runtime, info, direction, dtype, opts: Options, cfg: KernelConfig, slots_p2=1):
+def _program(rt, info, direction, dtype, opts: Options, cfg: KernelConfig, slots_p2=1):
     """Render + build; on NVIDIA try the inline-PTX variant first, and fall back to the
     portable one (remembered per device) if the driver refuses it."""
     params = dict(direction=direction, info=info, st=Storage(dtype),
@@ -170,22 +169,15 @@ def _program(runtime, info, direction, dtype, opts: Options, cfg: KernelConfig, 
                   kernel_w=opts.kernel_w, remove_center=bool(opts.remove_center),
                   cpw=cfg.channels_per_item, vw=cfg.vector_width, reuse=bool(cfg.reuse),
                   slots_p2=slots_p2)
-    # Oclgrind checks unoptimised code: its uninitialised-value checker cannot follow the
-    # `freeze` that LLVM's optimiser puts on paired / and % (and optimised code could hide
-    # what it is there to find).
-    options = ("-cl-opt-disable",) if runtime.info.is_simulator else ()
-    key = runtime.device.int_ptr
+    key = rt.device.int_ptr
     if info.vendor == "nvidia" and key not in _ptx_refused:
         try:
-            return get_program(TEMPLATE, runtime, options, ptx=True, **params)
+            return launch.program(rt, TEMPLATE, ptx=True, **params)
         except BuildError as exc:
             _ptx_refused[key] = exc.log
             warnings.warn(f"dcnv4: {info.name} refused inline PTX; using portable half "
                           f"conversions and CAS atomics. Build log:\n{exc.log[:2000]}")
-    return get_program(TEMPLATE, runtime, options, ptx=False, **params)
-
-
-_kernel = kernel  # one kernel object per (program, name), from clkernels.templates
+    return launch.program(rt, TEMPLATE, ptx=False, **params)
 
 
 def used_ptx(runtime) -> bool:
@@ -207,9 +199,8 @@ def _check_config(cfg: KernelConfig, opts: Options, dtype, runtime) -> KernelCon
 
 
 def _geometry(input, offset_mask, opts: Options, grad_out=None):
-    """Validate the arrays against the options; returns them (lists made arrays) and
-    (N, H, W, H_out, W_out, P)."""
-    input = arrays.check_array(input, "input", DTYPES, ndim=4)
+    """Check the arrays' shapes against the options (their dtypes are checked already);
+    returns (N, H, W, H_out, W_out, P)."""
     n, h, w, ch = (int(s) for s in input.shape)
     if h < 1 or w < 1:
         raise ValueError(f"input has shape {tuple(input.shape)}: height and width (axes 1, 2) "
@@ -219,29 +210,23 @@ def _geometry(input, offset_mask, opts: Options, grad_out=None):
                          f"{opts.group_channels} = {opts.group * opts.group_channels}; "
                          "set group/group_channels to match input.shape[3]")
     ho, wo = opts.out_size(h, w)
-    offset_mask = arrays.check_array(offset_mask, "offset_mask", [input.dtype], ndim=4,
-                                     shape=(n, ho, wo, None))
+    if tuple(offset_mask.shape[:3]) != (n, ho, wo):
+        raise ValueError(f"offset_mask has shape {tuple(offset_mask.shape)}, expected "
+                         f"({n}, {ho}, {wo}, *)")
     p = int(offset_mask.shape[3])
     need = opts.group * opts.taps * 3
     if p < need:
         raise ValueError(f"offset_mask has {p} channels, too few for group*K*3 = {opts.group}*"
                          f"{opts.taps}*3 = {need}; the official layout uses "
                          f"{offset_mask_channels(opts.group, opts.kernel_h, opts.kernel_w, opts.remove_center)}")
-    if grad_out is not None:
-        grad_out = arrays.check_array(grad_out, "grad_out", [input.dtype], ndim=4, shape=(n, ho, wo, ch))
+    if grad_out is not None and tuple(grad_out.shape) != (n, ho, wo, ch):
+        raise ValueError(f"grad_out has shape {tuple(grad_out.shape)}, expected {(n, ho, wo, ch)}")
     for name, size in (("input", n * h * w * ch), ("offset_mask", n * ho * wo * p),
                        ("output", n * ho * wo * ch)):
         if size > _INT_LIMIT // 2:  # index arithmetic stays in int with headroom
             raise ValueError(f"{name} has {size} elements, more than these kernels index "
                              f"(2^30); split the batch")
-    return input, offset_mask, grad_out, (n, h, w, ho, wo, p)
-
-
-def _device_array(runtime, a, name):
-    a = arrays.to_device(runtime, a, name)
-    if a.offset:
-        raise ValueError(f"{name} is a view with an offset into its buffer; pass {name}.copy()")
-    return a
+    return n, h, w, ho, wo, p
 
 
 def _geometry_args(opts: Options, h, w, ho, wo, p):
@@ -251,57 +236,68 @@ def _geometry_args(opts: Options, h, w, ho, wo, p):
             np.float32(opts.offset_scale))
 
 
-def _check_work_group(runtime, kernel, wg):
-    """An explicit work-group size must fit this kernel on this device (registers bound it
-    below the device's maximum); the default sizes always do."""
-    limit = kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, runtime.device)
+def _fixed(first: int, values):
+    """(argument index, value) pairs for consecutive fixed arguments from ``first``."""
+    return [(first + i, v) for i, v in enumerate(values)]
+
+
+def _work_group(rt, kernel, cfg: KernelConfig, wanted: int) -> int:
+    """The config's work-group size, checked against this kernel on this device (registers
+    bound it below the device's maximum), or one from the device."""
+    limit = kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, rt.device)
+    wg = cfg.work_group_size or arrays.work_group_size(rt, kernel, wanted)
     if wg > limit:
         raise ValueError(f"config.work_group_size={wg} exceeds this kernel's limit of {limit} "
-                         f"work-items on {runtime.info.name}; use a smaller size or leave it 0")
+                         f"work-items on {rt.info.name}; use a smaller size or leave it 0")
+    return wg
 
 
-def launch_forward(runtime, input, offset_mask, output, opts: Options,
-                   config: Optional[KernelConfig] = None, info=None) -> cl.Event:
-    """Enqueue the forward kernel on device arrays (already validated); returns its event."""
-    info = info or runtime.info
-    n, h, w, ho, wo, p = (int(s) for s in (*input.shape[:3], *offset_mask.shape[1:]))
+def _split_options(options):
+    """Plan options: the Options, or (Options, DeviceInfo) when a test pretends a vendor."""
+    return (options, None) if isinstance(options, Options) else options
+
+
+def _forward_plan(rt, args, options, config) -> launch.Plan:
+    opts, info = _split_options(options)
+    info = info or rt.info
+    input, offset_mask = args
+    n, h, w, ho, wo, p = _geometry(input, offset_mask, opts)
+    out = launch.Buffer("out", (n, ho, wo, input.shape[3]), input.dtype)
+    if out.size == 0:
+        return launch.Plan([out])
     cfg = _check_config(config or forward_config(info, opts.group_channels, input.dtype),
-                        opts, input.dtype, runtime)
-    program = _program(runtime, info, "forward", input.dtype, opts, cfg)
-    kernel = _kernel(program, "dcnv4_forward")
+                        opts, input.dtype, rt)
+    kernel = launch.kernel_for_plan(_program(rt, info, "forward", input.dtype, opts, cfg), "dcnv4_forward")
     items = n * ho * wo * opts.group * (opts.group_channels // cfg.channels_per_item)
-    wg = cfg.work_group_size or arrays.work_group_size(runtime, kernel, 256 if not info.is_cpu else 64)
-    _check_work_group(runtime, kernel, wg)
-    return kernel(runtime.queue, (arrays.round_up(items, wg),), (wg,), input.data, offset_mask.data,
-                  output.data, np.int32(items), *_geometry_args(opts, h, w, ho, wo, p),
-                  wait_for=input.events + offset_mask.events)
+    wg = _work_group(rt, kernel, cfg, 64 if info.is_cpu else 256)
+    step = launch.Step(kernel, (arrays.round_up(items, wg),), (wg,),
+                       [(0, INPUT, 0), (1, INPUT, 1), (2, OUTPUT, 0)],
+                       _fixed(3, (np.int32(items), *_geometry_args(opts, h, w, ho, wo, p))))
+    return launch.Plan([out], [step])
 
 
-def launch_backward(runtime, grad_out, input, offset_mask, opts: Options,
-                    config: Optional[KernelConfig] = None, info=None):
-    """Enqueue the backward pass on device arrays (already validated). Returns
-    ``(g_input, g_offset_mask, events)``; the events span all of its work (fills, kernels,
-    conversion to float16), as the official operator's time does."""
-    info = info or runtime.info
-    n, h, w, ho, wo, p = (int(s) for s in (*input.shape[:3], *offset_mask.shape[1:]))
+def _backward_plan(rt, args, options, config) -> launch.Plan:
+    opts, info = _split_options(options)
+    info = info or rt.info
+    grad_out, input, offset_mask = args
+    n, h, w, ho, wo, p = _geometry(input, offset_mask, opts, grad_out)
+    outputs = [launch.Buffer("g_input", input.shape, input.dtype),
+               launch.Buffer("g_offset_mask", offset_mask.shape, offset_mask.dtype)]
     cfg = _check_config(config or backward_config(info, opts.group_channels, input.dtype, n, opts.group),
-                        opts, input.dtype, runtime)
+                        opts, input.dtype, rt)
     if n == 0:
-        return (arrays.empty(runtime, input.shape, input.dtype),
-                arrays.empty(runtime, offset_mask.shape, offset_mask.dtype), [])
+        return launch.Plan(outputs)
     scatter = cfg.scatter or ("owner" if info.is_cpu else "atomic")
     if scatter == "owner":
-        return _backward_owner(runtime, info, grad_out, input, offset_mask, opts, cfg)
+        return _backward_owner_plan(rt, info, outputs, input, offset_mask, opts, cfg)
     if scatter != "atomic":
         raise ValueError(f"config.scatter must be 'atomic', 'owner' or '', not {cfg.scatter!r}")
     while True:
         slots_p2 = 1 << (opts.group_channels // cfg.channels_per_item - 1).bit_length()
-        program = _program(runtime, info, "backward", input.dtype, opts, cfg, slots_p2)
-        kernel = _kernel(program, "dcnv4_backward")
-        wg = cfg.work_group_size or arrays.work_group_size(
-            runtime, kernel, max(slots_p2, 64 if info.is_cpu else 256))
+        kernel = launch.kernel_for_plan(
+            _program(rt, info, "backward", input.dtype, opts, cfg, slots_p2), "dcnv4_backward")
+        wg = _work_group(rt, kernel, cfg, max(slots_p2, 64 if info.is_cpu else 256))
         if wg % slots_p2 == 0:
-            _check_work_group(runtime, kernel, wg)
             break
         if cfg.work_group_size:
             raise ValueError(f"config.work_group_size={wg} must be a multiple of {slots_p2}, "
@@ -311,123 +307,130 @@ def launch_backward(runtime, grad_out, input, offset_mask, opts: Options,
                    if opts.group_channels % d == 0)
         cfg = dataclasses.replace(cfg, channels_per_item=cpw,
                                   vector_width=math.gcd(cpw, cfg.vector_width))
-    g_in32 = arrays.zeros(runtime, input.shape, np.float32)
-    g_om = arrays.empty(runtime, offset_mask.shape, offset_mask.dtype)  # the kernel writes all
-    events = list(g_in32.events)
+    # The input gradient is accumulated by float atomics in float32: in the output itself for
+    # float32, else in a temporary converted to half at the end.
+    half = input.dtype == np.float16
+    temps = [launch.Buffer("g_input_float32", input.shape, np.float32)] if half else []
+    acc = (TEMP, 0) if half else (OUTPUT, 0)
     pix_groups = n * ho * wo * opts.group
     local = (cl.LocalMemory(2 * 3 * wg * 4),) if slots_p2 > 1 else ()
-    events.append(kernel(
-        runtime.queue, (arrays.round_up(pix_groups * slots_p2, wg),), (wg,),
-        input.data, offset_mask.data, grad_out.data, g_in32.data, g_om.data,
-        np.int32(pix_groups), *_geometry_args(opts, h, w, ho, wo, p), *local,
-        wait_for=input.events + offset_mask.events + grad_out.events + events))
-    g_om.add_event(events[-1])
-    if input.dtype == np.float32:
-        g_in32.add_event(events[-1])
-        return g_in32, g_om, events
-    g_in = arrays.convert(runtime, g_in32, input.dtype, wait_for=events[-1:])
-    events.extend(g_in.events)
-    return g_in, g_om, events
+    steps = [launch.ZeroStep(rt, *acc, temps[0] if half else outputs[0]),
+             launch.Step(kernel, (arrays.round_up(pix_groups * slots_p2, wg),), (wg,),
+                         [(0, INPUT, 1), (1, INPUT, 2), (2, INPUT, 0), (3, *acc), (4, OUTPUT, 1)],
+                         _fixed(5, (np.int32(pix_groups), *_geometry_args(opts, h, w, ho, wo, p), *local)))]
+    if half:
+        steps.append(launch.convert_step(rt, (TEMP, 0), (OUTPUT, 0), outputs[0]))
+    return launch.Plan(outputs, steps, temps)
 
 
-def _backward_owner(runtime, info, grad_out, input, offset_mask, opts: Options, cfg: KernelConfig):
+def _backward_owner_plan(rt, info, outputs, input, offset_mask, opts: Options, cfg: KernelConfig):
     n, h, w, ho, wo, p = (int(s) for s in (*input.shape[:3], *offset_mask.shape[1:]))
     slots = opts.group_channels // cfg.channels_per_item
-    program = _program(runtime, info, "backward_owner", input.dtype, opts, cfg)
+    program = _program(rt, info, "backward_owner", input.dtype, opts, cfg)
     half = input.dtype == np.float16
-    g_acc = arrays.empty(runtime, input.shape, np.float32)  # each work-item zeroes its slice
-    g_in = arrays.empty(runtime, input.shape, input.dtype) if half else g_acc
-    g_om = arrays.empty(runtime, offset_mask.shape, offset_mask.dtype)
-    partial = arrays.empty(runtime, (slots, n * ho * wo, opts.group * opts.taps * 3), np.float32) \
-        if slots > 1 else None
-    outputs = [g_acc] + ([g_in] if half else []) + [partial if slots > 1 else g_om]
-    events = [_kernel(program, "dcnv4_backward_owner")(
-        runtime.queue, (n * opts.group * slots,), None, input.data, offset_mask.data,
-        grad_out.data, *(a.data for a in outputs), np.int32(n * opts.group),
-        *_geometry_args(opts, h, w, ho, wo, p),
-        wait_for=input.events + offset_mask.events + grad_out.events)]
+    # Each work-item zeroes its own slice of the float32 accumulator; for half storage the
+    # kernel also writes the converted gradient.
+    temps = [launch.Buffer("g_input_float32", input.shape, np.float32)] if half else []
     if slots > 1:
-        reduce = _kernel(program, "reduce_offset_gradients")
-        wg = arrays.work_group_size(runtime, reduce, 64)
-        events.append(reduce(runtime.queue, (arrays.round_up(g_om.size, wg),), (wg,), partial.data,
-                             offset_mask.data, g_om.data, np.int32(n * ho * wo), np.int32(p),
-                             np.float32(opts.offset_scale), wait_for=events))
-    g_om.add_event(events[-1])
-    g_in.add_event(events[0])
-    return g_in, g_om, events
+        temps.append(launch.Buffer("partial", (slots, n * ho * wo, opts.group * opts.taps * 3), np.float32))
+    acc = (TEMP, 0) if half else (OUTPUT, 0)
+    slots_args = [(3, *acc)] + ([(4, OUTPUT, 0)] if half else [])
+    last = 4 + half
+    slots_args.append((last, TEMP, len(temps) - 1) if slots > 1 else (last, OUTPUT, 1))
+    owner = launch.kernel_for_plan(program, "dcnv4_backward_owner")
+    steps = [launch.Step(owner, (n * opts.group * slots,), None,
+                         [(0, INPUT, 1), (1, INPUT, 2), (2, INPUT, 0), *slots_args],
+                         _fixed(last + 1, (np.int32(n * opts.group), *_geometry_args(opts, h, w, ho, wo, p))))]
+    if slots > 1:
+        reduce = launch.kernel_for_plan(program, "reduce_offset_gradients")
+        wg = arrays.work_group_size(rt, reduce, 64)
+        size = outputs[1].size
+        steps.append(launch.Step(reduce, (arrays.round_up(size, wg),), (wg,),
+                                 [(0, TEMP, len(temps) - 1), (1, INPUT, 2), (2, OUTPUT, 1)],
+                                 _fixed(3, (np.int32(n * ho * wo), np.int32(p), np.float32(opts.offset_scale)))))
+    return launch.Plan(outputs, steps, temps)
+
+
+FORWARD = launch.Op("dcnv4", [launch.Param("input", DTYPES, 4), launch.Param("offset_mask", like="input", ndim=4)],
+                    _forward_plan)
+BACKWARD = launch.Op("dcnv4_backward", [launch.Param("grad_out", like="input", ndim=4),
+                                        launch.Param("input", DTYPES, 4),
+                                        launch.Param("offset_mask", like="input", ndim=4)],
+                     _backward_plan, output_names=("g_input", "g_offset_mask"))
+
+
+def enqueue_forward(rt, input, offset_mask, opts: Options, config: Optional[KernelConfig] = None,
+                    out=None, info=None):
+    """Enqueue the forward on device arrays; returns ``(output, events)``. ``info`` pretends
+    another device's capabilities (tests of vendor paths)."""
+    (output,), events = FORWARD.run((input, offset_mask), opts if info is None else (opts, info),
+                                    config, out=out, queue=rt.queue)
+    return output, events
+
+
+def enqueue_backward(rt, grad_out, input, offset_mask, opts: Options,
+                     config: Optional[KernelConfig] = None, out=None, info=None):
+    """Enqueue the backward on device arrays. Returns ``((g_input, g_offset_mask), events)``;
+    the events span all of its work (fills, kernels, conversion to float16), as the official
+    operator's time does."""
+    return BACKWARD.run((grad_out, input, offset_mask), opts if info is None else (opts, info),
+                        config, out=out, queue=rt.queue)
+
+
+_checked_options: dict = {}
+
+
+def _options(*values) -> Options:
+    """The Options of these arguments, checked once per distinct set (the checks cost more
+    than a launch; a process uses a handful of geometries)."""
+    key = (values, tuple(map(type, values)))   # 3 and 3.0 are equal keys but not equal input
+    try:
+        return _checked_options[key]
+    except KeyError:
+        pass
+    except TypeError:   # an unhashable argument: Options reports what is wrong with it
+        return Options(*values[:-1], bool(values[-1]))
+    opts = Options(*values[:-1], bool(values[-1]))
+    if len(_checked_options) < 1024:
+        _checked_options[key] = opts
+    return opts
 
 
 def dcnv4(input, offset_mask, kernel_h=3, kernel_w=3, stride_h=1, stride_w=1, pad_h=1, pad_w=1,
           dilation_h=1, dilation_w=1, group=4, group_channels=32, offset_scale=1.0,
-          remove_center=False, *, device=None, config: Optional[KernelConfig] = None):
+          remove_center=False, *, out=None, device=None, queue=None,
+          config: Optional[KernelConfig] = None):
     """DCNv4 forward: ``[N, H_out, W_out, group*group_channels]`` in the input's dtype.
-    ``device``: a device spec or Runtime (default: the selected device); ``config``: the
-    kernel's speed switches (default: chosen from the device)."""
-    opts = Options(kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
-                   group, group_channels, offset_scale, bool(remove_center))
-    input, offset_mask, _, (n, h, w, ho, wo, p) = _geometry(input, offset_mask, opts)
-    runtime = get_runtime(device)
-    like_device = arrays.is_device_array(input)
-    x = _device_array(runtime, input, "input")
-    om = _device_array(runtime, offset_mask, "offset_mask")
-    out = arrays.empty(runtime, (n, ho, wo, x.shape[3]), x.dtype)
-    if out.size:
-        out.add_event(launch_forward(runtime, x, om, out, opts, config))
-    return arrays.to_host_like(out, like_device)
+
+    numpy in, numpy out; ``pyopencl.array.Array`` in (on any context and queue), device array
+    out. ``out``: an array of the result's shape and dtype to write into, in that form.
+    ``device``/``queue``: where to run (default: where the device inputs live, else the
+    selected device); ``config``: the kernel's speed switches (default: from the device)."""
+    opts = _options(kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
+                    group, group_channels, offset_scale, remove_center)
+    return FORWARD((input, offset_mask), opts, config, out=out, device=device, queue=queue)[0]
 
 
 def dcnv4_backward(grad_out, input, offset_mask, kernel_h=3, kernel_w=3, stride_h=1, stride_w=1,
                    pad_h=1, pad_w=1, dilation_h=1, dilation_w=1, group=4, group_channels=32,
-                   offset_scale=1.0, remove_center=False, *, device=None,
+                   offset_scale=1.0, remove_center=False, *, out=None, device=None, queue=None,
                    config: Optional[KernelConfig] = None):
     """Gradients of sum(grad_out * dcnv4(input, offset_mask, ...)): ``(g_input,
     g_offset_mask)`` shaped and typed like ``input`` and ``offset_mask`` (zero in the
-    padding tail of offset_mask's last axis)."""
-    opts = Options(kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
-                   group, group_channels, offset_scale, bool(remove_center))
-    input, offset_mask, grad_out = _geometry(input, offset_mask, opts, grad_out)[:3]
-    runtime = get_runtime(device)
-    like_device = arrays.is_device_array(input)
-    x = _device_array(runtime, input, "input")
-    om = _device_array(runtime, offset_mask, "offset_mask")
-    go = _device_array(runtime, grad_out, "grad_out")
-    g_in, g_om, _ = launch_backward(runtime, go, x, om, opts, config)
-    return arrays.to_host_like(g_in, like_device), arrays.to_host_like(g_om, like_device)
+    padding tail of offset_mask's last axis). ``out``: a tuple of two arrays (or None)."""
+    opts = _options(kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
+                    group, group_channels, offset_scale, remove_center)
+    return BACKWARD((grad_out, input, offset_mask), opts, config, out=out, device=device, queue=queue)
 
 
 # ---------------------------------------------------------------- torch autograd wrapper
 
-@functools.lru_cache(maxsize=None)
 def _torch_function():
-    import torch  # optional dependency, imported on first use only
-
-    class DCNv4Function(torch.autograd.Function):
-        """DCNv4 on CPU torch tensors through the OpenCL kernels (float32/float16)."""
-
-        @staticmethod
-        def forward(ctx, input, offset_mask, options, device):
-            ctx.save_for_backward(input, offset_mask)
-            ctx.options, ctx.device = options, device
-            out = dcnv4(input.detach().contiguous().numpy(), offset_mask.detach().contiguous().numpy(),
-                        **dataclasses.asdict(options), device=device)
-            return torch.from_numpy(out)
-
-        @staticmethod
-        def backward(ctx, grad_out):
-            input, offset_mask = ctx.saved_tensors
-            g_in, g_om = dcnv4_backward(
-                grad_out.detach().contiguous().numpy(), input.detach().contiguous().numpy(),
-                offset_mask.detach().contiguous().numpy(), **dataclasses.asdict(ctx.options),
-                device=ctx.device)
-            return torch.from_numpy(g_in), torch.from_numpy(g_om), None, None
-
-    return DCNv4Function
+    return torch_autograd.autograd_function("DCNv4Function", dcnv4, dcnv4_backward, (True, True))
 
 
 def torch_dcnv4(input, offset_mask, *, device=None, **options):
     """:func:`dcnv4` on CPU torch tensors, differentiable with respect to both (autograd)."""
-    for name, t in (("input", input), ("offset_mask", offset_mask)):
-        if t.device.type != "cpu":
-            raise ValueError(f"{name} is on {t.device}; torch_dcnv4 takes CPU tensors "
-                             f"(use {name}.cpu())")
-    return _torch_function().apply(input, offset_mask, Options(**options), device)
+    torch_autograd.check_cpu((input, offset_mask), ("input", "offset_mask"), "torch_dcnv4")
+    opts = dataclasses.asdict(Options(**options))  # checks the options now, not in backward
+    return _torch_function().apply(dict(opts, device=device), input, offset_mask)

@@ -24,7 +24,7 @@ import pyopencl as cl
 __all__ = [
     "DeviceNotFoundError", "NoPlatformError", "DeviceInfo", "Runtime",
     "list_devices", "match_devices", "select_device", "get_runtime", "use_device",
-    "describe_devices",
+    "describe_devices", "runtime_for_queue", "runtime_for_context",
 ]
 
 _TYPE_WORDS = {
@@ -48,8 +48,14 @@ class DeviceNotFoundError(LookupError):
     """A device spec matched nothing; the message lists every device found."""
 
 
+_device_list: List[cl.Device] = []
+
+
 def list_devices() -> List[cl.Device]:
-    """Every device of every OpenCL platform, in platform order."""
+    """Every device of every OpenCL platform, in platform order. Enumerated once per process:
+    the ICDs do not change while it runs, and enumeration costs tens of microseconds per call."""
+    if _device_list:
+        return list(_device_list)
     try:
         platforms = cl.get_platforms()
     except (cl.LogicError, cl.RuntimeError) as exc:  # PLATFORM_NOT_FOUND_KHR
@@ -62,7 +68,8 @@ def list_devices() -> List[cl.Device]:
             continue  # a platform with no usable device: skip it, keep the others
     if not devices:
         raise NoPlatformError(NO_PLATFORM_HELP)
-    return devices
+    _device_list.extend(devices)
+    return list(devices)
 
 
 def _is_simulator(device: cl.Device) -> bool:
@@ -224,32 +231,96 @@ def select_device(device: DeviceLike = None) -> Tuple[cl.Device, str]:
 
 
 class Runtime:
-    """A device with its context, in-order profiling queue and capabilities."""
+    """A device with its context, in-order queue, capabilities and memory pool.
 
-    def __init__(self, device: cl.Device):
+    The library's own runtimes (:func:`get_runtime`) make a context and a profiling queue;
+    :func:`runtime_for_queue` wraps a caller's queue (and context) instead, so arrays made on
+    a context the library did not create work as they are."""
+
+    def __init__(self, device: cl.Device, context: cl.Context = None, queue: cl.CommandQueue = None):
         self.device = device
-        self.context = cl.Context([device])
+        self.context = context if context is not None else cl.Context([device])
         # Profiling costs next to nothing and gives benchmarks exact kernel times.
-        self.queue = cl.CommandQueue(
+        self.queue = queue if queue is not None else cl.CommandQueue(
             self.context, properties=cl.command_queue_properties.PROFILING_ENABLE)
         self.info = DeviceInfo.of(device)
+        self._pool = None
+        # Launch plans (clkernels.launch) keyed per op and call signature. They hold kernels
+        # of this context, so they live with it.
+        self.plans: dict = {}
+
+    @property
+    def pool(self):
+        """This queue's memory pool: outputs and temporaries of repeat calls reuse freed buffers
+        instead of allocating (pyopencl.tools.MemoryPool). One per queue, not per context: a
+        buffer freed while a kernel of this in-order queue still uses it may only be handed to
+        later commands of the same queue."""
+        if self._pool is None:
+            from pyopencl.tools import ImmediateAllocator, MemoryPool
+            # ImmediateAllocator: allocation errors surface at once (not at first use).
+            self._pool = MemoryPool(ImmediateAllocator(self.queue))
+        return self._pool
 
     def __repr__(self):
         return f"<Runtime {self.info.name!r} on {self.info.platform!r}>"
 
 
-_runtimes: dict = {}
+_runtimes: dict = {}        # device pointer -> the library's Runtime
+_by_queue: dict = {}        # queue pointer -> Runtime (the library's and callers' queues)
+_by_context: dict = {}      # context pointer -> Runtime with a queue of the library's
+_selected: dict = {}        # selection inputs -> Runtime, so a repeat call enumerates nothing
+
+
+def _own_runtime(device: cl.Device) -> Runtime:
+    key = device.int_ptr
+    if key not in _runtimes:
+        rt = _runtimes[key] = Runtime(device)
+        _by_queue[rt.queue.int_ptr] = rt
+        _by_context[rt.context.int_ptr] = rt
+    return _runtimes[key]
 
 
 def get_runtime(device: DeviceLike = None) -> Runtime:
     """The cached :class:`Runtime` for the selected device (see module docstring)."""
     if isinstance(device, Runtime):
         return device
-    chosen, _ = select_device(device)
-    key = chosen.int_ptr
-    if key not in _runtimes:
-        _runtimes[key] = Runtime(chosen)
-    return _runtimes[key]
+    if device is None or isinstance(device, str):
+        # What decides the choice: the argument, use_device() and the two variables.
+        key = (device, _chosen_in_code.get(), os.environ.get("PYCLAD_DEVICE"),
+               os.environ.get("PYOPENCL_CTX"))
+        try:
+            rt = _selected.get(key)
+        except TypeError:   # use_device() given an unhashable object: no caching
+            rt, key = None, None
+        if rt is None:
+            rt = _own_runtime(select_device(device)[0])
+            if key is not None:
+                _selected[key] = rt
+        return rt
+    return _own_runtime(select_device(device)[0])
+
+
+def runtime_for_queue(queue: cl.CommandQueue) -> Runtime:
+    """A Runtime over a caller's queue (its context and first device), made once per queue."""
+    rt = _by_queue.get(queue.int_ptr)
+    if rt is None:
+        if queue.properties & cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE:
+            raise ValueError("the queue is out-of-order; clkernels orders its work by the queue, so "
+                             "pass an in-order queue (the default of pyopencl.CommandQueue)")
+        devices = queue.context.devices
+        device = queue.device if queue.device is not None else devices[0]
+        rt = _by_queue[queue.int_ptr] = Runtime(device, queue.context, queue)
+    return rt
+
+
+def runtime_for_context(context: cl.Context) -> Runtime:
+    """A Runtime on a caller's context (for arrays made without a queue): the library's own
+    runtime when it is the library's context, else one with a new queue on it."""
+    rt = _by_context.get(context.int_ptr)
+    if rt is None:
+        queue = cl.CommandQueue(context, properties=cl.command_queue_properties.PROFILING_ENABLE)
+        rt = _by_context[context.int_ptr] = runtime_for_queue(queue)
+    return rt
 
 
 class use_device:

@@ -318,7 +318,7 @@ def test_nvidia_inline_ptx_falls_back_where_refused(device):
     saved = dict(dcnv4_module._ptx_refused)
     try:
         with pytest.warns(UserWarning, match="refused inline PTX"):
-            dcnv4_module.launch_forward(device, dx, dom, out, o, KernelConfig(8, 8), info=fake)
+            dcnv4_module.enqueue_forward(device, dx, dom, o, KernelConfig(8, 8), out=out, info=fake)
         assert_close(out.get(), reference(x, om, o), 1e-3)
     finally:
         dcnv4_module._ptx_refused.clear()

@@ -1,0 +1,353 @@
+"""The launch layer every op is built on: calls that cost little more than their kernels.
+
+An op declares its array parameters (:class:`Param`) and writes one function that makes a
+:class:`Plan` for a call signature; :class:`Op` does the rest, written once here:
+
+- the runtime comes from the inputs (arrays on a caller's own context and queue work as they
+  are), or from ``queue=`` / ``device=``;
+- a plan is cached per (queue, op, shapes and dtypes, options, config). Making it is the work
+  of a first call: the checks that depend only on shapes and options (errors name the
+  argument), rendering, building, work sizes, scalar arguments. A repeat call renders,
+  hashes, enumerates and derives nothing; it checks the arrays' kinds, sets the buffer
+  arguments of the plan's own kernel objects and enqueues;
+- outputs and temporaries come from the queue's memory pool;
+- ``out=`` takes the caller's arrays for the outputs;
+- results come back in the inputs' form: numpy in, numpy out; device arrays in (any of them),
+  device arrays out with no copy.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import pyopencl as cl
+import pyopencl.array as cla
+
+from .runtime import Runtime, get_runtime, runtime_for_context, runtime_for_queue
+from .templates import get_program
+
+__all__ = ["Param", "Op", "Plan", "Step", "Buffer", "kernel_for_plan", "runtime_for",
+           "device_array", "ZeroStep", "program", "convert_step", "INPUT", "OUTPUT", "TEMP"]
+
+INPUT, OUTPUT, TEMP = 0, 1, 2   # where a kernel argument's buffer comes from, per call
+
+
+class Param:
+    """One array argument of an op: its name (errors use it), the dtypes it takes, or ``like``,
+    the name of an earlier parameter whose dtype it must have, and its number of dimensions."""
+
+    __slots__ = ("name", "dtypes", "ndim", "like")
+
+    def __init__(self, name: str, dtypes: Sequence = (), ndim: Optional[int] = None,
+                 like: Optional[str] = None):
+        self.name, self.ndim, self.like = name, ndim, like
+        self.dtypes = tuple(np.dtype(d) for d in dtypes)
+        if not self.dtypes and like is None:
+            raise ValueError(f"Param {name!r} needs dtypes or like=")
+
+    def check(self, a, dtype_of: dict):
+        """Named errors for a wrong dtype or number of dimensions."""
+        allowed = (dtype_of[self.like],) if self.like is not None else self.dtypes
+        if a.dtype not in allowed:
+            names = " or ".join(str(d) for d in allowed)
+            why = f" like {self.like}" if self.like is not None else ""
+            raise TypeError(f"{self.name} has dtype {a.dtype}, expected {names}{why}; "
+                            f"convert it with {self.name}.astype(np.{allowed[0]})")
+        if self.ndim is not None and a.ndim != self.ndim:
+            raise ValueError(f"{self.name} must have {self.ndim} dimensions, got shape {tuple(a.shape)}")
+
+
+class Buffer:
+    """An output or temporary of a plan: shape and dtype, fixed by the call signature."""
+
+    __slots__ = ("name", "shape", "dtype", "nbytes", "strides", "size")
+
+    def __init__(self, name: str, shape, dtype):
+        self.name, self.shape, self.dtype = name, tuple(int(s) for s in shape), np.dtype(dtype)
+        self.size = int(np.prod(self.shape, dtype=np.int64))
+        self.nbytes = self.size * self.dtype.itemsize
+        strides, step = [], self.dtype.itemsize
+        for s in reversed(self.shape):
+            strides.append(step)
+            step *= max(1, s)
+        self.strides = tuple(reversed(strides))
+
+
+class Step:
+    """One kernel launch of a plan. ``kernel`` is the plan's own kernel object: its scalar,
+    local-memory and constant-buffer arguments (``fixed``: (index, value) pairs) are set once
+    when the plan is made; ``slots`` lists the arguments set per call, as (argument index,
+    INPUT/OUTPUT/TEMP, position)."""
+
+    __slots__ = ("kernel", "global_size", "local_size", "slots")
+
+    def __init__(self, kernel: cl.Kernel, global_size, local_size, slots, fixed=()):
+        self.kernel = kernel
+        self.global_size = tuple(int(g) for g in global_size)
+        self.local_size = None if local_size is None else tuple(int(s) for s in local_size)
+        self.slots = tuple(slots)
+        for index, value in fixed:
+            kernel.set_arg(index, value)
+
+    def launch(self, queue, sources, wait_for) -> cl.Event:
+        k = self.kernel
+        for index, source, position in self.slots:
+            k.set_arg(index, sources[source][position])
+        return cl.enqueue_nd_range_kernel(queue, k, self.global_size, self.local_size,
+                                          wait_for=wait_for)
+
+
+class ZeroStep:
+    """Zero one output or temporary: a fill kernel (integers of the element's size, so no
+    device needs cl_khr_fp16 for half), or on the simulator a write from the host (see
+    simulator.zeros_from_host)."""
+
+    __slots__ = ("source", "position", "kernel", "size", "host")
+
+    def __init__(self, rt: Runtime, source: int, position: int, buffer: "Buffer"):
+        from . import simulator
+        self.source, self.position, self.size = source, position, buffer.size
+        self.kernel = self.host = None
+        if simulator.zeros_from_host(rt):
+            self.host = np.zeros(buffer.nbytes, np.uint8)
+        else:
+            bits = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}[buffer.dtype.itemsize]
+            src = f"__kernel void zero_fill(__global {bits} *a) {{ a[get_global_id(0)] = 0; }}"
+            from .templates import build
+            self.kernel = kernel_for_plan(build(src, rt), "zero_fill")
+
+    def launch(self, queue, sources, wait_for) -> cl.Event:
+        buf = sources[self.source][self.position]
+        if self.host is not None:
+            return cl.enqueue_copy(queue, buf, self.host, is_blocking=True, wait_for=wait_for)
+        self.kernel.set_arg(0, buf)
+        return cl.enqueue_nd_range_kernel(queue, self.kernel, (self.size,), None, wait_for=wait_for)
+
+
+def kernel_for_plan(program: cl.Program, name: str) -> cl.Kernel:
+    """A kernel object of the plan's own (not the shared one of templates.kernel): each plan
+    sets its fixed arguments once and only the buffers per call."""
+    return cl.Kernel(program, name)
+
+
+class Plan:
+    """What a call with one signature needs: outputs, temporaries, kernel launches, and
+    constant buffers the launches read (kept alive with the plan)."""
+
+    def __init__(self, outputs: Sequence[Buffer], steps: Sequence[Step] = (),
+                 temps: Sequence[Buffer] = (), keep=()):
+        self.outputs, self.steps, self.temps, self.keep = tuple(outputs), tuple(steps), tuple(temps), keep
+        self.lock = threading.Lock()   # set_arg then enqueue must not interleave across threads
+
+    def enqueue(self, queue: cl.CommandQueue, inputs, outputs, temps, wait_for) -> List[cl.Event]:
+        """Launch every step with these buffers; returns the events."""
+        events = []
+        sources = (inputs, outputs, temps)
+        with self.lock:
+            for step in self.steps:
+                # The queue is in order: only the first launch waits for the inputs' events.
+                events.append(step.launch(queue, sources, wait_for if not events else None))
+        return events
+
+
+def runtime_for(arrays, device=None, queue=None) -> Runtime:
+    """The runtime of a call: ``queue=``, else ``device=``, else the first device array's
+    queue (or context), else the selected device."""
+    if queue is not None:
+        if not isinstance(queue, cl.CommandQueue):
+            raise TypeError(f"queue must be a pyopencl.CommandQueue, not {type(queue).__name__}")
+        return runtime_for_queue(queue)
+    if device is not None:
+        return get_runtime(device)
+    for a in arrays:
+        if type(a) is cla.Array or isinstance(a, cla.Array):
+            if a.queue is not None:
+                return runtime_for_queue(a.queue)
+            return runtime_for_context(a.context)
+    return get_runtime(None)
+
+
+def device_array(rt: Runtime, a, name: str):
+    """The buffer of a device argument, after the checks every call needs (context, layout)."""
+    if a.context != rt.context:
+        raise ValueError(
+            f"{name} lives on another OpenCL context than the one this call runs on "
+            f"({rt.info.name}, chosen by device= or queue=): leave device= and queue= out to run "
+            f"where the arrays live, or copy {name} to that context")
+    if a.offset:
+        raise ValueError(f"{name} is a view with an offset into its buffer; pass {name}.copy()")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous on the device; pass {name}.copy()")
+    return a.base_data
+
+
+def _wrap(rt: Runtime, spec: Buffer, data) -> cla.Array:
+    # pyopencl's fast constructor path: the shape, strides and size are known to be valid, and
+    # the checked path costs about 45 microseconds (numpy reductions over the shape).
+    return cla.Array(None, spec.shape, spec.dtype, allocator=rt.pool, strides=spec.strides,
+                     data=data, offset=0, _fast=True, _context=rt.context, _queue=rt.queue,
+                     _size=spec.size)
+
+
+def _check_out(rt: Runtime, out, spec: Buffer, name: str, on_device: bool):
+    where = "a pyopencl.array.Array, as the inputs are" if on_device else \
+        "a numpy array, as the inputs are"
+    if on_device != (type(out) is cla.Array or isinstance(out, cla.Array)):
+        raise TypeError(f"{name} must be {where}")
+    if tuple(out.shape) != spec.shape or out.dtype != spec.dtype:
+        raise ValueError(f"{name} has shape {tuple(out.shape)} and dtype {out.dtype}, expected "
+                         f"{spec.shape} and {spec.dtype}")
+    if on_device:
+        device_array(rt, out, name)
+    elif not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"{name} must be a writeable C-contiguous numpy array")
+
+
+class Op:
+    """An op: array parameters, and ``make_plan(rt, arrays, options, config) -> Plan``.
+
+    ``make_plan`` runs on a call signature's first call. It may look only at the arrays'
+    shapes and dtypes (the plan serves every call with the same ones), at ``options`` (a
+    hashable value: the op's geometry, host tables' contents) and at ``config`` (a hashable
+    kernel configuration or None). The dtype and ndim checks of :class:`Param` run before it.
+    """
+
+    def __init__(self, name: str, params: Sequence[Param], make_plan: Callable[..., Plan],
+                 output_names: Sequence[str] = ("out",)):
+        self.name, self.params, self.make_plan = name, tuple(params), make_plan
+        self.output_names = tuple(output_names)
+
+    def __repr__(self):
+        return f"<Op {self.name}>"
+
+    def plan(self, rt: Runtime, args, options=(), config=None) -> Plan:
+        """The cached plan of this call signature on ``rt`` (made on a miss)."""
+        key = (self, tuple((a.shape, a.dtype) for a in args), options, config)
+        plan = rt.plans.get(key)
+        if plan is None:
+            dtype_of = {p.name: a.dtype for a, p in zip(args, self.params)}
+            for a, p in zip(args, self.params):
+                p.check(a, dtype_of)
+            plan = rt.plans[key] = self.make_plan(rt, args, options, config)
+        return plan
+
+    def __call__(self, args: Sequence, options=(), config=None, *, out=None, device=None,
+                 queue=None, like_device: Optional[bool] = None) -> Tuple:
+        """Run on ``args`` (one per Param); returns the outputs as a tuple, numpy or device
+        arrays like the inputs (``like_device`` overrides). ``out``: one array, or a tuple of
+        one per output (None entries allocated), in the form the results take."""
+        return self.run(args, options, config, out=out, device=device, queue=queue,
+                        like_device=like_device)[0]
+
+    def run(self, args: Sequence, options=(), config=None, *, out=None, device=None,
+            queue=None, like_device: Optional[bool] = None):
+        """:meth:`__call__`, returning ``(outputs, events)``: the events of every launch."""
+        args = [a if type(a) in _ARRAY_TYPES else _as_array(a, p.name)
+                for a, p in zip(args, self.params)]
+        rt = runtime_for(args, device, queue)
+        plan = self.plan(rt, args, options, config)
+        on_device = any(type(a) is not np.ndarray for a in args) if like_device is None else like_device
+        q = rt.queue
+        ins, wait = [], []
+        for a, p in zip(args, self.params):
+            if type(a) is np.ndarray:
+                ins.append(_upload(rt, a))
+            else:
+                ins.append(device_array(rt, a, p.name))
+                if a.events:
+                    wait.extend(a.events)
+        outs = self._outputs(rt, plan, out, on_device)
+        pool = rt.pool
+        temps = [pool.allocate(t.nbytes) if t.nbytes else None for t in plan.temps]
+        events = plan.enqueue(q, ins, [o.base_data for o in outs], temps, wait)
+        if on_device:
+            if events:
+                for o in outs:
+                    o.add_event(events[-1])
+            return tuple(outs), events
+        return self._download(rt, plan, outs, out, events), events
+
+    # -- pieces of a call --------------------------------------------------------------------
+    def _outputs(self, rt: Runtime, plan: Plan, out, on_device: bool) -> list:
+        """Device arrays for the outputs: the caller's (``out=``, checked) or pooled ones. For
+        numpy results the device array is pooled and ``out`` is filled afterwards."""
+        given = _out_tuple(out, len(plan.outputs), self.output_names)
+        pool = rt.pool
+        arrays = []
+        for spec, o, name in zip(plan.outputs, given, self.output_names):
+            if o is not None:
+                _check_out(rt, o, spec, name if len(plan.outputs) > 1 else "out", on_device)
+                if on_device:
+                    arrays.append(o)
+                    continue
+            arrays.append(_wrap(rt, spec, pool.allocate(spec.nbytes) if spec.nbytes else None))
+        return arrays
+
+    def _download(self, rt: Runtime, plan: Plan, outs, out, events):
+        given = _out_tuple(out, len(plan.outputs), self.output_names)
+        results = []
+        for i, (spec, dev, o) in enumerate(zip(plan.outputs, outs, given)):
+            host = o if o is not None else np.empty(spec.shape, spec.dtype)
+            if spec.nbytes:
+                cl.enqueue_copy(rt.queue, host, dev.base_data, is_blocking=i == len(plan.outputs) - 1)
+            results.append(host)
+        if results and plan.outputs[-1].nbytes == 0:
+            rt.queue.finish()   # the last copy did not block
+        return tuple(results)
+
+
+_ARRAY_TYPES = (np.ndarray, cla.Array)
+
+
+def _as_array(a, name: str):
+    if isinstance(a, (np.ndarray, cla.Array)):
+        return a
+    try:
+        return np.asarray(a)
+    except Exception:   # anything numpy cannot take: re-raised as the argument's error
+        raise TypeError(f"{name} must be a numpy array or pyopencl.array.Array, "
+                        f"not {type(a).__name__}") from None
+
+
+def _upload(rt: Runtime, a: np.ndarray):
+    """A pooled device copy of a host input (C-contiguous first: a copy the transfer needs)."""
+    if not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a)
+    if not a.nbytes:
+        return None
+    buf = rt.pool.allocate(a.nbytes)
+    # Non-blocking: pyopencl's event keeps `a` alive until the transfer is done, and the
+    # results' download (blocking, on the same in-order queue) comes after it.
+    cl.enqueue_copy(rt.queue, buf, a, is_blocking=False)
+    return buf
+
+
+def _out_tuple(out, n: int, names) -> tuple:
+    if out is None:
+        return (None,) * n
+    if n == 1 and not isinstance(out, (tuple, list)):
+        return (out,)
+    if not isinstance(out, (tuple, list)) or len(out) != n:
+        raise TypeError(f"out must be a tuple of {n} arrays (or None entries): "
+                        f"({', '.join(names)})")
+    return tuple(out)
+
+
+def convert_step(rt: Runtime, source: Tuple[int, int], target: Tuple[int, int], buffer: Buffer) -> Step:
+    """A step storing a float32 buffer (``source``) as half (``target``, ``buffer`` its spec),
+    through vstore_half_rte so that no device needs cl_khr_fp16."""
+    from . import arrays
+    from .templates import build
+    text = ("__kernel void to_half(__global const float *src, __global half *dst, int n) "
+            "{ const int i = get_global_id(0); if (i < n) vstore_half_rte(src[i], i, dst); }")
+    kernel = kernel_for_plan(build(text, rt), "to_half")
+    wg = arrays.work_group_size(rt, kernel, 256)
+    return Step(kernel, (arrays.round_up(buffer.size, wg),), (wg,),
+                [(0, *source), (1, *target)], [(2, np.int32(buffer.size))])
+
+
+def program(rt: Runtime, template: str, options=(), **params) -> cl.Program:
+    """Render and build a template for a plan (both cached), with the simulator's options."""
+    from . import simulator
+    return get_program(template, rt, tuple(options) + simulator.build_options(rt, template), **params)

@@ -1,0 +1,56 @@
+"""One factory for the ops' ``torch.autograd.Function`` wrappers (torch is optional and is
+imported only when a wrapper is first used).
+
+The wrappers take CPU tensors, share their memory with numpy (no copy for contiguous
+tensors) and call the op's numpy path; the backward calls the op's backward function and
+hands torch the gradients of the differentiable inputs.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable, Sequence, Tuple
+
+__all__ = ["autograd_function", "check_cpu"]
+
+
+def check_cpu(tensors: Sequence, names: Sequence[str], wrapper: str) -> None:
+    """A tensor on another device than the CPU is an error naming it and the fix."""
+    for t, name in zip(tensors, names):
+        device = getattr(t, "device", None)
+        if device is not None and device.type != "cpu":
+            raise ValueError(f"{name} is on {device}; {wrapper} takes CPU tensors "
+                             f"(use {name}.cpu())")
+
+
+def _numpy(t):
+    import torch
+    return t.detach().contiguous().numpy() if isinstance(t, torch.Tensor) else t
+
+
+@functools.lru_cache(maxsize=None)
+def autograd_function(name: str, forward: Callable, backward: Callable,
+                      differentiable: Tuple[bool, ...]):
+    """A ``torch.autograd.Function`` subclass named ``name``.
+
+    ``forward(*arrays, **options)`` returns one numpy array; ``backward(grad_out, *arrays,
+    **options)`` returns the gradients of the inputs marked in ``differentiable``, in order.
+    Apply it as ``Function.apply(options_dict, *tensors)``.
+    """
+    import torch
+
+    class Function(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, options, *tensors):
+            ctx.save_for_backward(*tensors)
+            ctx.options = options
+            return torch.from_numpy(forward(*(_numpy(t) for t in tensors), **options))
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            grads = iter(backward(_numpy(grad_out), *(_numpy(t) for t in ctx.saved_tensors),
+                                  **ctx.options))
+            return (None, *(torch.from_numpy(next(grads)) if d else None for d in differentiable))
+
+    Function.__name__ = Function.__qualname__ = name
+    Function.__doc__ = f"{name}: an autograd Function over CPU tensors through the OpenCL kernels."
+    return Function
