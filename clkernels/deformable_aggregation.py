@@ -16,19 +16,19 @@ storage, float arithmetic); weights float32 or float16; locations float32.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Optional, Sequence
 
 import numpy as np
 import pyopencl as cl
 
-from . import arrays
+from . import arrays, launch, torch_autograd
 from .arrays import check_array, is_device_array
-from .runtime import DeviceInfo, Runtime, get_runtime
-from .templates import Storage, get_program, kernel, storage
+from .launch import OUTPUT, TEMP, In, Out, Tmp
+from .runtime import DeviceInfo, Runtime
+from .templates import Storage, storage
 
 __all__ = ["deformable_aggregation", "deformable_aggregation_backward", "feature_maps_format",
-           "Config", "default_config", "enqueue_forward", "enqueue_backward",
+           "KernelConfig", "default_config", "enqueue_forward", "enqueue_backward",
            "deformable_aggregation_torch"]
 
 TEMPLATE = "clkernels/deformable_aggregation.cl.mako"
@@ -39,7 +39,7 @@ VARIANTS = ("optimized", "original")
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class KernelConfig:
     """Kernel shape. ``cpt`` channels of one group per work-item; ``vec`` load width for the
     contiguous layout; ``interleave`` gives a work-item channels i, i + C/G/cpt, ... instead
     of cpt adjacent ones; ``split`` (forward) work-items sharing one output; ``local_size``
@@ -64,7 +64,7 @@ def _pow2_divisor(n: int, cap: int) -> int:
     return d
 
 
-def default_config(info: DeviceInfo, channels: int, groups: int, direction: str = "forward") -> Config:
+def default_config(info: DeviceInfo, channels: int, groups: int, direction: str = "forward") -> KernelConfig:
     """The configuration used when none is given: CPUs (and the simulator) like many channels
     per work-item in vector loads; GPUs like more work-items, and for the backward's
     atomics, neighbouring channels on neighbouring work-items."""
@@ -74,49 +74,42 @@ def default_config(info: DeviceInfo, channels: int, groups: int, direction: str 
         # and 8 at the Sparse4D shapes); compare-and-swap float adds are slow (8x slower at the
         # inference shapes), so the backward gathers, 4 groups per work-item (1.4x faster than 1).
         cpt = _pow2_divisor(cpg, 32)
-        return Config(cpt=cpt, vec=min(cpt, 8), local_size=64, feature_grad="gather", index_size=8,
+        return KernelConfig(cpt=cpt, vec=min(cpt, 8), local_size=64, feature_grad="gather", index_size=8,
                       groups_per_item=_pow2_divisor(max(groups, 1), 4))
     # GPUs, from the sweep on an H200 (Sparse4Dv3 inference and training shapes): the forward
     # is fastest with 4 channels in float4 loads and two work-items per output (split=2,
     # 1.7x over split=1); the backward with 2 interleaved channels per work-item (1.1x over 4).
     if direction == "backward":
-        return Config(cpt=_pow2_divisor(cpg, 2), vec=1, interleave=True, local_size=256)
+        return KernelConfig(cpt=_pow2_divisor(cpg, 2), vec=1, interleave=True, local_size=256)
     cpt = _pow2_divisor(cpg, 4)
-    return Config(cpt=cpt, vec=cpt, split=2 if cpg >= 2 * cpt else 1, local_size=256)
+    return KernelConfig(cpt=cpt, vec=cpt, split=2 if cpg >= 2 * cpt else 1, local_size=256)
 
 
-# ----------------------------------------------------------------------------- validation
+# ----------------------------------------------------------------------------- plans
 
-@dataclasses.dataclass
-class Problem:
-    """Validated inputs on the device (from :func:`prepare`), for :func:`enqueue_forward`
-    and :func:`enqueue_backward`."""
-    runtime: Runtime
-    like_device: bool
-    feat: object
-    loc: object
-    weights: object
-    shape: np.ndarray
-    shape_dev: object
-    start_dev: object
-    bs: int
-    num_feat: int
-    C: int
-    A: int
-    P: int
-    cams: int
-    S: int
-    G: int
-    st: Storage
-    ws: Storage
+@dataclasses.dataclass(frozen=True)
+class Tables:
+    """The two small index tables, read on the host (every block is checked against the
+    features before a launch). Hashable by content: they are part of a plan's key; their
+    shapes are checked against the tensors when a plan is made."""
+    shape_dims: tuple
+    hw: tuple           # spatial_shape, flat
+    start_dims: tuple
+    start: tuple        # scale_start_index, flat
 
+    @classmethod
+    def of(cls, spatial_shape, scale_start_index) -> "Tables":
+        shape = _host_table(spatial_shape, "spatial_shape", None)
+        start = _host_table(scale_start_index, "scale_start_index", None)
+        return cls(shape.shape, tuple(shape.ravel().tolist()), start.shape, tuple(start.ravel().tolist()))
 
-def _runtime_for(device, tensors) -> Runtime:
-    if device is None:
-        for t in tensors:
-            if is_device_array(t):
-                return get_runtime(t.context.devices[0])
-    return get_runtime(device)
+    def arrays(self, cams: int):
+        """(spatial_shape [cams, S, 2], scale_start_index [cams, S]), shapes checked."""
+        shape = check_array(np.array(self.hw, np.int64).reshape(self.shape_dims), "spatial_shape",
+                            INT_DTYPES, shape=(cams, None, 2))
+        start = check_array(np.array(self.start, np.int64).reshape(self.start_dims),
+                            "scale_start_index", INT_DTYPES, shape=(cams, shape.shape[1]))
+        return shape, start
 
 
 def _host_table(a, name: str, shape) -> np.ndarray:
@@ -125,17 +118,22 @@ def _host_table(a, name: str, shape) -> np.ndarray:
     return np.asarray(host, dtype=np.int64)
 
 
-_tables: dict = {}
+_table_cache: dict = {}
 
 
-def _device_table(runtime: Runtime, host: np.ndarray):
-    """int32 copy of a small index table on the device, kept per (context, content)."""
-    key = (runtime.context.int_ptr, host.shape, host.astype(np.int32).tobytes())
-    if key not in _tables:
-        if len(_tables) > 64:
-            _tables.clear()
-        _tables[key] = arrays.to_device(runtime, np.ascontiguousarray(host, dtype=np.int32))
-    return _tables[key]
+def _tables(spatial_shape, scale_start_index) -> Tables:
+    """Tables of these host arrays, by their bytes: a repeat call converts nothing."""
+    if type(spatial_shape) is np.ndarray and type(scale_start_index) is np.ndarray:
+        key = (spatial_shape.dtype.str, spatial_shape.shape, spatial_shape.tobytes(),
+               scale_start_index.dtype.str, scale_start_index.shape, scale_start_index.tobytes())
+        t = _table_cache.get(key)
+        if t is None:
+            t = Tables.of(spatial_shape, scale_start_index)
+            if len(_table_cache) > 64:
+                _table_cache.clear()
+            _table_cache[key] = t
+        return t
+    return Tables.of(spatial_shape, scale_start_index)
 
 
 def _check_blocks(shape: np.ndarray, start: np.ndarray, num_feat: int):
@@ -152,27 +150,39 @@ def _check_blocks(shape: np.ndarray, start: np.ndarray, num_feat: int):
                 "block must lie inside mc_ms_feat (build the three with feature_maps_format)")
 
 
-def prepare(mc_ms_feat, spatial_shape, scale_start_index, sampling_location, weights,
-            device=None) -> Problem:
-    """Check every argument (errors name the tensor) and every block, and move the tensors to
-    the device (device arrays are used as they are)."""
-    tensors = (mc_ms_feat, sampling_location, weights)
-    runtime = _runtime_for(device, tensors)
-    feat = check_array(mc_ms_feat, "mc_ms_feat", FEAT_DTYPES, ndim=3)
+@dataclasses.dataclass
+class Problem:
+    """The sizes of a call, checked (made when a plan is made, from shapes and tables)."""
+    rt: Runtime
+    shape: np.ndarray
+    shape_dev: object
+    start_dev: object
+    bs: int
+    num_feat: int
+    C: int
+    A: int
+    P: int
+    cams: int
+    S: int
+    G: int
+    st: Storage
+    ws: Storage
+
+
+def _problem(rt: Runtime, feat, loc, weights, tables: Tables) -> Problem:
+    """Every shape check (errors name the tensor) and every block, then the tables on the
+    device (kept by the plan)."""
     bs, num_feat, C = (int(v) for v in feat.shape)
-    loc = check_array(sampling_location, "sampling_location", (np.float32,), ndim=5)
     if loc.shape[0] != bs or loc.shape[4] != 2:
         raise ValueError(f"sampling_location has shape {tuple(loc.shape)}, expected "
                          f"({bs}, num_anchors, num_pts, num_cams, 2) for batch size {bs}")
     A, P, cams = (int(v) for v in loc.shape[1:4])
-    shape = _host_table(spatial_shape, "spatial_shape", (cams, None, 2))
+    shape, start = tables.arrays(cams)
     S = shape.shape[1]
-    start = _host_table(scale_start_index, "scale_start_index", (cams, S))
-    w = check_array(weights, "weights", FEAT_DTYPES, ndim=6)
-    if tuple(w.shape[:5]) != (bs, A, P, cams, S):
-        raise ValueError(f"weights has shape {tuple(w.shape)}, expected ({bs}, {A}, {P}, {cams}, {S}, "
+    if tuple(weights.shape[:5]) != (bs, A, P, cams, S):
+        raise ValueError(f"weights has shape {tuple(weights.shape)}, expected ({bs}, {A}, {P}, {cams}, {S}, "
                          "num_groups) from mc_ms_feat, sampling_location and spatial_shape")
-    G = int(w.shape[5])
+    G = int(weights.shape[5])
     if G == 0 or C % G:
         raise ValueError(f"weights has {G} groups, which does not divide the {C} channels of "
                          "mc_ms_feat: channel c uses group c // (C // num_groups)")
@@ -180,15 +190,12 @@ def prepare(mc_ms_feat, spatial_shape, scale_start_index, sampling_location, wei
     if bs * A * P * cams * S * max(G, 2) > INT32_MAX or bs * A * C > INT32_MAX or num_feat > INT32_MAX:
         raise ValueError("sampling_location/weights are too large for 32-bit indexing in the "
                          "kernels; split the batch")
-    return Problem(
-        runtime, any(is_device_array(t) for t in tensors),
-        arrays.to_device(runtime, feat, "mc_ms_feat"), arrays.to_device(runtime, loc, "sampling_location"),
-        arrays.to_device(runtime, w, "weights"),
-        shape, _device_table(runtime, shape), _device_table(runtime, start),
-        bs, num_feat, C, A, P, cams, S, G, storage(feat.dtype, runtime), storage(w.dtype, runtime))
+    up = lambda t: arrays.to_device(rt, np.ascontiguousarray(t, dtype=np.int32))  # noqa: E731
+    return Problem(rt, shape, up(shape), up(start), bs, num_feat, C, A, P, cams, S, G,
+                   storage(feat.dtype, rt), storage(weights.dtype, rt))
 
 
-def _check_config(cfg: Config, prob: Problem) -> Config:
+def _check_config(cfg: KernelConfig, prob: Problem) -> KernelConfig:
     cpg = prob.C // prob.G
     if cfg.cpt < 1 or cpg % cfg.cpt:
         raise ValueError(f"config.cpt = {cfg.cpt} must divide the {cpg} channels of a group")
@@ -203,30 +210,18 @@ def _check_config(cfg: Config, prob: Problem) -> Config:
     return cfg
 
 
-def _kernel(prob: Problem, cfg: Config, name: str) -> cl.Kernel:
-    return kernel(_program(prob, cfg), name)
-
-
-def _program(prob: Problem, cfg: Config):
-    return get_program(
-        TEMPLATE, prob.runtime, KIND="aggregate", st=prob.st, ws=prob.ws, info=prob.runtime.info,
+def _kernel(prob: Problem, cfg: KernelConfig, name: str) -> cl.Kernel:
+    program = launch.program(
+        prob.rt, TEMPLATE, KIND="aggregate", st=prob.st, ws=prob.ws, info=prob.rt.info,
         C=prob.C, G=prob.G, S=prob.S, CPT=cfg.cpt, VEC=1 if cfg.interleave else cfg.vec,
         INTERLEAVE=cfg.interleave, SPLIT=cfg.split, SCATTER=cfg.feature_grad == "scatter",
-        GPI=cfg.groups_per_item,
-        CPG=prob.C // prob.G,
-        IPG=prob.C // prob.G // cfg.cpt, ITEMS=prob.C // cfg.cpt)
+        GPI=cfg.groups_per_item, CPG=prob.C // prob.G, IPG=prob.C // prob.G // cfg.cpt,
+        ITEMS=prob.C // cfg.cpt)
+    return launch.kernel_for_plan(program, name)
 
 
 def _sizes(prob: Problem):
     return (np.int32(prob.A), np.int32(prob.P), np.int32(prob.cams), np.int32(prob.num_feat))
-
-
-def _to_storage(prob: Problem, acc, st: Storage, events: list):
-    """A float accumulator as storage ``st`` (a kernel conversion for half)."""
-    out = arrays.convert(prob.runtime, acc, st.dtype)
-    if out is not acc:
-        events.extend(out.events)
-    return out
 
 
 def _check_original(prob: Problem):
@@ -235,49 +230,56 @@ def _check_original(prob: Problem):
                          "too many for 32-bit ids at these shapes")
 
 
-def _zeros(runtime: Runtime, shape, dtype, events: list):
-    """Zero-filled accumulator (see :func:`clkernels.arrays.zeros` for the simulator)."""
-    out = arrays.zeros(runtime, shape, dtype)
-    events.extend(out.events)  # the fill is part of the operation's time
-    return out
-
-
-def _launch_1d(prob: Problem, k: cl.Kernel, n: int, *args, wait_for=None, wanted=256):
+def _step_1d(prob: Problem, k: cl.Kernel, n: int, args, wanted=256) -> launch.Step:
     """n work-items (rounded up to the work-group size; kernels check their id)."""
     if n > INT32_MAX // 2:
         raise ValueError(f"{n} work-items are too many for 32-bit ids in the kernels; split the batch")
-    lsize = arrays.work_group_size(prob.runtime, k, wanted)
-    return k(prob.runtime.queue, (arrays.round_up(n, lsize),), (lsize,), *args, wait_for=wait_for)
+    lsize = arrays.work_group_size(prob.rt, k, wanted)
+    return launch.step(k, (arrays.round_up(n, lsize),), (lsize,), args)
 
 
-# ----------------------------------------------------------------------------- forward
+def _accumulate(rt, prob_storage: Storage, spec: launch.Buffer, out_index: int, temps: list, steps: list):
+    """A zero-filled float32 accumulator for output ``out_index``: the output itself for
+    float32 storage, else a temporary converted to half by a step the caller appends last
+    (returned). Returns (accumulator slot, conversion step or None)."""
+    if prob_storage.dtype == np.float32:
+        steps.append(launch.ZeroStep(rt, OUTPUT, out_index, spec))
+        return Out(out_index), None
+    temps.append(launch.Buffer(spec.name + "_float32", spec.shape, np.float32))
+    steps.append(launch.ZeroStep(rt, TEMP, len(temps) - 1, temps[-1]))
+    return Tmp(len(temps) - 1), launch.convert_step(rt, (TEMP, len(temps) - 1), (OUTPUT, out_index), spec)
 
-def enqueue_forward(prob: Problem, variant: str = "optimized", config: Optional[Config] = None):
-    """Launch the forward on prepared device arrays; returns ``(out, events)``."""
-    rt, events = prob.runtime, []
+
+# Inputs of every plan, in this order: (mc_ms_feat, sampling_location, weights[, grad_out]).
+FEAT, LOC, W, GRAD = In(0), In(1), In(2), In(3)
+
+
+def _forward_plan(rt, args, options, config) -> launch.Plan:
+    tables, variant = options
+    feat, loc, weights = args
+    prob = _problem(rt, feat, loc, weights, tables)
     cfg = _check_config(config or default_config(rt.info, prob.C, prob.G, "forward"), prob)
-    n_tasks = prob.bs * prob.A * (prob.C // cfg.cpt)
-    wait = [*prob.feat.events, *prob.loc.events, *prob.weights.events]
+    out = launch.Buffer("out", (prob.bs, prob.A, prob.C), prob.st.dtype)
+    keep = (prob.shape_dev, prob.start_dev)
+    head = [FEAT, prob.shape_dev.data, prob.start_dev.data, LOC, W]
     if variant == "original":
         _check_original(prob)
-        acc = _zeros(rt, (prob.bs, prob.A, prob.C), np.float32, events)
+        steps, temps = [], []
+        acc, convert = _accumulate(rt, prob.st, out, 0, temps, steps)
         n = prob.bs * prob.A * prob.P * prob.cams * prob.S * prob.C
         if n:
-            k = _kernel(prob, cfg, 'da_forward_original')
-            events.append(_launch_1d(prob, k, n, prob.feat.data, prob.shape_dev.data,
-                                     prob.start_dev.data, prob.loc.data, prob.weights.data, acc.data,
-                                     *_sizes(prob), np.int32(n), wait_for=wait + acc.events))
-            acc.add_event(events[-1])
-        return _to_storage(prob, acc, prob.st, events), events
+            steps.append(_step_1d(prob, _kernel(prob, cfg, "da_forward_original"), n,
+                                  head + [acc, *_sizes(prob), np.int32(n)]))
+        steps += [convert] if convert else []
+        return launch.Plan([out], steps, temps, keep)
     if variant != "optimized":
         raise ValueError(f"variant must be one of {VARIANTS}, not {variant!r}")
-    out = arrays.empty(rt, (prob.bs, prob.A, prob.C), prob.st.dtype)
+    n_tasks = prob.bs * prob.A * (prob.C // cfg.cpt)
     if n_tasks == 0:
-        return out, events
-    k = _kernel(prob, cfg, 'da_forward')
+        return launch.Plan([out])
+    k = _kernel(prob, cfg, "da_forward")
     lsize = arrays.work_group_size(rt, k, cfg.local_size)
-    args = [prob.feat.data, prob.shape_dev.data, prob.start_dev.data, prob.loc.data,
-            prob.weights.data, out.data, *_sizes(prob), np.int32(n_tasks)]
+    args = head + [Out(0), *_sizes(prob), np.int32(n_tasks)]
     if cfg.split > 1:
         if lsize < cfg.split:
             raise ValueError(f"config.split = {cfg.split} exceeds the work-group size {lsize}")
@@ -286,70 +288,49 @@ def enqueue_forward(prob: Problem, variant: str = "optimized", config: Optional[
         global_size = -(-n_tasks // tpw) * lsize
     else:
         global_size = arrays.round_up(n_tasks, lsize)
-    events.append(k(rt.queue, (global_size,), (lsize,), *args, wait_for=wait))
-    out.add_event(events[-1])
-    return out, events
+    return launch.Plan([out], [launch.step(k, (global_size,), (lsize,), args)], (), keep)
 
 
-def deformable_aggregation(mc_ms_feat, spatial_shape, scale_start_index, sampling_location,
-                           weights, *, device=None, variant: str = "optimized",
-                           config: Optional[Config] = None):
-    """Sparse4D deformable aggregation: ``[bs, num_anchors, C]`` in the features' dtype.
-
-    ``mc_ms_feat`` [bs, num_feat, C] (float32/float16), ``spatial_shape`` [num_cams,
-    num_scale, 2] as (H, W), ``scale_start_index`` [num_cams, num_scale], ``sampling_location``
-    [bs, num_anchors, num_pts, num_cams, 2] (x, y) float32, ``weights`` [bs, num_anchors,
-    num_pts, num_cams, num_scale, num_groups]. ``variant="original"`` runs the original
-    one-work-item-per-(sample, channel) atomic design (a benchmark baseline).
-    """
-    prob = prepare(mc_ms_feat, spatial_shape, scale_start_index, sampling_location, weights, device)
-    out, _ = enqueue_forward(prob, variant, config)
-    return arrays.to_host_like(out, prob.like_device)
-
-
-# ----------------------------------------------------------------------------- backward
-
-def enqueue_backward(prob: Problem, grad_out, variant: str = "optimized",
-                     config: Optional[Config] = None):
-    """Launch the backward; ``grad_out`` a device array. Returns ``((g_feat, g_loc, g_w), events)``."""
-    rt, events = prob.runtime, []
+def _backward_plan(rt, args, options, config) -> launch.Plan:
+    tables, variant = options
+    feat, loc, weights, grad_out = args
+    prob = _problem(rt, feat, loc, weights, tables)
+    if tuple(grad_out.shape) != (prob.bs, prob.A, prob.C):
+        raise ValueError(f"grad_out has shape {tuple(grad_out.shape)}, expected "
+                         f"{(prob.bs, prob.A, prob.C)}, the output's")
     cfg = _check_config(config or default_config(rt.info, prob.C, prob.G, "backward"), prob)
     n_qc = prob.bs * prob.A * prob.P * prob.cams
-    wait = [*prob.feat.events, *prob.loc.events, *prob.weights.events, *grad_out.events]
-    loc_shape, w_shape = (prob.bs, prob.A, prob.P, prob.cams, 2), (prob.bs, prob.A, prob.P, prob.cams, prob.S, prob.G)
+    outputs = [launch.Buffer("g_feat", (prob.bs, prob.num_feat, prob.C), prob.st.dtype),
+               launch.Buffer("g_loc", (prob.bs, prob.A, prob.P, prob.cams, 2), np.float32),
+               launch.Buffer("g_w", (prob.bs, prob.A, prob.P, prob.cams, prob.S, prob.G), prob.ws.dtype)]
+    keep = [prob.shape_dev, prob.start_dev]
+    head = [FEAT, prob.shape_dev.data, prob.start_dev.data, LOC, W, GRAD]
+    steps, temps = [], []
     if variant == "original":
         _check_original(prob)
-        g_feat = _zeros(rt, (prob.bs, prob.num_feat, prob.C), np.float32, events)
-        wait += g_feat.events
-        common = [prob.feat.data, prob.shape_dev.data, prob.start_dev.data, prob.loc.data,
-                  prob.weights.data, grad_out.data, g_feat.data]
-        g_loc = _zeros(rt, loc_shape, np.float32, events)
-        g_w = _zeros(rt, w_shape, np.float32, events)
+        g_feat, to_half_feat = _accumulate(rt, prob.st, outputs[0], 0, temps, steps)
+        g_loc, _ = _accumulate(rt, Storage(np.float32), outputs[1], 1, temps, steps)
+        g_w, to_half_w = _accumulate(rt, prob.ws, outputs[2], 2, temps, steps)
         n = n_qc * prob.S * prob.C
         if n:
-            k = _kernel(prob, cfg, 'da_backward_original')
-            events.append(_launch_1d(prob, k, n, *common, g_loc.data, g_w.data, *_sizes(prob),
-                                     np.int32(n), wait_for=wait + g_loc.events + g_w.events))
-            for a in (g_feat, g_loc, g_w):
-                a.add_event(events[-1])
-        return (_to_storage(prob, g_feat, prob.st, events), g_loc,
-                _to_storage(prob, g_w, prob.ws, events)), events
+            steps.append(_step_1d(prob, _kernel(prob, cfg, "da_backward_original"), n,
+                                  head + [g_feat, g_loc, g_w, *_sizes(prob), np.int32(n)]))
+        steps += [s for s in (to_half_feat, to_half_w) if s is not None]
+        return launch.Plan(outputs, steps, temps, keep)
     if variant != "optimized":
         raise ValueError(f"variant must be one of {VARIANTS}, not {variant!r}")
-    if not (n_qc and prob.C):  # nothing is sampled: every gradient is zero
-        return tuple(_to_storage(prob, _zeros(rt, shp, np.float32, events), st, events)
-                     for shp, st in (((prob.bs, prob.num_feat, prob.C), prob.st),
-                                     (loc_shape, Storage(np.float32)), (w_shape, prob.ws))), events
+    if not (n_qc and prob.C):  # nothing is sampled: every gradient is zero (zero bits in any type)
+        return launch.Plan(outputs, [launch.ZeroStep(rt, OUTPUT, i, o) for i, o in enumerate(outputs)
+                                     if o.nbytes])
     gather = cfg.feature_grad == "gather"
+    to_half = None
     if gather:
-        g_feat = arrays.empty(rt, (prob.bs, prob.num_feat, prob.C), prob.st.dtype)
-        events += _gather_feature_grad(prob, cfg, grad_out, g_feat, wait)
+        steps += _gather_feature_grad(prob, cfg, temps, keep)
+        feat_args = []
     else:
-        g_feat = _zeros(rt, (prob.bs, prob.num_feat, prob.C), np.float32, events)
-        wait += g_feat.events
-    g_loc = arrays.empty(rt, loc_shape, np.float32)
-    g_w = arrays.empty(rt, w_shape, prob.ws.dtype)
-    k = _kernel(prob, cfg, 'da_backward')
+        g_feat, to_half = _accumulate(rt, prob.st, outputs[0], 0, temps, steps)
+        feat_args = [g_feat]
+    k = _kernel(prob, cfg, "da_backward")
     items = prob.C // cfg.cpt
     limit = arrays.work_group_size(rt, k, max(cfg.local_size, items))
     if items > limit:
@@ -357,74 +338,147 @@ def enqueue_backward(prob: Problem, grad_out, variant: str = "optimized",
                          f"work-group limit {limit}: use more channels per work-item")
     qpw = max(1, min(cfg.local_size, limit) // items)
     lsize = qpw * items
-    red = cl.LocalMemory(4 * (prob.S + 2) * lsize)
-    red2 = cl.LocalMemory(4 * qpw * 2 * prob.G)
-    args = [prob.feat.data, prob.shape_dev.data, prob.start_dev.data, prob.loc.data,
-            prob.weights.data, grad_out.data] + ([] if gather else [g_feat.data])
     if n_qc * items > INT32_MAX // 2:
         raise ValueError("sampling_location: too many samples for 32-bit ids in the kernels; split the batch")
-    events.append(k(rt.queue, (-(-n_qc // qpw) * lsize,), (lsize,), *args, g_loc.data,
-                    g_w.data, *_sizes(prob), np.int32(n_qc), red, red2, wait_for=wait))
-    for a in (g_feat, g_loc, g_w):
-        a.add_event(events[-1])
-    if gather:
-        return (g_feat, g_loc, g_w), events
-    return (_to_storage(prob, g_feat, prob.st, events), g_loc, g_w), events
+    steps.append(launch.step(k, (-(-n_qc // qpw) * lsize,), (lsize,), head + feat_args + [
+        Out(1), Out(2), *_sizes(prob), np.int32(n_qc), cl.LocalMemory(4 * (prob.S + 2) * lsize),
+        cl.LocalMemory(4 * qpw * 2 * prob.G)]))
+    steps += [to_half] if to_half is not None else []
+    return launch.Plan(outputs, steps, temps, keep)
 
 
-def _gather_feature_grad(prob: Problem, cfg: Config, grad_out, g_feat, wait) -> list:
-    """Inverse index of samples per bilinear cell, then the feature gradient row by row."""
-    rt = prob.runtime
+def _gather_feature_grad(prob: Problem, cfg: KernelConfig, temps: list, keep: list) -> list:
+    """Steps: an inverse index of samples per bilinear cell, then the feature gradient row by
+    row, written straight into output 0 (every row, zeros where nothing samples it)."""
+    rt = prob.rt
     cells = ((prob.shape[..., 0] + 1) * (prob.shape[..., 1] + 1)).ravel()
     cell_base = np.concatenate([[0], np.cumsum(cells)]).astype(np.int64)
     n_planes, n_samples = prob.bs * prob.cams * prob.S, prob.A * prob.P
     if prob.bs * int(cell_base[-1]) > INT32_MAX:
         raise ValueError("spatial_shape: too many bilinear cells for 32-bit indexing; split the batch")
-    base_dev = _device_table(rt, cell_base)
-    count, first, end = (arrays.scratch(rt, prob.bs * int(cell_base[-1]), np.int32) for _ in range(3))
-    entries = arrays.scratch(rt, max(n_planes * n_samples, 1), np.int32)
-    events = []
+    base_dev = arrays.to_device(rt, cell_base.astype(np.int32))
+    keep.append(base_dev)
+    first = len(temps)
+    temps += [launch.Buffer(name, (prob.bs * int(cell_base[-1]),), np.int32)
+              for name in ("cell_count", "cell_start", "cell_end")]
+    temps.append(launch.Buffer("entries", (max(n_planes * n_samples, 1),), np.int32))
+    count, start, end, entries = (Tmp(first + i) for i in range(4))
+    steps = launch.scratch_steps(rt, [(Tmp(first + i), temps[first + i]) for i in range(4)])
     if n_planes:  # (the caller has checked that there are samples)
-        index = _kernel(prob, cfg, 'da_index')
+        index = _kernel(prob, cfg, "da_index")
         R = arrays.work_group_size(rt, index, cfg.index_size)
-        events.append(index(rt.queue, (n_planes * R,), (R,), prob.shape_dev.data, prob.loc.data,
-                            base_dev.data, count.data, first.data, end.data, entries.data,
-                            np.int32(prob.A), np.int32(prob.P), np.int32(prob.cams), cl.LocalMemory(4 * R),
-                            wait_for=wait + count.events + first.events + end.events + entries.events))
+        steps.append(launch.step(index, (n_planes * R,), (R,), [
+            prob.shape_dev.data, LOC, base_dev.data, count, start, end, entries,
+            np.int32(prob.A), np.int32(prob.P), np.int32(prob.cams), cl.LocalMemory(4 * R)]))
     n_items = prob.bs * prob.num_feat * (prob.C // cfg.cpt // cfg.groups_per_item)
     if n_items:  # rows in no block, or with no scale at all, are written as zeros
-        gather = _kernel(prob, cfg, 'da_backward_feat')
-        events.append(_launch_1d(prob, gather, n_items, prob.shape_dev.data, prob.start_dev.data,
-                                 prob.loc.data, prob.weights.data, grad_out.data, base_dev.data, first.data,
-                                 end.data, entries.data, g_feat.data, *_sizes(prob), np.int32(n_items),
-                                 wait_for=wait + events, wanted=cfg.local_size))
-    return events
+        steps.append(_step_1d(prob, _kernel(prob, cfg, "da_backward_feat"), n_items, [
+            prob.shape_dev.data, prob.start_dev.data, LOC, W, GRAD, base_dev.data, start, end,
+            entries, Out(0), *_sizes(prob), np.int32(n_items)], wanted=cfg.local_size))
+    return steps
+
+
+_PARAMS = [launch.Param("mc_ms_feat", FEAT_DTYPES, 3), launch.Param("sampling_location", (np.float32,), 5),
+           launch.Param("weights", FEAT_DTYPES, 6)]
+FORWARD = launch.Op("deformable_aggregation", _PARAMS, _forward_plan)
+BACKWARD = launch.Op("deformable_aggregation_backward",
+                     _PARAMS + [launch.Param("grad_out", like="mc_ms_feat", ndim=3)], _backward_plan,
+                     output_names=("g_feat", "g_loc", "g_w"))
+
+
+def enqueue_forward(rt: Runtime, mc_ms_feat, spatial_shape, scale_start_index, sampling_location,
+                    weights, variant: str = "optimized", config: Optional[KernelConfig] = None, out=None):
+    """Enqueue the forward on device arrays; returns ``(out, events)``."""
+    (result,), events = FORWARD.run((mc_ms_feat, sampling_location, weights),
+                                    (_tables(spatial_shape, scale_start_index), variant), config,
+                                    out=out, queue=rt.queue)
+    return result, events
+
+
+def enqueue_backward(rt: Runtime, grad_out, mc_ms_feat, spatial_shape, scale_start_index,
+                     sampling_location, weights, variant: str = "optimized",
+                     config: Optional[KernelConfig] = None, out=None):
+    """Enqueue the backward on device arrays; returns ``((g_feat, g_loc, g_w), events)``, the
+    events spanning all of its work (fills, index building, half conversions)."""
+    return BACKWARD.run((mc_ms_feat, sampling_location, weights, grad_out),
+                        (_tables(spatial_shape, scale_start_index), variant), config,
+                        out=out, queue=rt.queue)
+
+
+def deformable_aggregation(mc_ms_feat, spatial_shape, scale_start_index, sampling_location,
+                           weights, *, out=None, device=None, queue=None, variant: str = "optimized",
+                           config: Optional[KernelConfig] = None):
+    """Sparse4D deformable aggregation: ``[bs, num_anchors, C]`` in the features' dtype.
+
+    ``mc_ms_feat`` [bs, num_feat, C] (float32/float16), ``spatial_shape`` [num_cams,
+    num_scale, 2] as (H, W), ``scale_start_index`` [num_cams, num_scale], ``sampling_location``
+    [bs, num_anchors, num_pts, num_cams, 2] (x, y) float32, ``weights`` [bs, num_anchors,
+    num_pts, num_cams, num_scale, num_groups]. numpy in, numpy out; device arrays in (any
+    context and queue), device array out. The two tables are read on the host: pass them as
+    numpy arrays (device ones are read back on every call). ``out``: an array of the result's
+    shape and dtype, in that form. ``variant="original"`` runs the original
+    one-work-item-per-(sample, channel) atomic design (a benchmark baseline).
+    """
+    return FORWARD((mc_ms_feat, sampling_location, weights),
+                   (_tables(spatial_shape, scale_start_index), variant), config,
+                   out=out, device=device, queue=queue)[0]
 
 
 def deformable_aggregation_backward(grad_out, mc_ms_feat, spatial_shape, scale_start_index,
-                                    sampling_location, weights, *, device=None,
-                                    variant: str = "optimized", config: Optional[Config] = None):
+                                    sampling_location, weights, *, out=None, device=None, queue=None,
+                                    variant: str = "optimized", config: Optional[KernelConfig] = None):
     """Gradients ``(g_feat, g_loc, g_w)`` of ``sum(grad_out * deformable_aggregation(...))``
     with respect to ``mc_ms_feat``, ``sampling_location`` and ``weights``. ``grad_out`` has the
     output's shape and dtype. Samples outside (0, 1), NaN included, get zero gradient; the
-    location gradient carries each scale's W (for x) and H (for y) factor.
+    location gradient carries each scale's W (for x) and H (for y) factor. ``out``: a tuple of
+    three arrays (or None entries).
     """
-    prob = prepare(mc_ms_feat, spatial_shape, scale_start_index, sampling_location, weights,
-                    _runtime_for(device, (grad_out, mc_ms_feat, sampling_location, weights)))
-    go = check_array(grad_out, "grad_out", (prob.st.dtype,), shape=(prob.bs, prob.A, prob.C))
-    go = arrays.to_device(prob.runtime, go, "grad_out")
-    grads, _ = enqueue_backward(prob, go, variant, config)
-    like_device = prob.like_device or is_device_array(grad_out)
-    return tuple(arrays.to_host_like(g, like_device) for g in grads)
+    return BACKWARD((mc_ms_feat, sampling_location, weights, grad_out),
+                    (_tables(spatial_shape, scale_start_index), variant), config,
+                    out=out, device=device, queue=queue)
 
 
 # ----------------------------------------------------------------------------- formatting
 
-def feature_maps_format(levels: Sequence, *, device=None):
+def _format_plan(rt, levels, options, config) -> launch.Plan:
+    """One copy kernel per level into the packed [bs, num_feat, C] layout (the levels' shapes
+    are checked by feature_maps_format)."""
+    bs, cams, C = (int(v) for v in levels[0].shape[:3])
+    sizes = [int(l.shape[3]) * int(l.shape[4]) for l in levels]
+    per_cam = sum(sizes)
+    out = launch.Buffer("out", (bs, cams * per_cam, C), levels[0].dtype)
+    elem = "ushort" if levels[0].dtype == np.float16 else "uint"
+    program = launch.program(rt, TEMPLATE, KIND="format", E=elem)
+    steps, first = [], 0
+    for i, size in enumerate(sizes):
+        n = bs * cams * C * size
+        if n:
+            k = launch.kernel_for_plan(program, "da_format_level")
+            lsize = arrays.work_group_size(rt, k, 256)
+            steps.append(launch.step(k, (arrays.round_up(n, lsize),), (lsize,), [
+                In(i), Out(0), np.int32(cams), np.int32(C), np.int32(size), np.int32(cams * per_cam),
+                np.int32(per_cam), np.int32(first), np.int32(n)]))
+        first += size
+    return launch.Plan([out], steps)
+
+
+_format_ops: dict = {}
+
+
+def _format_op(n_levels: int) -> launch.Op:
+    """The copy op for this many levels (its parameters are the levels)."""
+    if n_levels not in _format_ops:
+        _format_ops[n_levels] = launch.Op(
+            "feature_maps_format", [launch.Param(f"levels[{i}]", FEAT_DTYPES, 5) for i in range(n_levels)],
+            _format_plan)
+    return _format_ops[n_levels]
+
+
+def feature_maps_format(levels: Sequence, *, out=None, device=None, queue=None):
     """Turn per-scale maps ``[bs, num_cams, C, H, W]`` into ``(mc_ms_feat [bs, num_feat, C],
     spatial_shape [num_cams, num_scale, 2] int32, scale_start_index [num_cams, num_scale] int32)``
     with rows ordered camera, then scale, then pixels row-major. Device arrays in, device
-    ``mc_ms_feat`` out (the tables are always numpy)."""
+    ``mc_ms_feat`` out (the tables are always numpy); ``out``: an array for ``mc_ms_feat``."""
     if len(levels) == 0:
         raise ValueError("levels is empty: pass a list of [bs, num_cams, C, H, W] maps")
     on_device = any(is_device_array(l) for l in levels)
@@ -448,65 +502,34 @@ def feature_maps_format(levels: Sequence, *, device=None):
     if not on_device:
         flat = [np.asarray(l).reshape(bs, cams, C, -1) for l in checked]
         feat = np.concatenate(flat, axis=3).transpose(0, 1, 3, 2).reshape(bs, cams * per_cam, C)
+        if out is not None:
+            launch.check_host_out(out, feat.shape, feat.dtype, "out")
+            np.copyto(out, feat)
+            return out, spatial_shape, start
         return np.ascontiguousarray(feat), spatial_shape, start
-    runtime = _runtime_for(device, checked)
-    elem = "ushort" if checked[0].dtype == np.float16 else "uint"
-    k = kernel(get_program(TEMPLATE, runtime, KIND="format", E=elem), "da_format_level")
-    out = arrays.empty(runtime, (bs, cams * per_cam, C), checked[0].dtype)
-    for level, first, size in zip(checked, offsets, sizes):
-        level = arrays.to_device(runtime, level, "levels")
-        n = bs * cams * C * int(size)
-        if n:
-            lsize = arrays.work_group_size(runtime, k, 256)
-            out.add_event(k(runtime.queue, (arrays.round_up(n, lsize),), (lsize,), level.data,
-                                 out.data, np.int32(cams), np.int32(C), np.int32(size),
-                                 np.int32(cams * per_cam), np.int32(per_cam), np.int32(first),
-                                 np.int32(n), wait_for=level.events + out.events))
-    return out, spatial_shape, start
+    feat = _format_op(len(checked))(checked, out=out, device=device, queue=queue)[0]
+    return feat, spatial_shape, start
 
 
 # ----------------------------------------------------------------------------- PyTorch
 
-@functools.lru_cache(maxsize=None)
+_NAMES = ("mc_ms_feat", "spatial_shape", "scale_start_index", "sampling_location", "weights")
+
+
 def _torch_function():
-    import torch
-
-    def as_numpy(t, name):
-        if not isinstance(t, torch.Tensor):
-            return t
-        if t.device.type != "cpu":
-            raise ValueError(f"{name} is on {t.device}: the PyTorch wrapper takes CPU tensors "
-                             "(they are shared with numpy without a copy)")
-        return t.detach().contiguous().numpy()
-
-    class DeformableAggregationFunction(torch.autograd.Function):
-        """``torch.autograd.Function`` over CPU tensors (shared with numpy, no copy)."""
-
-        @staticmethod
-        def forward(ctx, mc_ms_feat, spatial_shape, scale_start_index, sampling_location, weights):
-            inputs = (mc_ms_feat, spatial_shape, scale_start_index, sampling_location, weights)
-            ctx.save_for_backward(*inputs)
-            names = ("mc_ms_feat", "spatial_shape", "scale_start_index", "sampling_location", "weights")
-            args = [as_numpy(t, n) for t, n in zip(inputs, names)]
-            return torch.from_numpy(deformable_aggregation(*args))
-
-        @staticmethod
-        def backward(ctx, grad_out):
-            names = ("mc_ms_feat", "spatial_shape", "scale_start_index", "sampling_location", "weights")
-            args = [as_numpy(t, n) for t, n in zip(ctx.saved_tensors, names)]
-            g_feat, g_loc, g_w = deformable_aggregation_backward(as_numpy(grad_out, "grad_out"), *args)
-            return torch.from_numpy(g_feat), None, None, torch.from_numpy(g_loc), torch.from_numpy(g_w)
-
-    return DeformableAggregationFunction
+    return torch_autograd.autograd_function(
+        "DeformableAggregationFunction", deformable_aggregation, deformable_aggregation_backward,
+        (True, False, False, True, True))
 
 
 def deformable_aggregation_torch(mc_ms_feat, spatial_shape, scale_start_index, sampling_location, weights):
     """:func:`deformable_aggregation` on CPU tensors, differentiable with ``torch.autograd``."""
-    return _torch_function().apply(mc_ms_feat, spatial_shape, scale_start_index, sampling_location, weights)
+    tensors = (mc_ms_feat, spatial_shape, scale_start_index, sampling_location, weights)
+    torch_autograd.check_cpu(tensors, _NAMES, "deformable_aggregation_torch")
+    return _torch_function().apply({}, *tensors)
 
 
 def __getattr__(name):
     if name == "DeformableAggregationFunction":  # defined on first use: torch is optional
         return _torch_function()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-

@@ -18,7 +18,7 @@ An op declares its array parameters (:class:`Param`) and writes one function tha
 from __future__ import annotations
 
 import threading
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import pyopencl as cl
@@ -28,7 +28,7 @@ from .runtime import Runtime, get_runtime, runtime_for_context, runtime_for_queu
 from .templates import get_program
 
 __all__ = ["Param", "Op", "Plan", "Step", "Buffer", "kernel_for_plan", "runtime_for",
-           "device_array", "ZeroStep", "program", "convert_step", "INPUT", "OUTPUT", "TEMP"]
+           "device_array", "check_host_out", "pooled_array", "ZeroStep", "Slot", "In", "Out", "Tmp", "step", "scratch_steps", "program", "convert_step", "INPUT", "OUTPUT", "TEMP"]
 
 INPUT, OUTPUT, TEMP = 0, 1, 2   # where a kernel argument's buffer comes from, per call
 
@@ -90,6 +90,10 @@ class Step:
         for index, value in fixed:
             kernel.set_arg(index, value)
 
+    @property
+    def work_items(self) -> int:
+        return int(np.prod(self.global_size))
+
     def launch(self, queue, sources, wait_for) -> cl.Event:
         k = self.kernel
         for index, source, position in self.slots:
@@ -117,12 +121,55 @@ class ZeroStep:
             from .templates import build
             self.kernel = kernel_for_plan(build(src, rt), "zero_fill")
 
+    @property
+    def work_items(self) -> int:
+        return self.size
+
     def launch(self, queue, sources, wait_for) -> cl.Event:
         buf = sources[self.source][self.position]
         if self.host is not None:
             return cl.enqueue_copy(queue, buf, self.host, is_blocking=True, wait_for=wait_for)
         self.kernel.set_arg(0, buf)
         return cl.enqueue_nd_range_kernel(queue, self.kernel, (self.size,), None, wait_for=wait_for)
+
+
+class Slot(NamedTuple):
+    """A kernel argument filled per call: an input, output or temporary by position."""
+    source: int
+    position: int
+
+
+def In(position: int) -> Slot:
+    return Slot(INPUT, position)
+
+
+def Out(position: int) -> Slot:
+    return Slot(OUTPUT, position)
+
+
+def Tmp(position: int) -> Slot:
+    return Slot(TEMP, position)
+
+
+def step(kernel: cl.Kernel, global_size, local_size, args: Sequence) -> Step:
+    """A :class:`Step` from the kernel's argument list in order: :class:`Slot` entries
+    (``In(0)``, ``Out(1)``, ``Tmp(0)``) are set per call, everything else once."""
+    slots, fixed = [], []
+    for index, a in enumerate(args):
+        if isinstance(a, Slot):
+            slots.append((index, a.source, a.position))
+        else:
+            fixed.append((index, a))
+    return Step(kernel, global_size, local_size, slots, fixed)
+
+
+def scratch_steps(rt: Runtime, buffers: Sequence[Tuple[Slot, "Buffer"]]) -> list:
+    """Steps that prepare buffers the kernels write before reading: none on devices, a
+    host-written zero fill on the simulator (see simulator.zeros_from_host)."""
+    from . import simulator
+    if not simulator.zeros_from_host(rt):
+        return []
+    return [ZeroStep(rt, slot.source, slot.position, buf) for slot, buf in buffers if buf.nbytes]
 
 
 def kernel_for_plan(program: cl.Program, name: str) -> cl.Kernel:
@@ -137,7 +184,9 @@ class Plan:
 
     def __init__(self, outputs: Sequence[Buffer], steps: Sequence[Step] = (),
                  temps: Sequence[Buffer] = (), keep=()):
-        self.outputs, self.steps, self.temps, self.keep = tuple(outputs), tuple(steps), tuple(temps), keep
+        # A launch over no work-items is an error on some drivers (a crash on PoCL): dropped.
+        self.steps = tuple(s for s in steps if s.work_items)
+        self.outputs, self.temps, self.keep = tuple(outputs), tuple(temps), keep
         self.lock = threading.Lock()   # set_arg then enqueue must not interleave across threads
 
     def enqueue(self, queue: cl.CommandQueue, inputs, outputs, temps, wait_for) -> List[cl.Event]:
@@ -182,12 +231,34 @@ def device_array(rt: Runtime, a, name: str):
     return a.base_data
 
 
+def pooled_array(rt: Runtime, shape, dtype, scratch: bool = False) -> cla.Array:
+    """A device array from the queue's pool. ``scratch``: later kernels write it in place and
+    read it back, so on the simulator it is zeroed from the host (simulator.zeros_from_host)."""
+    from . import simulator
+    spec = Buffer("array", shape, dtype)
+    a = _wrap(rt, spec, rt.pool.allocate(spec.nbytes) if spec.nbytes else None)
+    if scratch and spec.nbytes and simulator.zeros_from_host(rt):
+        cl.enqueue_copy(rt.queue, a.base_data, np.zeros(spec.nbytes, np.uint8), is_blocking=True)
+    return a
+
+
 def _wrap(rt: Runtime, spec: Buffer, data) -> cla.Array:
     # pyopencl's fast constructor path: the shape, strides and size are known to be valid, and
     # the checked path costs about 45 microseconds (numpy reductions over the shape).
     return cla.Array(None, spec.shape, spec.dtype, allocator=rt.pool, strides=spec.strides,
                      data=data, offset=0, _fast=True, _context=rt.context, _queue=rt.queue,
                      _size=spec.size)
+
+
+def check_host_out(out, shape, dtype, name: str = "out"):
+    """A caller's numpy output: exactly the shape and dtype, writeable and C-contiguous."""
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array, as the inputs are")
+    if tuple(out.shape) != tuple(shape) or out.dtype != np.dtype(dtype):
+        raise ValueError(f"{name} has shape {tuple(out.shape)} and dtype {out.dtype}, expected "
+                         f"{tuple(shape)} and {np.dtype(dtype)}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"{name} must be a writeable C-contiguous numpy array")
 
 
 def _check_out(rt: Runtime, out, spec: Buffer, name: str, on_device: bool):

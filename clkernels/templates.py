@@ -3,7 +3,7 @@
 Templates are named by their path from the directory that holds the packages, e.g.
 ``"clkernels/common.cl.mako"`` or ``"pyclad/codegen.cl.mako"``, so that any template can
 include the shared one with ``<%namespace name="common" file="/clkernels/common.cl.mako"/>``.
-A program is built once per (source, options, device) and kept for the process.
+A program is built once per (source, options, context, device) and kept for the process.
 """
 from __future__ import annotations
 
@@ -77,7 +77,10 @@ def build(source: str, runtime: Runtime = None, options: Iterable[str] = ()) -> 
     """Build (or fetch from the cache) ``source`` for the runtime's device."""
     runtime = get_runtime(runtime)
     options = tuple(options)
-    key = (hashlib.sha256(source.encode()).hexdigest(), options, runtime.device.int_ptr)
+    # Per context, not per device: a program belongs to its context, and a caller's own
+    # context on the same device needs its own build (from pyopencl's on-disk cache).
+    key = (hashlib.sha256(source.encode()).hexdigest(), options, runtime.context.int_ptr,
+           runtime.device.int_ptr)
     program = _programs.get(key)
     if program is None:
         program = cl.Program(runtime.context, source)

@@ -12,6 +12,7 @@ fit the device); ``pyopencl.array.Array`` in, device arrays out with no copy.
 """
 from __future__ import annotations
 
+import threading
 import warnings
 from typing import List, Optional, Sequence, Tuple
 
@@ -19,7 +20,7 @@ import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
 
-from clkernels import arrays, get_runtime, templates
+from clkernels import arrays, get_runtime, launch, templates
 from clkernels.runtime import Runtime
 
 from . import codegen, interpreter, tape
@@ -73,7 +74,7 @@ class BatchFunction:
         self.name = getattr(fn, "__name__", "function")
         self._real = "double" if self.dtype == np.float64 else "float"
         self._sources = {}
-        self._plans = {}          # (device, jacobians) -> _Plan: what a launch needs, found once
+        self._plans = {}          # (context, device, jacobians) -> _Plan: what a launch needs, found once
         self._tables = tape.Tables(self.traced, self.dtype) if backend == "tape" else None
         self._device_tables = {}  # tape tables uploaded, per context
 
@@ -207,7 +208,9 @@ class BatchFunction:
             out, jacs = interpreter.run(self.traced, host[:len(params)], host[len(params)],
                                         host[-1] if data is not None else None, jacobians, self.dtype)
             return out, jacs
-        runtime = get_runtime(device if device is not None else self.device)
+        # Where the device arrays live (a caller's own context and queue work), unless a device
+        # is named here or at construction.
+        runtime = launch.runtime_for([*params, index, data], device if device is not None else self.device)
         templates.storage(self.dtype, runtime)  # refuses float64 on a device without fp64
         if not (index_checked and arrays.is_device_array(index)):
             self._validate_range(runtime, params, index)
@@ -219,11 +222,11 @@ class BatchFunction:
     def _plan(self, runtime, jacobians) -> "_Plan":
         """The kernel and launch geometry for a device, worked out on the first call only (the
         source, its hash for the build cache and the work-group queries are not per-call work)."""
-        key = (runtime.device.int_ptr, jacobians)
+        key = (runtime.context.int_ptr, runtime.device.int_ptr, jacobians)
         plan = self._plans.get(key)
         if plan is None:
-            kernel = templates.kernel(templates.build(self.kernel_source(jacobians, runtime), runtime),
-                                      _kernel_name(self.backend))
+            kernel = launch.kernel_for_plan(templates.build(self.kernel_source(jacobians, runtime), runtime),
+                                            _kernel_name(self.backend))
             stage = self._stage_wg(runtime, jacobians)
             wg = stage or arrays.work_group_size(runtime, kernel, 64)
             plan = self._plans[key] = _Plan(kernel, wg, self._lanes(runtime))
@@ -303,9 +306,9 @@ class BatchFunction:
             raise TypeError("index must be int32 when it is a device array")
         dev_data = arrays.to_device(runtime, data, "data") if data is not None else None
         out_shape, jac_shapes = self._output_shapes(n)
-        # scratch: empty, except on the simulator (see arrays.scratch: solvers write these in place)
-        out = arrays.scratch(runtime, out_shape, self.dtype)
-        jacs = [arrays.scratch(runtime, s, self.dtype) for s in jac_shapes] if jacobians else []
+        # From the queue's pool; scratch, as solvers write these in place (zeroed on the simulator)
+        out = launch.pooled_array(runtime, out_shape, self.dtype, scratch=True)
+        jacs = [launch.pooled_array(runtime, s, self.dtype, scratch=True) for s in jac_shapes] if jacobians else []
         if n:
             events = self._launch(runtime, plan, dev_params, dev_index, dev_data, out, jacs, n, jacobians)
             for a in (out, *jacs):  # later device work (and benchmarks) can wait on them
@@ -320,23 +323,29 @@ class BatchFunction:
         args.append(out.data)
         args += [j.data for j in jacs]
         queue, kernel, wg = runtime.queue, plan.kernel, plan.wg
-        if self.backend == "codegen":
-            items = -(-n // plan.lanes)
-            return [kernel(queue, (arrays.round_up(items, wg),), (wg,), *args, np.int32(n))]
-        tables = _device_tables(runtime, self)
-        stride = min(n, self._chunk(runtime, n, jacobians))
-        scratch = _scratch(runtime, self, stride)
-        return [kernel(queue, (arrays.round_up(min(stride, n - base), wg),), (wg,), *args,
-                       *tables, scratch[0].data, scratch[1].data, np.int32(stride),
-                       np.int32(base), np.int32(n))
-                for base in range(0, n, stride)]
+        with plan.lock:   # the plan's kernel object: arguments set, then enqueued, per thread
+            if self.backend == "codegen":
+                items = -(-n // plan.lanes)
+                for i, a in enumerate(args):
+                    kernel.set_arg(i, a)
+                kernel.set_arg(len(args), np.int32(n))
+                return [cl.enqueue_nd_range_kernel(queue, kernel, (arrays.round_up(items, wg),), (wg,))]
+            tables = _device_tables(runtime, self)
+            stride = min(n, self._chunk(runtime, n, jacobians))
+            scratch = _scratch(runtime, self, stride)
+            return [kernel(queue, (arrays.round_up(min(stride, n - base), wg),), (wg,), *args,
+                           *tables, scratch[0].data, scratch[1].data, np.int32(stride),
+                           np.int32(base), np.int32(n))
+                    for base in range(0, n, stride)]
 
 
 class _Plan:
-    """A launch's kernel, work-group size and tuples per work-item on one device."""
+    """A launch's kernel (its own object), work-group size and tuples per work-item on one
+    device."""
 
     def __init__(self, kernel, wg, lanes):
         self.kernel, self.wg, self.lanes = kernel, wg, lanes
+        self.lock = threading.Lock()
 
 
 def _kernel_name(backend):

@@ -145,6 +145,11 @@ def bundle_adjust(problem: BALProblem, linear_solver: str = "sparse_schur", loss
     if not isinstance(problem, BALProblem):
         raise TypeError(f"problem must be a solvers.BALProblem (read_bal or synthetic_problem), got {type(problem).__name__}")
     t_start = time.perf_counter()
+    if isinstance(device, str):
+        # A device named but not found is an error (DeviceNotFoundError, with the device list)
+        # whatever the backends: silently solving on the host would hide the typo.
+        from clkernels import select_device
+        select_device(device)
     unknown = set(options) - {f.name for f in dataclasses.fields(Options)}
     if unknown:
         raise TypeError(f"unknown option(s) {sorted(unknown)}; see solvers.Options")
@@ -182,11 +187,11 @@ def bundle_adjust(problem: BALProblem, linear_solver: str = "sparse_schur", loss
     if opts.schur_backend != "numpy":
         runtime = getattr(evaluator.model, "runtime", None)
         if runtime is None:
+            from clkernels import NoPlatformError, get_runtime
             try:
-                from clkernels import get_runtime
                 runtime = get_runtime(device)
-            except Exception:  # no OpenCL at all: the numpy Schur complement still works
-                if opts.schur_backend == "opencl":
+            except NoPlatformError:  # no OpenCL at all: the numpy Schur complement still works
+                if opts.schur_backend == "opencl" or device is not None:
                     raise
                 runtime = None
     s = minimize(evaluator, x0, opts, callback=report, stop=stop, handle_sigint=handle_sigint,
