@@ -38,7 +38,7 @@ import numpy as np
 import pyopencl as cl
 
 from . import arrays, launch, torch_autograd
-from .launch import INPUT, OUTPUT, TEMP
+from .launch import In, Out, Tmp
 from .templates import BuildError, Storage
 
 __all__ = ["dcnv4", "dcnv4_backward", "Options", "KernelConfig", "LADDER", "offset_mask_channels",
@@ -236,11 +236,6 @@ def _geometry_args(opts: Options, h, w, ho, wo, p):
             np.float32(opts.offset_scale))
 
 
-def _fixed(first: int, values):
-    """(argument index, value) pairs for consecutive fixed arguments from ``first``."""
-    return [(first + i, v) for i, v in enumerate(values)]
-
-
 def _work_group(rt, kernel, cfg: KernelConfig, wanted: int) -> int:
     """The config's work-group size, checked against this kernel on this device (registers
     bound it below the device's maximum), or one from the device."""
@@ -270,10 +265,13 @@ def _forward_plan(rt, args, options, config) -> launch.Plan:
     kernel = launch.kernel_for_plan(_program(rt, info, "forward", input.dtype, opts, cfg), "dcnv4_forward")
     items = n * ho * wo * opts.group * (opts.group_channels // cfg.channels_per_item)
     wg = _work_group(rt, kernel, cfg, 64 if info.is_cpu else 256)
-    step = launch.Step(kernel, (arrays.round_up(items, wg),), (wg,),
-                       [(0, INPUT, 0), (1, INPUT, 1), (2, OUTPUT, 0)],
-                       _fixed(3, (np.int32(items), *_geometry_args(opts, h, w, ho, wo, p))))
+    step = launch.step(kernel, (arrays.round_up(items, wg),), (wg,),
+                       [In(0), In(1), Out(0), np.int32(items), *_geometry_args(opts, h, w, ho, wo, p)])
     return launch.Plan([out], [step])
+
+
+# The backward's inputs, in its Op's parameter order.
+GRAD_OUT, INPUT_, OFFSET_MASK = In(0), In(1), In(2)
 
 
 def _backward_plan(rt, args, options, config) -> launch.Plan:
@@ -311,15 +309,15 @@ def _backward_plan(rt, args, options, config) -> launch.Plan:
     # float32, else in a temporary converted to half at the end.
     half = input.dtype == np.float16
     temps = [launch.Buffer("g_input_float32", input.shape, np.float32)] if half else []
-    acc = (TEMP, 0) if half else (OUTPUT, 0)
+    acc = Tmp(0) if half else Out(0)
     pix_groups = n * ho * wo * opts.group
     local = (cl.LocalMemory(2 * 3 * wg * 4),) if slots_p2 > 1 else ()
     steps = [launch.ZeroStep(rt, *acc, temps[0] if half else outputs[0]),
-             launch.Step(kernel, (arrays.round_up(pix_groups * slots_p2, wg),), (wg,),
-                         [(0, INPUT, 1), (1, INPUT, 2), (2, INPUT, 0), (3, *acc), (4, OUTPUT, 1)],
-                         _fixed(5, (np.int32(pix_groups), *_geometry_args(opts, h, w, ho, wo, p), *local)))]
+             launch.step(kernel, (arrays.round_up(pix_groups * slots_p2, wg),), (wg,),
+                         [INPUT_, OFFSET_MASK, GRAD_OUT, acc, Out(1), np.int32(pix_groups),
+                          *_geometry_args(opts, h, w, ho, wo, p), *local])]
     if half:
-        steps.append(launch.convert_step(rt, (TEMP, 0), (OUTPUT, 0), outputs[0]))
+        steps.append(launch.convert_step(rt, Tmp(0), Out(0), outputs[0]))
     return launch.Plan(outputs, steps, temps)
 
 
@@ -333,21 +331,19 @@ def _backward_owner_plan(rt, info, outputs, input, offset_mask, opts: Options, c
     temps = [launch.Buffer("g_input_float32", input.shape, np.float32)] if half else []
     if slots > 1:
         temps.append(launch.Buffer("partial", (slots, n * ho * wo, opts.group * opts.taps * 3), np.float32))
-    acc = (TEMP, 0) if half else (OUTPUT, 0)
-    slots_args = [(3, *acc)] + ([(4, OUTPUT, 0)] if half else [])
-    last = 4 + half
-    slots_args.append((last, TEMP, len(temps) - 1) if slots > 1 else (last, OUTPUT, 1))
+    outs = [Tmp(0), Out(0)] if half else [Out(0)]
+    outs.append(Tmp(len(temps) - 1) if slots > 1 else Out(1))   # offset gradients, or their partials
     owner = launch.kernel_for_plan(program, "dcnv4_backward_owner")
-    steps = [launch.Step(owner, (n * opts.group * slots,), None,
-                         [(0, INPUT, 1), (1, INPUT, 2), (2, INPUT, 0), *slots_args],
-                         _fixed(last + 1, (np.int32(n * opts.group), *_geometry_args(opts, h, w, ho, wo, p))))]
+    steps = [launch.step(owner, (n * opts.group * slots,), None,
+                         [INPUT_, OFFSET_MASK, GRAD_OUT, *outs, np.int32(n * opts.group),
+                          *_geometry_args(opts, h, w, ho, wo, p)])]
     if slots > 1:
         reduce = launch.kernel_for_plan(program, "reduce_offset_gradients")
         wg = arrays.work_group_size(rt, reduce, 64)
         size = outputs[1].size
-        steps.append(launch.Step(reduce, (arrays.round_up(size, wg),), (wg,),
-                                 [(0, TEMP, len(temps) - 1), (1, INPUT, 2), (2, OUTPUT, 1)],
-                                 _fixed(3, (np.int32(n * ho * wo), np.int32(p), np.float32(opts.offset_scale)))))
+        steps.append(launch.step(reduce, (arrays.round_up(size, wg),), (wg,),
+                                 [Tmp(len(temps) - 1), OFFSET_MASK, Out(1), np.int32(n * ho * wo),
+                                  np.int32(p), np.float32(opts.offset_scale)]))
     return launch.Plan(outputs, steps, temps)
 
 
