@@ -36,8 +36,8 @@ def check_array(a, name: str, dtypes: Iterable, ndim: Optional[int] = None,
         except Exception:
             raise TypeError(f"{name} must be a numpy array or pyopencl.array.Array, "
                             f"not {type(a).__name__}") from None
-    allowed = [np.dtype(d) for d in dtypes]
-    if a.dtype not in allowed:
+    if a.dtype not in dtypes:   # (numpy dtypes equal their scalar types: no conversion needed)
+        allowed = [np.dtype(d) for d in dtypes]
         names = " or ".join(str(d) for d in allowed)
         raise TypeError(f"{name} has dtype {a.dtype}, expected {names}; "
                         f"convert it with {name}.astype(np.{allowed[0]})")

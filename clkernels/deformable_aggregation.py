@@ -87,15 +87,24 @@ def default_config(info: DeviceInfo, channels: int, groups: int, direction: str 
 
 # ----------------------------------------------------------------------------- plans
 
-@dataclasses.dataclass(frozen=True)
 class Tables:
     """The two small index tables, read on the host (every block is checked against the
-    features before a launch). Hashable by content: they are part of a plan's key; their
-    shapes are checked against the tensors when a plan is made."""
-    shape_dims: tuple
-    hw: tuple           # spatial_shape, flat
-    start_dims: tuple
-    start: tuple        # scale_start_index, flat
+    features before a launch). Hashable by content, the hash computed once: they are part of
+    a plan's key. Their shapes are checked against the tensors when a plan is made."""
+
+    __slots__ = ("shape_dims", "hw", "start_dims", "start", "_hash")
+
+    def __init__(self, shape_dims, hw, start_dims, start):
+        self.shape_dims, self.hw, self.start_dims, self.start = shape_dims, hw, start_dims, start
+        self._hash = hash((shape_dims, hw, start_dims, start))
+
+    def __hash__(self):
+        return self._hash
+
+    def __eq__(self, other):
+        return self is other or (isinstance(other, Tables) and
+                                 (self.shape_dims, self.hw, self.start_dims, self.start) ==
+                                 (other.shape_dims, other.hw, other.start_dims, other.start))
 
     @classmethod
     def of(cls, spatial_shape, scale_start_index) -> "Tables":
@@ -474,6 +483,29 @@ def _format_op(n_levels: int) -> launch.Op:
     return _format_ops[n_levels]
 
 
+_format_cache: dict = {}
+
+
+def _format_tables(shapes) -> tuple:
+    """(spatial_shape, scale_start_index, rows per camera) of levels of these shapes; copies of
+    a cached result, so that a repeat call derives nothing and a caller may change them."""
+    if shapes not in _format_cache:
+        bs, cams, C = shapes[0][:3]
+        hw = np.array([[s[3], s[4]] for s in shapes], dtype=np.int32)
+        spatial_shape = np.ascontiguousarray(np.broadcast_to(hw, (cams, len(shapes), 2)))
+        sizes = (hw[:, 0].astype(np.int64) * hw[:, 1]).ravel()
+        per_cam = int(sizes.sum())
+        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        start = (np.arange(cams)[:, None] * per_cam + offsets[None, :]).astype(np.int32)
+        if bs * cams * per_cam * max(C, 1) > INT32_MAX:
+            raise ValueError("levels are too large for 32-bit indexing")
+        if len(_format_cache) > 64:
+            _format_cache.clear()
+        _format_cache[shapes] = (spatial_shape, start, per_cam)
+    spatial_shape, start, per_cam = _format_cache[shapes]
+    return spatial_shape.copy(), start.copy(), per_cam
+
+
 def feature_maps_format(levels: Sequence, *, out=None, device=None, queue=None):
     """Turn per-scale maps ``[bs, num_cams, C, H, W]`` into ``(mc_ms_feat [bs, num_feat, C],
     spatial_shape [num_cams, num_scale, 2] int32, scale_start_index [num_cams, num_scale] int32)``
@@ -490,15 +522,8 @@ def feature_maps_format(levels: Sequence, *, out=None, device=None, queue=None):
                              f"expected ({', '.join(map(str, checked[0].shape[:3]))}, H, W) and "
                              f"{checked[0].dtype} like levels[0]")
         checked.append(level)
+    spatial_shape, start, per_cam = _format_tables(tuple(tuple(l.shape) for l in checked))
     bs, cams, C = (int(v) for v in checked[0].shape[:3])
-    hw = np.array([[int(l.shape[3]), int(l.shape[4])] for l in checked], dtype=np.int32)
-    spatial_shape = np.ascontiguousarray(np.broadcast_to(hw, (cams, len(checked), 2)))
-    sizes = (hw[:, 0].astype(np.int64) * hw[:, 1]).ravel()
-    per_cam = int(sizes.sum())
-    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    start = (np.arange(cams)[:, None] * per_cam + offsets[None, :]).astype(np.int32)
-    if bs * cams * per_cam * max(C, 1) > INT32_MAX:
-        raise ValueError("levels are too large for 32-bit indexing")
     if not on_device:
         flat = [np.asarray(l).reshape(bs, cams, C, -1) for l in checked]
         feat = np.concatenate(flat, axis=3).transpose(0, 1, 3, 2).reshape(bs, cams * per_cam, C)

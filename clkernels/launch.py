@@ -17,6 +17,7 @@ An op declares its array parameters (:class:`Param`) and writes one function tha
 """
 from __future__ import annotations
 
+import math
 import threading
 from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -65,7 +66,7 @@ class Buffer:
 
     def __init__(self, name: str, shape, dtype):
         self.name, self.shape, self.dtype = name, tuple(int(s) for s in shape), np.dtype(dtype)
-        self.size = int(np.prod(self.shape, dtype=np.int64))
+        self.size = math.prod(self.shape)   # (np.prod costs microseconds per call)
         self.nbytes = self.size * self.dtype.itemsize
         strides, step = [], self.dtype.itemsize
         for s in reversed(self.shape):

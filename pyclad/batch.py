@@ -211,7 +211,8 @@ class BatchFunction:
         # Where the device arrays live (a caller's own context and queue work), unless a device
         # is named here or at construction.
         runtime = launch.runtime_for([*params, index, data], device if device is not None else self.device)
-        templates.storage(self.dtype, runtime)  # refuses float64 on a device without fp64
+        if (runtime.context.int_ptr, runtime.device.int_ptr, jacobians) not in self._plans:
+            templates.storage(self.dtype, runtime)  # refuses float64 on a device without fp64
         if not (index_checked and arrays.is_device_array(index)):
             self._validate_range(runtime, params, index)
         plan = self._plan(runtime, jacobians)
