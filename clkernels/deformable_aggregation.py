@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 import numpy as np
 import pyopencl as cl
 
-from . import arrays, launch, torch_autograd
+from . import arrays, launch, simulator, torch_autograd
 from .arrays import check_array, is_device_array
 from .launch import OUTPUT, TEMP, In, Out, Tmp
 from .runtime import DeviceInfo, Runtime
@@ -69,7 +69,7 @@ def default_config(info: DeviceInfo, channels: int, groups: int, direction: str 
     per work-item in vector loads; GPUs like more work-items, and for the backward's
     atomics, neighbouring channels on neighbouring work-items."""
     cpg = max(channels // max(groups, 1), 1)
-    if info.is_cpu or info.is_simulator:
+    if simulator.cpu_like(info):
         # CPUs: a whole group per work-item where it fits (PoCL, 2 cores: 32 channels beat 16
         # and 8 at the Sparse4D shapes); compare-and-swap float adds are slow (8x slower at the
         # inference shapes), so the backward gathers, 4 groups per work-item (1.4x faster than 1).

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .runtime import Runtime
 
-__all__ = ["active", "build_options", "zeros_from_host", "keep", "zero_copy_ok",
+__all__ = ["active", "cpu_like", "build_options", "zeros_from_host", "keep", "zero_copy_ok",
            "single_write_from_offset_zero", "OPTIMISER_HIDES_FREEZE"]
 
 # Templates whose programs are built unoptimised on the simulator: its uninitialised-value
@@ -24,6 +24,13 @@ OPTIMISER_HIDES_FREEZE = frozenset({"clkernels/dcnv4.cl.mako"})
 def active(runtime: Runtime) -> bool:
     """Whether the runtime is the simulator."""
     return runtime.info.is_simulator
+
+
+def cpu_like(info) -> bool:
+    """Whether a device (its DeviceInfo) gets the configurations chosen for CPUs: CPUs, and the
+    simulator, which interprets every work-item on the host; there the CPU configurations (wide
+    work-items, no compare-and-swap loops) keep its runs short."""
+    return info.is_cpu or info.is_simulator
 
 
 def build_options(runtime: Runtime, template: str) -> tuple:

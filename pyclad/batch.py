@@ -20,7 +20,7 @@ import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
 
-from clkernels import arrays, get_runtime, launch, templates
+from clkernels import arrays, get_runtime, launch, simulator, templates
 from clkernels.runtime import Runtime
 
 from . import codegen, interpreter, tape
@@ -263,8 +263,8 @@ class BatchFunction:
         dev_params = [arrays.to_device(runtime, p, f"params[{g}]") for g, p in enumerate(params)]
         chunk = min(n, self._chunk(runtime, n, jacobians))
         # On a CPU device the kernel can read and write the numpy arrays in place (no copy
-        # either way). Oclgrind's checker does not follow host memory, so it gets copies.
-        in_place = runtime.info.is_cpu and not runtime.info.is_simulator
+        # either way); see simulator.zero_copy_ok for the exception.
+        in_place = simulator.zero_copy_ok(runtime)
         bufs = None if in_place else _ChunkBuffers(runtime, self, chunk, jacobians)
         for start in range(0, n, chunk):
             stop = min(n, start + chunk)

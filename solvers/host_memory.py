@@ -12,12 +12,12 @@ import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
 
-from clkernels import arrays
+from clkernels import arrays, simulator
 
 
 def shares_host_memory(runtime) -> bool:
     """Whether :func:`read_only` on ``runtime`` wraps host arrays rather than copying them."""
-    return runtime.info.is_cpu and not runtime.info.is_simulator
+    return simulator.zero_copy_ok(runtime)
 
 
 def read_only(runtime, a) -> cla.Array:
