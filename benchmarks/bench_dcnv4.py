@@ -9,16 +9,36 @@
              0.404) on its shape, N=64 56x56, G=4 x 32 channels, offsets and masks uniform in
              [-1, 1]; every rung in float32 and float16; ratios to the first rung.
 3. shapes:   the device's default kernel on DCNv4's benchmark shapes (N=64 at 56, 28, 14, 7;
-             N=1 at 200x320 and 100x160; group_channels 16/32/64; G=4), with the official
-             CUDA operator's H200 times where measured, and an unfused PyTorch peer
-             (grid_sample) timed in the same run at those shapes.
+             N=1 at 200x320 and 100x160; group_channels 16/32/64; G=4), beside the official
+             CUDA operator built and timed in the same run (CUDA events: ``official_events_ms``,
+             ``vs_official`` = its time over ours), and an unfused PyTorch peer (grid_sample)
+             at the as-called section's three shapes.
 4. tuning:   work-group size and channels per work-item around the default, and the
              backward's configurations, at the paper's shape.
+5. as-called: the forward as a caller sees it, ours against the official operator, at
+             (N, H, W, C per group) = (64, 56, 56, 32), (64, 28, 28, 64), (1, 200, 320, 16), G=4,
+             float32 and float16: ours = ``clkernels.dcnv4`` on pyopencl arrays, the official
+             = ``DCNv4Function.apply`` of its own dcnv4_func.py (its d_stride/block_thread
+             heuristic and table, im2col_step 256 as its module passes) on the same values
+             as torch CUDA tensors. ``*_as_called_ms``: wall clock around one call and
+             ``queue.finish()`` / ``torch.cuda.synchronize()`` (median of --calls after
+             warm-up); ``*_pipelined_ms``: --pipeline calls back to back, one sync, divided;
+             ``ours_kernel_ms`` (OpenCL events) and ``official_events_ms`` (CUDA events, the
+             launches queued behind a short spin so the host's overhead is not counted).
+             Ratios are official over ours (> 1: ours faster): ``as_called_ratio`` (as called
+             vs as called), ``kernel_ratio`` (events vs events), ``events_vs_ours_as_called``
+             (their kernel time over our as-called time), ``pipelined_ratio``.
+             ``max_rel_diff``: the outputs' largest difference over the largest |official|.
+
+The official operator is built from sources staged by ``benchmarks/peers/stage_cuda_peers.sh``
+into ``.peers/cuda`` (see ``benchmarks/cuda_peers.py``), only where torch sees a CUDA device
+and the OpenCL device is a GPU; elsewhere its columns stay empty and the report says why.
 
 Effective bandwidth counts input + offset_mask + output once (backward: + grad_out and both
 gradients) against the 4.26 TB/s an OpenCL copy reaches on the H200.
 
-    python benchmarks/bench_dcnv4.py [--quick] [--device SPEC] [--out DIR]
+    python benchmarks/bench_dcnv4.py [--quick] [--device SPEC] [--out DIR] [--sections LIST]
+    python benchmarks/bench_dcnv4.py --as-called        # section 5 only
 
 --quick (for CPUs): N=2 instead of 64 and fewer runs; the N=1 shapes stay.
 """
@@ -30,15 +50,19 @@ import numpy as np
 import pyopencl.array as cla
 
 import harness
+import clkernels  # noqa: E402  (harness put the checkout on sys.path)
+import cuda_peers  # noqa: E402
 
 dcnv4_module = importlib.import_module("clkernels.dcnv4")
 Options, KernelConfig, LADDER = dcnv4_module.Options, dcnv4_module.KernelConfig, dcnv4_module.LADDER
 
 PAPER_MS = [1.45, 1.53, 1.51, 0.606]  # A100, float32 rungs; float16 vectorised: 0.404
 PAPER_HALF_MS = 0.404
-# The official CUDA operator on the same H200, offsets and masks uniform in [-1, 1].
-OFFICIAL_H200_MS = {(64, 56, 56, 32): (0.374, 0.237), (64, 28, 28, 64): (0.188, 0.128),
-                    (1, 200, 320, 16): (0.091, 0.059)}
+# (N, H, W, channels per group), G=4: the as-called comparison's shapes (N=64 becomes 2 under
+# --quick); the torch grid_sample peer in `shapes` runs at these too.
+AS_CALLED_SHAPES = ((64, 56, 56, 32), (64, 28, 28, 64), (1, 200, 320, 16))
+SECTIONS = ("check", "ladder", "shapes", "tuning", "as-called")
+TOLERANCE = {np.float32: 1e-5, np.float16: 2e-3}  # ours vs the official, relative to max |official|
 COPY_CEILING = harness.H200_COPY_BYTES_PER_S
 DTYPES = (np.float32, np.float16)
 
@@ -126,12 +150,12 @@ def check(report, rt, torch):
 
 def time_forward(rt, args, x, om, o, cfg):
     out = cla.empty(rt.queue, (*x.shape[:1], *o.out_size(*x.shape[1:3]), x.shape[3]), x.dtype)
-    return harness.time_events(lambda: dcnv4_module.launch_forward(rt, x, om, out, o, cfg),
+    return harness.time_events(lambda: dcnv4_module.enqueue_forward(rt, x, om, o, cfg, out=out)[1],
                                warmup=args.warmup, repeat=args.repeat)
 
 
 def time_backward(rt, args, x, om, o, cfg):
-    return harness.time_events(lambda: dcnv4_module.launch_backward(rt, x, x, om, o, cfg)[2],
+    return harness.time_events(lambda: dcnv4_module.enqueue_backward(rt, x, x, om, o, cfg)[1],
                                warmup=args.warmup, repeat=args.repeat)
 
 
@@ -164,20 +188,29 @@ def ladder(report, rt, args, n):
             report.add(**row)
 
 
-def shapes(report, rt, args, quick, torch, tdev):
+def official_events(official, args, x, om, o):
+    """The official operator's CUDA-event time on copies of x and om (seconds, median)."""
+    tx, tom = cuda_peers.to_cuda(x), cuda_peers.to_cuda(om)
+    official.check(tx, tom, o.kernel_h, o.kernel_w, o.remove_center)
+    opts = dataclasses.asdict(o)
+    return harness.Timing(cuda_peers.time_events(lambda: official.forward(tx, tom, **opts),
+                                                 warmup=args.warmup, repeat=args.repeat))
+
+
+def shapes(report, rt, args, quick, torch, tdev, official):
     n64 = 2 if quick else 64
     for (n, h, w) in [(n64, 56, 56), (n64, 28, 28), (n64, 14, 14), (n64, 7, 7), (1, 200, 320), (1, 100, 160)]:
         for c in (16, 32, 64):
             o = Options(group=4, group_channels=c)
-            official = OFFICIAL_H200_MS.get((n, h, w, c))
-            for k, dtype in enumerate(DTYPES):
+            for dtype in DTYPES:
                 x, om = make_problem(rt, n, h, w, 4, c, dtype)
                 t = time_forward(rt, args, x, om, o, None)
                 row = dict(case=f"N={n} {h}x{w} G=4 C={c}", variant="default", dtype=np.dtype(dtype).name,
                            timing=t, bytes_moved=forward_bytes(x, om))
-                if official:
-                    row.update(official_cuda_ms=official[k], vs_official=official[k] * 1e-3 / t.median)
-                if torch is not None and official and dtype == np.float32:
+                if official is not None:
+                    peer = official_events(official, args, x, om, o)
+                    row.update(official_events_ms=peer.median * 1e3, vs_official=peer.median / t.median)
+                if torch is not None and (n, h, w, c) in AS_CALLED_SHAPES and dtype == np.float32:
                     peer = time_peer(torch, tdev, args, x, om, o)
                     row.update(torch_peer_ms=peer.median * 1e3, vs_torch=peer.median / t.median)
                 report.add(**row)
@@ -210,11 +243,73 @@ def tuning(report, rt, args, n):
                        timing=t, bytes_moved=2 * forward_bytes(x, om) + x.nbytes)
 
 
+def as_called(report, rt, args, official, failures):
+    """Section 5: ours and the official forward as called from Python (see the docstring)."""
+    n64 = 2 if args.quick else 64
+    for n, h, w, c in AS_CALLED_SHAPES:
+        n = n64 if n == 64 else n
+        o = Options(group=4, group_channels=c)
+        opts = dataclasses.asdict(o)
+        for dtype in DTYPES:
+            x, om = make_problem(rt, n, h, w, 4, c, dtype)
+            call = lambda: clkernels.dcnv4(x, om, **opts, device=rt)  # noqa: E731
+            ours = call().get()
+            mine = harness.Timing(cuda_peers.wall_as_called(call, rt.queue.finish, args.warmup, args.calls))
+            pipe = harness.Timing(cuda_peers.wall_pipelined(call, rt.queue.finish, args.pipeline, args.warmup,
+                                                            args.pipeline_repeat))
+            kern = time_forward(rt, args, x, om, o, None)
+            name = np.dtype(dtype).name
+            row = dict(section="as called", case=f"N={n} {h}x{w} G=4 C={c}", variant="forward", dtype=name,
+                       timing=mine, ours_as_called_ms=mine.median * 1e3, ours_pipelined_ms=pipe.median * 1e3,
+                       ours_kernel_ms=kern.median * 1e3)
+            if official is not None:
+                tx, tom = cuda_peers.to_cuda(x), cuda_peers.to_cuda(om)
+                official.check(tx, tom, o.kernel_h, o.kernel_w, o.remove_center)
+                fn = lambda: official.forward(tx, tom, **opts)  # noqa: E731
+                err = harness.rel_err(ours, fn().cpu().numpy())
+                ev = cuda_peers.median(cuda_peers.time_events(fn, args.warmup, args.repeat))
+                ac = cuda_peers.median(cuda_peers.time_as_called(fn, args.warmup, args.calls))
+                pp = cuda_peers.median(cuda_peers.time_pipelined(fn, args.pipeline, args.warmup,
+                                                                 args.pipeline_repeat))
+                spec = official.spec(n, h, w, 4, c)
+                row.update(official_as_called_ms=ac * 1e3, official_pipelined_ms=pp * 1e3,
+                           official_events_ms=ev * 1e3, as_called_ratio=ac / mine.median,
+                           kernel_ratio=ev / kern.median, events_vs_ours_as_called=ev / mine.median,
+                           pipelined_ratio=pp / pipe.median, max_rel_diff=err,
+                           official_spec="d_stride={} block_thread={}{}".format(
+                               *spec["forward"], " (table)" if spec["from_table"] else ""))
+                if not err < TOLERANCE[dtype]:
+                    failures.append(f"as called N={n} {h}x{w} C={c} {name}: ours vs official {err:.2e}")
+                del tx, tom
+            report.add(**row)
+
+
+AS_CALLED_COLUMNS = ["case", "variant", "dtype", "ours_as_called_ms", "ours_pipelined_ms", "ours_kernel_ms",
+                     "official_as_called_ms", "official_pipelined_ms", "official_events_ms", "as_called_ratio",
+                     "kernel_ratio", "events_vs_ours_as_called", "pipelined_ratio", "max_rel_diff",
+                     "official_spec", "spread"]
+
+
 def main():
-    args = harness.parser(__doc__).parse_args()
+    parser = harness.parser(__doc__)
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma-separated, of {', '.join(SECTIONS)} (default: all)")
+    parser.add_argument("--as-called", action="store_true", help="only the as-called section")
+    parser.add_argument("--calls", type=int, default=50, help="as-called: timed calls (median)")
+    parser.add_argument("--pipeline", type=int, default=50, help="as-called: calls back to back per sample")
+    parser.add_argument("--pipeline-repeat", type=int, default=5, help="as-called: pipelined samples")
+    parser.add_argument("--peer-root", default=cuda_peers.DEFAULT_ROOT, help="staged official CUDA sources")
+    parser.add_argument("--no-cuda-peer", action="store_true", help="do not build the official CUDA operator")
+    args = parser.parse_args()
+    sections = ["as-called"] if args.as_called else [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        parser.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
     if args.quick:
         args.repeat, args.warmup = min(args.repeat, 3), 1
-    report = harness.Report("bench_dcnv4", args, copy_ceiling_bytes_per_s=COPY_CEILING)
+        args.calls, args.pipeline, args.pipeline_repeat = min(args.calls, 10), min(args.pipeline, 10), 3
+    name = "bench_dcnv4" if set(sections) == set(SECTIONS) else "bench_dcnv4-" + "-".join(sections)
+    report = harness.Report(name, args, copy_ceiling_bytes_per_s=COPY_CEILING, sections=",".join(sections))
     rt = report.runtime
     report.meta["inline_ptx"] = dcnv4_module.used_ptx(rt)
     try:
@@ -224,18 +319,32 @@ def main():
     except ImportError:
         torch, tdev = None, None
         report.meta["torch_peer"] = "torch not installed: no check, no peer"
-    failures = check(report, rt, torch) if torch is not None else []
+    official = None
+    if "shapes" in sections or "as-called" in sections:
+        # nvcc runs while the event-timed check and ladder sections do; nothing wall-clock
+        # timed runs before the build is done
+        pending = cuda_peers.load_in_background(
+            "dcnv4", not (rt.info.is_cpu or rt.info.is_simulator), args.peer_root, args.no_cuda_peer)
+    failures = check(report, rt, torch) if torch is not None and "check" in sections else []
     n = 2 if args.quick else 64
-    ladder(report, rt, args, n)
-    shapes(report, rt, args, args.quick, torch, tdev)
-    tuning(report, rt, args, n)
+    if "ladder" in sections:
+        ladder(report, rt, args, n)
+    if "shapes" in sections or "as-called" in sections:
+        official, reason = pending.result()
+        report.meta["official_cuda"] = cuda_peers.describe(official) if official else f"unavailable: {reason}"
+    if "shapes" in sections:
+        shapes(report, rt, args, args.quick, torch, tdev, official)
+    if "tuning" in sections:
+        tuning(report, rt, args, n)
+    if "as-called" in sections:
+        as_called(report, rt, args, official, failures)
     report.meta["inline_ptx"] = dcnv4_module.used_ptx(rt)  # after every build
     for row in report.rows:
         if "GB_per_s" in row:
             row["of_copy_ceiling"] = row["GB_per_s"] * 1e9 / COPY_CEILING
     report.write(["case", "variant", "dtype", "median_s", "spread", "GB_per_s", "of_copy_ceiling",
-                  "vs_first_rung", "paper_ms", "paper_vs_first", "official_cuda_ms", "vs_official",
-                  "torch_peer_ms", "vs_torch", "rel_err"])
+                  "vs_first_rung", "paper_ms", "paper_vs_first", "official_events_ms", "vs_official",
+                  "torch_peer_ms", "vs_torch", "rel_err"], sections={"as called": AS_CALLED_COLUMNS})
     if failures:
         print("CHECK FAILED:\n  " + "\n  ".join(failures))
         sys.exit(1)

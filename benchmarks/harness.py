@@ -150,14 +150,18 @@ class Report:
         print("  " + "  ".join(f"{k}={_fmt(v)}" for k, v in shown.items()), flush=True)
         return row
 
-    def table(self, columns: List[str]) -> str:
+    def table(self, columns: List[str], rows: Optional[List[dict]] = None) -> str:
         lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-        for row in self.rows:
+        for row in self.rows if rows is None else rows:
             lines.append("| " + " | ".join(_fmt(row.get(c, "")) for c in columns) + " |")
         return "\n".join(lines)
 
-    def write(self, columns: Optional[List[str]] = None) -> str:
-        columns = columns or sorted({k for r in self.rows for k in r if k != "samples_s"},
+    def write(self, columns: Optional[List[str]] = None, sections: Optional[dict] = None) -> str:
+        """``sections``: {name: columns} for rows added with ``section=name``; each such group
+        gets a table of its own after the main one (in the JSON all rows stay in one list)."""
+        sections = sections or {}
+        main = [r for r in self.rows if r.get("section") not in sections]
+        columns = columns or sorted({k for r in main for k in r if k != "samples_s"},
                                     key=lambda k: (k not in ("case", "variant"), k))
         os.makedirs(self.args.out, exist_ok=True)
         tag = "".join(c if c.isalnum() else "-" for c in self.runtime.info.vendor + "-" +
@@ -165,7 +169,12 @@ class Report:
         base = os.path.join(self.args.out, f"{self.name}-{tag}")
         with open(base + ".json", "w") as f:
             json.dump({"meta": self.meta, "rows": self.rows}, f, indent=1)
-        table = self.table(columns)
+        parts = [self.table(columns, main)] if main or not sections else []
+        for name, cols in sections.items():
+            rows = [r for r in self.rows if r.get("section") == name]
+            if rows:
+                parts.append(f"## {name}\n\n" + self.table(cols, rows))
+        table = "\n\n".join(parts)
         text = f"# {self.name}\n\n" + "\n".join(f"- {k}: {v}" for k, v in self.meta.items()) + \
                "\n\n" + table + "\n"
         with open(base + ".md", "w") as f:

@@ -22,7 +22,9 @@ python3 "$root/benchmarks/ceres_peer.py" build >/dev/null
 build=$root/benchmarks/peers/build
 programs=(ceres_jacobian ceres_bundle_adjuster)
 
-rm -rf "$dest"
+# everything but cuda/ (the CUDA peers' sources that stage_cuda_peers.sh puts beside the bundle)
+mkdir -p "$dest"
+find "$dest" -mindepth 1 -maxdepth 1 ! -name cuda -exec rm -rf {} +
 mkdir -p "$dest/bin" "$dest/lib"
 for p in "${programs[@]}"; do
   cp "$build/$p" "$dest/bin/$p"
@@ -82,7 +84,7 @@ done
 } > "$dest/MANIFEST.txt"
 rm -f "$dest/.sources"
 
-size=$(du -sb "$dest" | awk '{print $1}')
+size=$(du -sb --exclude=cuda "$dest" | awk '{print $1}')
 if [ "$size" -gt $((limit_mib * 1024 * 1024)) ]; then
   echo "bundle_for_device.sh: $dest is $((size / 1048576)) MiB, over the ${limit_mib} MiB carry budget" >&2; exit 1
 fi
