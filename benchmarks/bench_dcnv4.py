@@ -217,20 +217,28 @@ def shapes(report, rt, args, quick, torch, tdev, official):
 
 
 def tuning(report, rt, args, n):
+    """Work-group size and channels per work-item around the default, forward, at the paper's
+    shape and DCNv4's other as-called shapes; the backward's configurations at the paper's."""
     o = Options(group=4, group_channels=32)
+    shapes = [(n, 56, 56, 32), (n, 28, 28, 64), (1, 200, 320, 16)]
     for dtype in DTYPES:
+        for N, H, W, C in shapes:
+            oc = Options(group=4, group_channels=C)
+            xc, omc = make_problem(rt, N, H, W, 4, C, dtype)
+            for cpw, vw in ((2, 2), (4, 4), (8, 4), (8, 8), (16, 8), (16, 16), (32, 8)):
+                if C % cpw:
+                    continue
+                for wg in (32, 64, 128, 256, 512):
+                    if wg > rt.info.max_work_group_size:
+                        continue
+                    try:
+                        t = time_forward(rt, args, xc, omc, oc, KernelConfig(cpw, vw, True, wg))
+                    except ValueError as exc:  # more work-items than this variant's registers allow
+                        print(f"  skipped cpw={cpw} vw={vw} wg={wg}: {exc}", flush=True)
+                        continue
+                    report.add(case=f"tune forward N={N} {H}x{W} G=4 C={C}", variant=f"cpw={cpw} vw={vw} wg={wg}",
+                               dtype=np.dtype(dtype).name, timing=t, bytes_moved=forward_bytes(xc, omc))
         x, om = make_problem(rt, n, 56, 56, 4, 32, dtype)
-        for cpw, vw in ((4, 4), (8, 8), (16, 8), (16, 16), (32, 8)):
-            for wg in (64, 128, 256, 512):
-                if wg > rt.info.max_work_group_size:
-                    continue
-                try:
-                    t = time_forward(rt, args, x, om, o, KernelConfig(cpw, vw, True, wg))
-                except ValueError as exc:  # more work-items than this variant's registers allow
-                    print(f"  skipped cpw={cpw} vw={vw} wg={wg}: {exc}", flush=True)
-                    continue
-                report.add(case=f"tune forward N={n} 56x56 G=4 C=32", variant=f"cpw={cpw} vw={vw} wg={wg}",
-                           dtype=np.dtype(dtype).name, timing=t, bytes_moved=forward_bytes(x, om))
         configs = [("default", None), ("owner cpw=8", KernelConfig(8, 8, scatter="owner")),
                    ("atomic cpw=1", KernelConfig(1, 1, scatter="atomic"))]
         if not rt.info.is_cpu:  # CAS atomics on a CPU: one is enough to show their cost

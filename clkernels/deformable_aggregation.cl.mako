@@ -26,22 +26,36 @@
 ##   GPI           da_backward_feat: groups per work-item (CPT channels in each)
 ##   info          DeviceInfo (chooses the atomic add)
 ##   KIND          'aggregate' (everything below) or 'format' (feature_maps_format only)
-<%page args="KIND, E=None, st=None, ws=None, info=None, C=1, G=1, S=0, CPT=1, VEC=1,
+<%page args="KIND, E=None, LEVELS=(), st=None, ws=None, info=None, C=1, G=1, S=0, CPT=1, VEC=1,
               INTERLEAVE=False, SPLIT=1, SCATTER=True, GPI=1, CPG=1, IPG=1, ITEMS=1"/>
 <%namespace name="common" file="/clkernels/common.cl.mako"/>
 %if KIND == 'format':
-// feature_maps_format on the device: one level [bs, cams, C, H*W] into its rows of
-// [bs, num_feat, C]. Elements are copied as raw bits (E: uint for float, ushort for half).
-__kernel void da_format_level(__global const ${E} *restrict src, __global ${E} *restrict dst,
-                              const int cams, const int C, const int HW, const int num_feat,
-                              const int rows_per_cam, const int level_row, const int n)
+// feature_maps_format on the device, every level in one launch: level l [bs, cams, C, H*W]
+// into its rows of [bs, num_feat, C]. LEVELS holds per level (H*W, first row in a camera's
+// block, first work-item, work-items); elements are copied as raw bits (E: uint for float,
+// ushort for half).
+inline void format_copy(__global const ${E} *restrict src, __global ${E} *restrict dst, const int i,
+                        const int HW, const int level_row, const int cams, const int C,
+                        const int num_feat, const int rows_per_cam)
 {
-    const int i = get_global_id(0);
-    if (i >= n) return;
     const int ic = i / HW, pix = i - ic * HW;
     const int bc = ic / C, c = ic - bc * C;
     const int b = bc / cams, cam = bc - b * cams;
     dst[((size_t)b * num_feat + cam * rows_per_cam + level_row + pix) * C + c] = src[i];
+}
+
+__kernel void da_format_levels(
+%for l in range(len(LEVELS)):
+    __global const ${E} *restrict src${l},
+%endfor
+    __global ${E} *restrict dst, const int cams, const int C, const int num_feat,
+    const int rows_per_cam)
+{
+    const int i = get_global_id(0);
+%for l, (hw, row, first, n) in enumerate(LEVELS):
+    ${'if' if l == 0 else 'else if'} (i >= ${first} && i < ${first + n})
+        format_copy(src${l}, dst, i - ${first}, ${hw}, ${row}, cams, C, num_feat, rows_per_cam);
+%endfor
 }
 %else:
 ${common.bilinear_taps('float')}

@@ -450,25 +450,28 @@ def deformable_aggregation_backward(grad_out, mc_ms_feat, spatial_shape, scale_s
 # ----------------------------------------------------------------------------- formatting
 
 def _format_plan(rt, levels, options, config) -> launch.Plan:
-    """One copy kernel per level into the packed [bs, num_feat, C] layout (the levels' shapes
-    are checked by feature_maps_format)."""
+    """One copy kernel for every level into the packed [bs, num_feat, C] layout (the levels'
+    shapes are checked by feature_maps_format)."""
     bs, cams, C = (int(v) for v in levels[0].shape[:3])
     sizes = [int(l.shape[3]) * int(l.shape[4]) for l in levels]
     per_cam = sum(sizes)
     out = launch.Buffer("out", (bs, cams * per_cam, C), levels[0].dtype)
-    elem = "ushort" if levels[0].dtype == np.float16 else "uint"
-    program = launch.program(rt, TEMPLATE, KIND="format", E=elem)
-    steps, first = [], 0
-    for i, size in enumerate(sizes):
+    table, row, first = [], 0, 0
+    for size in sizes:
         n = bs * cams * C * size
         if n:
-            k = launch.kernel_for_plan(program, "da_format_level")
-            lsize = arrays.work_group_size(rt, k, 256)
-            steps.append(launch.step(k, (arrays.round_up(n, lsize),), (lsize,), [
-                In(i), Out(0), np.int32(cams), np.int32(C), np.int32(size), np.int32(cams * per_cam),
-                np.int32(per_cam), np.int32(first), np.int32(n)]))
-        first += size
-    return launch.Plan([out], steps)
+            table.append((size, row, first, n))
+        row, first = row + size, first + n
+    if not first:
+        return launch.Plan([out])
+    elem = "ushort" if levels[0].dtype == np.float16 else "uint"
+    k = launch.kernel_for_plan(launch.program(rt, TEMPLATE, KIND="format", E=elem, LEVELS=tuple(table)),
+                               "da_format_levels")
+    lsize = arrays.work_group_size(rt, k, 256)
+    used = [i for i, size in enumerate(sizes) if bs * cams * C * size]   # levels with elements
+    return launch.Plan([out], [launch.step(k, (arrays.round_up(first, lsize),), (lsize,), [
+        *(In(i) for i in used), Out(0), np.int32(cams), np.int32(C), np.int32(cams * per_cam),
+        np.int32(per_cam)])])
 
 
 _format_ops: dict = {}

@@ -321,10 +321,10 @@ class Op:
         plan = self.plan(rt, args, options, config)
         on_device = any(type(a) is not np.ndarray for a in args) if like_device is None else like_device
         q = rt.queue
-        ins, wait = [], []
+        ins, wait, uploads = [], [], []
         for a, p in zip(args, self.params):
             if type(a) is np.ndarray:
-                ins.append(_upload(rt, a))
+                ins.append(_upload(rt, a, uploads))
             else:
                 ins.append(device_array(rt, a, p.name))
                 if a.events:
@@ -334,11 +334,13 @@ class Op:
         temps = [pool.allocate(t.nbytes) if t.nbytes else None for t in plan.temps]
         events = plan.enqueue(q, ins, [o.base_data for o in outs], temps, wait)
         if on_device:
-            if events:
-                for o in outs:
-                    o.add_event(events[-1])
+            for o in outs:          # every launch: a later wait on an output covers the call
+                for e in events:
+                    o.add_event(e)
             return tuple(outs), events
-        return self._download(rt, plan, outs, out, events), events
+        results = self._download(rt, plan, outs, out, events)
+        del uploads                 # (done: the blocking download came after them in the queue)
+        return results, events
 
     # -- pieces of a call --------------------------------------------------------------------
     def _outputs(self, rt: Runtime, plan: Plan, out, on_device: bool) -> list:
@@ -382,16 +384,17 @@ def _as_array(a, name: str):
                         f"not {type(a).__name__}") from None
 
 
-def _upload(rt: Runtime, a: np.ndarray):
-    """A pooled device copy of a host input (C-contiguous first: a copy the transfer needs)."""
+def _upload(rt: Runtime, a: np.ndarray, pending: list):
+    """A pooled device copy of a host input (C-contiguous first: a copy the transfer needs).
+    The transfer does not block; its event goes to ``pending``, which the caller keeps until
+    the results' blocking download (pyopencl's event keeps ``a`` alive, and waits for the
+    transfer when it is released)."""
     if not a.flags.c_contiguous:
         a = np.ascontiguousarray(a)
     if not a.nbytes:
         return None
     buf = rt.pool.allocate(a.nbytes)
-    # Non-blocking: pyopencl's event keeps `a` alive until the transfer is done, and the
-    # results' download (blocking, on the same in-order queue) comes after it.
-    cl.enqueue_copy(rt.queue, buf, a, is_blocking=False)
+    pending.append(cl.enqueue_copy(rt.queue, buf, a, is_blocking=False))
     return buf
 
 

@@ -10,11 +10,13 @@ import importlib
 
 import cv2  # OpenCV and scikit-image are test requirements (setup.cfg's [test] extra)
 import numpy as np
+import pyopencl as cl
 import pyopencl.array as cla
 import pytest
 import skimage.data as skdata
 
 import clkernels
+from clkernels import launch
 
 wa = importlib.import_module("clkernels.warp_affine")  # the module; clkernels.warp_affine is the function
 
@@ -127,6 +129,18 @@ def test_warp_affine_tiny(device):
         M = np.array(M)
         ours = clkernels.warp_affine(img, M, dsize, border_value=(10, 20, 30), device=device)
         check_levels(ours, cv_warp(img, M, dsize, (10, 20, 30)).astype(np.float64), 1, 0.95)
+
+
+@pytest.mark.oclgrind
+def test_identity_warp_is_a_copy_up_to_the_buffers_last_byte(device):
+    """Every pixel read, the first and last bytes of an exactly sized device buffer among
+    them (4-byte corner loads must not step outside it); 1x1 and 1-row images too."""
+    for h, w in ((5, 7), (1, 1), (1, 2), (3, 1)):
+        img = noise(h, w, seed=h * w)
+        dev = cla.to_device(device.queue, img)
+        eye = np.eye(2, 3)
+        assert np.array_equal(clkernels.warp_affine(dev, eye, (w, h), device=device).get(), img)
+        assert np.array_equal(clkernels.warp_affine(img, eye, (w, h), device=device), img)
 
 
 @pytest.mark.oclgrind
@@ -288,11 +302,16 @@ def test_every_code_path_gives_the_same_values(device, monkeypatch):
         variants.append(dict(_zero_copy=True))
     for kw in variants:
         assert np.array_equal(clkernels.letterbox(images, size=(16, 8), device=device, **kw)[0], ref)
-    for lanes, fma in ((1, "fma"), (1, None), (2, None), (8, "fma"), (16, None)):
+    for lanes, fma, unaligned in ((1, "fma", False), (1, None, True), (2, None, False),
+                                  (8, "fma", True), (8, None, False), (16, None, True)):
         monkeypatch.setattr(wa, "_lanes", lambda runtime, w, lanes=lanes: lanes)
+        # GPUs' loads and stores (bytes, vstoren) or CPUs' (words, unaligned vectors).
+        monkeypatch.setattr(wa, "_unaligned_io", lambda runtime, u=unaligned: u)
         if fma:  # the library fma, as GPUs get it
             monkeypatch.setattr(wa, "_fma_name", lambda runtime: fma)
         assert np.array_equal(clkernels.letterbox(images, size=(16, 8), device=device)[0], ref)
+        assert np.array_equal(clkernels.letterbox(images[1], size=(16, 8), device=device)[0],
+                              ref[1:2])
         assert np.array_equal(clkernels.warp_affine(images[0], M, (16, 5), device=device), ref_w)
         monkeypatch.undo()
     # Host images: the outputs of two images fill a buffer, so three take two launches.
@@ -312,6 +331,152 @@ def test_image_larger_than_a_buffer_is_refused_clearly(device, monkeypatch):
     monkeypatch.setattr(wa, "_alloc_limit", lambda runtime: 1000)
     with pytest.raises(ValueError, match=r"images\[1\].*CL_DEVICE_MAX_MEM_ALLOC_SIZE"):
         clkernels.letterbox([noise(5, 5), noise(40, 40)], size=(8, 8), device=device)
+
+
+# --------------------------------------------------------------------------- the launch layer
+
+@pytest.mark.oclgrind
+def test_arrays_on_a_callers_own_context_and_queue(device):
+    """Images made on a context and queue the library did not create: no device=, results
+    on that context and queue; queue= runs host images there."""
+    ctx = cl.Context([device.device])
+    q = cl.CommandQueue(ctx)
+    images = [noise(5, 8, seed=1), noise(7, 4, seed=2)]
+    M = np.array([[0.5, 0.1, 1.0], [0.0, 1.2, -0.5]])
+    ref, ref_d2i = clkernels.letterbox(images, size=(6, 6), device=device)
+    ref_w = clkernels.warp_affine(images[1], M, (5, 9), device=device)
+    for dev_images in ([cla.to_device(q, im) for im in images],          # packed on the device
+                       cla.to_device(q, np.stack([images[0], images[0]]))):  # read in place
+        blob, d2i = clkernels.letterbox(dev_images, size=(6, 6))
+        assert isinstance(blob, cla.Array) and blob.context == ctx and blob.queue is q
+        expect = ref if isinstance(dev_images, list) else np.stack([ref[0], ref[0]])
+        assert np.array_equal(blob.get(), expect) and np.array_equal(d2i[0], ref_d2i[0])
+    one = cla.to_device(q, images[0])
+    blob, _ = clkernels.letterbox(one, size=(6, 6))
+    assert blob.queue is q and np.array_equal(blob.get(), ref[:1])
+    warped = clkernels.warp_affine(cla.to_device(q, images[1]), M, (5, 9))
+    assert warped.context == ctx and warped.shape == (9, 5, 3)
+    assert np.array_equal(warped.get(), ref_w)
+    # Host images on the caller's queue: numpy results.
+    blob, _ = clkernels.letterbox(images, size=(6, 6), queue=q)
+    assert isinstance(blob, np.ndarray) and np.array_equal(blob, ref)
+    assert np.array_equal(clkernels.warp_affine(images[1], M, (5, 9), queue=q), ref_w)
+    assert launch.runtime_for_queue(q).plans   # it ran there
+    # Another context than the images': a clear error, not a stray pointer.
+    with pytest.raises(ValueError, match=r"images\[0\] lives on another OpenCL context"):
+        clkernels.letterbox(one, size=(6, 6), device=device)
+
+
+@pytest.mark.oclgrind
+def test_warp_affine_out_host_and_device(device):
+    img = noise(6, 7, seed=4)
+    M = np.array([[1.3, 0.2, -0.5], [-0.1, 0.9, 0.75]])
+    ref = clkernels.warp_affine(img, M, (8, 5), device=device)
+    out = np.zeros((5, 8, 3), np.uint8)
+    assert clkernels.warp_affine(img, M, (8, 5), out=out, device=device) is out
+    assert np.array_equal(out, ref)
+    dev_out = cla.zeros(device.queue, (5, 8, 3), np.uint8)
+    dev_img = cla.to_device(device.queue, img)
+    assert clkernels.warp_affine(dev_img, M, (8, 5), out=dev_out, device=device) is dev_out
+    assert np.array_equal(dev_out.get(), ref)
+    with pytest.raises(ValueError, match=r"out has shape \(5, 8, 4\)"):
+        clkernels.warp_affine(img, M, (8, 5), out=np.zeros((5, 8, 4), np.uint8), device=device)
+    with pytest.raises(TypeError, match="out has dtype float32"):
+        clkernels.warp_affine(img, M, (8, 5), out=np.zeros((5, 8, 3), np.float32), device=device)
+    with pytest.raises(TypeError, match="out must be a numpy array"):
+        clkernels.warp_affine(img, M, (8, 5), out=dev_out, device=device)
+    with pytest.raises(TypeError, match="out must be a pyopencl.array.Array"):
+        clkernels.warp_affine(dev_img, M, (8, 5), out=out, device=device)
+    with pytest.raises(ValueError, match="out is read-only"):
+        frozen = np.zeros((5, 8, 3), np.uint8)
+        frozen.flags.writeable = False
+        clkernels.warp_affine(img, M, (8, 5), out=frozen, device=device)
+
+
+@pytest.mark.oclgrind
+def test_letterbox_device_out_errors_name_out(device):
+    dev_images = cla.to_device(device.queue, np.stack([noise(5, 8, seed=1)] * 2))
+    with pytest.raises(ValueError, match="out has shape"):
+        clkernels.letterbox(dev_images, size=(6, 4), device=device,
+                            out=cla.empty(device.queue, (2, 3, 6, 4), np.float32))
+    with pytest.raises(TypeError, match="out must be a pyopencl.array.Array"):
+        clkernels.letterbox(dev_images, size=(6, 4), out=np.empty((2, 3, 4, 6), np.float32),
+                            device=device)
+    other = cl.CommandQueue(cl.Context([device.device]))
+    with pytest.raises(ValueError, match="out lives on another OpenCL context"):
+        clkernels.letterbox(dev_images, size=(6, 4), device=device,
+                            out=cla.empty(other, (2, 3, 4, 6), np.float32))
+
+
+@pytest.mark.oclgrind
+def test_views_at_changing_offsets_share_a_plan(device):
+    """Crops of one image (host or device) whose offsets change from call to call: one plan,
+    a new table (batches) or offset (one image) each time, the values of copies."""
+    big = noise(12, 14, seed=9)
+    dev_big = cla.to_device(device.queue, big)
+    plans = None
+    for k in range(3):
+        crops = [big[0:5, 0:6], big[k:k + 5, 4 + k:10 + k]]
+        ref, _ = clkernels.letterbox([np.ascontiguousarray(c) for c in crops], size=(8, 8),
+                                     device=device)
+        blob, _ = clkernels.letterbox(crops, size=(8, 8), device=device)
+        assert np.array_equal(blob, ref)
+        dev_crops = [dev_big[0:5, 0:6], dev_big[k:k + 5, 4 + k:10 + k]]
+        dev_blob, _ = clkernels.letterbox(dev_crops, size=(8, 8), device=device)
+        assert np.array_equal(dev_blob.get(), ref)
+        dev_blob, _ = clkernels.letterbox(dev_crops[1], size=(8, 8), device=device)
+        assert np.array_equal(dev_blob.get(), ref[1:])
+        if plans is None:
+            plans = len(device.plans)
+        assert len(device.plans) == plans
+
+
+def test_unaligned_host_out_with_vector_stores(device):
+    """A caller's out= aligned to its elements only, with 8 pixels per vector store."""
+    img = photo("chelsea")
+    ref, _ = clkernels.letterbox(img, size=(64, 48), device=device)
+    raw = np.empty(1 * 3 * 48 * 64 * 4 + 64, np.uint8)
+    start = (-raw.ctypes.data) % 32 + 4   # 4 bytes past a 32-byte boundary
+    out = raw[start:start + ref.nbytes].view(np.float32).reshape(ref.shape)
+    blob, _ = clkernels.letterbox(img, size=(64, 48), out=out, device=device)
+    assert blob is out and np.array_equal(out, ref)
+
+
+def test_host_results_are_independent_arrays(device):
+    """Each call's numpy result is its own memory for as long as it (or a view) lives."""
+    a, b = photo("astronaut"), photo("coffee")
+    first, _ = clkernels.letterbox(a, size=(64, 64), device=device)
+    expect = first.copy()
+    view = first[0, 1]
+    del first
+    second, _ = clkernels.letterbox(b, size=(64, 64), device=device)
+    assert np.array_equal(view, expect[0, 1]) and not np.array_equal(second, expect)
+    second += 1.0   # results are writeable
+    assert isinstance(second, np.ndarray) and second.flags.c_contiguous
+
+
+def test_repeated_calls_reuse_one_plan_and_do_not_grow_the_pool(device):
+    images = [noise(9, 12, seed=1), noise(7, 5, seed=2)]
+    separate = [cla.to_device(device.queue, im) for im in images]   # packed from the pool
+    batch = cla.to_device(device.queue, np.stack([images[0]] * 2))  # read in place
+    M = np.array([[0.8, 0.1, 0.5], [0.0, 1.1, -0.25]])
+    for _ in range(3):   # first calls: plans, pool blocks
+        clkernels.letterbox(separate, size=(8, 8), device=device)
+        clkernels.letterbox(batch, size=(8, 8), device=device)
+        clkernels.letterbox(images[0], size=(8, 8), device=device)
+        clkernels.warp_affine(separate[0], M, (6, 6), device=device)
+    device.queue.finish()
+    plans, pool = len(device.plans), device.pool
+    blocks = pool.held_blocks + pool.active_blocks
+    for i in range(1000):
+        clkernels.letterbox(separate, size=(8, 8), device=device)
+        clkernels.letterbox(batch, size=(8, 8), device=device)
+        clkernels.letterbox(images[0], size=(8, 8), device=device)
+        M[0, 2] = i / 1000   # a new matrix per call: no new plan
+        clkernels.warp_affine(separate[0], M, (6, 6), device=device)
+    device.queue.finish()
+    assert len(device.plans) == plans
+    assert pool.held_blocks + pool.active_blocks <= blocks
 
 
 # --------------------------------------------------------------------------- bad input
