@@ -126,10 +126,11 @@ def da_cases(rt, quick):
     for size, bs, anchors, maps, cams, channels in sizes:
         levels, feat, shape, start, loc, w, go = da_problem(rt, bs, anchors, maps, cams=cams, channels=channels)
         case = f"{size}: {anchors} anchors, {cams} cams, C={channels}"
-        yield "deformable_aggregation", case, lambda: clkernels.deformable_aggregation(feat, shape, start, loc, w)
+        args = (feat, shape, start, loc, w)   # bound now: the calls run after the loop
+        yield "deformable_aggregation", case, lambda a=args: clkernels.deformable_aggregation(*a)
         yield "deformable_aggregation_backward", case, \
-            lambda: clkernels.deformable_aggregation_backward(go, feat, shape, start, loc, w)
-        yield "feature_maps_format", case, lambda: clkernels.feature_maps_format(levels)[0]
+            lambda a=args, go=go: clkernels.deformable_aggregation_backward(go, *a)
+        yield "feature_maps_format", case, lambda levels=levels: clkernels.feature_maps_format(levels)[0]
 
 
 def warp_cases(rt, quick):
@@ -159,10 +160,11 @@ def batch_cases(rt, quick):
         d_index, d_obs = cla.to_device(rt.queue, index), cla.to_device(rt.queue, obs)
         f.values_and_jacobians(params, d_index, d_obs)   # checks the index once
         case = f"{size}: {n_obs} Snavely residuals"
+        args = (params, d_index, d_obs)       # bound now: the calls run after the loop
         yield "BatchFunction.values_and_jacobians (index_checked)", case, \
-            lambda: f.values_and_jacobians(params, d_index, d_obs, index_checked=True)
+            lambda a=args: f.values_and_jacobians(*a, index_checked=True)
         yield "BatchFunction.values_and_jacobians (index checked per call)", case, \
-            lambda: f.values_and_jacobians(params, d_index, d_obs)
+            lambda a=args: f.values_and_jacobians(*a)
 
 
 def main():

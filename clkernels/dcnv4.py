@@ -129,17 +129,31 @@ def _largest_divisor(c: int, candidates) -> int:
     return next(v for v in candidates if c % v == 0)
 
 
-def forward_config(info, group_channels: int, dtype) -> KernelConfig:
+# GPU work-items per compute unit below which a float32 forward spreads a group's channels
+# over more work-items (see forward_config).
+_FEW_ITEMS_PER_CU = 4 * 2048
+
+
+def forward_config(info, group_channels: int, dtype, pixel_groups: int = 0) -> KernelConfig:
     """Channels per work-item from the device: GPUs take 8 (one 32- or 16-byte vector load
     per corner, the official choice); CPUs a whole group's channels in vectors of 8, so
-    each work-item amortises its coefficients over more loads (measured faster on PoCL)."""
+    each work-item amortises its coefficients over more loads (measured faster on PoCL).
+    ``pixel_groups`` (output pixels times groups), when given, lets a small float32 problem
+    on a GPU with at most 16 channels per group (where it was measured) use 4 channels per
+    work-item instead, for more work-items in flight."""
     vw = _largest_divisor(group_channels, (8, 4, 2, 1))
     if info.is_cpu:
         return KernelConfig(group_channels if group_channels <= 64 else vw, vw, True, 0)
     if np.dtype(dtype) == np.float16 and group_channels % 16 == 0:
         # Half storage: 16 channels (two 16-byte loads per corner) per work-item measured
-        # 1.35x faster than 8 on an H200 at the paper's shape.
+        # 1.35x faster than 8 on an H200 at the paper's shape, and fastest at N=1 200x320 too.
         return KernelConfig(16, 8, True, 0)
+    if vw == 8 and group_channels <= 16 and pixel_groups and \
+            pixel_groups * group_channels // 8 < _FEW_ITEMS_PER_CU * info.compute_units:
+        # H200, N=1 200x320, G=4, C=16 (512k work-items at 8 channels, under two waves):
+        # 4 channels per work-item took 57.6 us against 70.2 us; from N=64 28x28 up, 8 stays
+        # fastest (benchmarks/bench_dcnv4.py, tuning).
+        return KernelConfig(4, 4, True, 0)
     return KernelConfig(vw, vw, True, 0)
 
 
@@ -260,7 +274,8 @@ def _forward_plan(rt, args, options, config) -> launch.Plan:
     out = launch.Buffer("out", (n, ho, wo, input.shape[3]), input.dtype)
     if out.size == 0:
         return launch.Plan([out])
-    cfg = _check_config(config or forward_config(info, opts.group_channels, input.dtype),
+    cfg = _check_config(config or forward_config(info, opts.group_channels, input.dtype,
+                                                  n * ho * wo * opts.group),
                         opts, input.dtype, rt)
     kernel = launch.kernel_for_plan(_program(rt, info, "forward", input.dtype, opts, cfg), "dcnv4_forward")
     items = n * ho * wo * opts.group * (opts.group_channels // cfg.channels_per_item)
@@ -429,4 +444,4 @@ def torch_dcnv4(input, offset_mask, *, device=None, **options):
     """:func:`dcnv4` on CPU torch tensors, differentiable with respect to both (autograd)."""
     torch_autograd.check_cpu((input, offset_mask), ("input", "offset_mask"), "torch_dcnv4")
     opts = dataclasses.asdict(Options(**options))  # checks the options now, not in backward
-    return _torch_function().apply(dict(opts, device=device), input, offset_mask)
+    return _torch_function().apply(input, offset_mask, dict(opts, device=device))

@@ -554,7 +554,7 @@ def deformable_aggregation_torch(mc_ms_feat, spatial_shape, scale_start_index, s
     """:func:`deformable_aggregation` on CPU tensors, differentiable with ``torch.autograd``."""
     tensors = (mc_ms_feat, spatial_shape, scale_start_index, sampling_location, weights)
     torch_autograd.check_cpu(tensors, _NAMES, "deformable_aggregation_torch")
-    return _torch_function().apply({}, *tensors)
+    return _torch_function().apply(*tensors)
 
 
 def __getattr__(name):

@@ -34,22 +34,26 @@ def autograd_function(name: str, forward: Callable, backward: Callable,
 
     ``forward(*arrays, **options)`` returns one numpy array; ``backward(grad_out, *arrays,
     **options)`` returns the gradients of the inputs marked in ``differentiable``, in order.
-    Apply it as ``Function.apply(options_dict, *tensors)``.
+    Apply it as ``Function.apply(*tensors)`` or ``Function.apply(*tensors, options_dict)``:
+    one tensor per entry of ``differentiable``, then optionally the ops' keyword options.
     """
     import torch
+    n = len(differentiable)
 
     class Function(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, options, *tensors):
+        def forward(ctx, *args):
+            tensors, options = args[:n], (args[n] if len(args) > n else {})
             ctx.save_for_backward(*tensors)
-            ctx.options = options
+            ctx.options, ctx.with_options = options, len(args) > n
             return torch.from_numpy(forward(*(_numpy(t) for t in tensors), **options))
 
         @staticmethod
         def backward(ctx, grad_out):
             grads = iter(backward(_numpy(grad_out), *(_numpy(t) for t in ctx.saved_tensors),
                                   **ctx.options))
-            return (None, *(torch.from_numpy(next(grads)) if d else None for d in differentiable))
+            out = tuple(torch.from_numpy(next(grads)) if d else None for d in differentiable)
+            return out + ((None,) if ctx.with_options else ())
 
     Function.__name__ = Function.__qualname__ = name
     Function.__doc__ = f"{name}: an autograd Function over CPU tensors through the OpenCL kernels."

@@ -471,6 +471,7 @@ class _Plan:
         # (about 9 us a scalar); the setter its own generated invokers use takes the bytes.
         self.setters = [getattr(s.kernel, "_set_arg_buf", s.kernel.set_arg) for s in steps]
         self.offsets = [0] * len(steps)   # one image's src_off as last set, per launch
+        self.matrices = [None] * len(steps)   # and its matrix (the cached float8 object)
 
     def enqueue(self, queue, inputs, outputs, temps, wait, offset=0, matrix=None):
         """Launch every chunk with these buffers (one image: at byte ``offset`` of its buffer,
@@ -483,10 +484,51 @@ class _Plan:
                     if offset != self.offsets[c]:
                         self.setters[c](1, np.uint64(offset))
                         self.offsets[c] = offset
-                    if matrix is not None:
+                    if matrix is not None and matrix is not self.matrices[c]:
                         self.setters[c](6, matrix)
+                        self.matrices[c] = matrix
                 events.append(step.launch(queue, sources, wait if not events else None))
         return events
+
+
+_inverses: dict = {}
+
+
+def _inverse_of(M) -> np.ndarray:
+    """warp_affine's destination-to-source matrix for ``M``, checked and inverted once per
+    distinct matrix (a video pipeline warps with the same one again and again)."""
+    if type(M) is np.ndarray and M.shape == (2, 3):
+        key = (M.dtype.str, M.tobytes())
+        d2i = _inverses.get(key)
+        if d2i is None:
+            d2i = _invert_affine(_checked_matrix(M), "M")
+            if len(_inverses) > 256:
+                _inverses.clear()
+            _inverses[key] = d2i
+        return d2i
+    return _invert_affine(_checked_matrix(M), "M")
+
+
+def _checked_matrix(M):
+    M = arrays.check_array(M, "M", [np.float64, np.float32, np.int64, np.int32], shape=(2, 3))
+    if arrays.is_device_array(M):
+        raise TypeError("M must be a host array (2x3 numbers), not a device array")
+    return M
+
+
+_matrix_args: dict = {}
+
+
+def _matrix_arg(d2i: np.ndarray) -> np.ndarray:
+    """The float8 argument of a matrix, one object per distinct matrix, so that a plan sees by
+    identity that the argument it set last is still the one wanted."""
+    key = d2i.tobytes()
+    arg = _matrix_args.get(key)
+    if arg is None:
+        if len(_matrix_args) > 256:
+            _matrix_args.clear()
+        arg = _matrix_args[key] = _float8(d2i)
+    return arg
 
 
 def _float8(d2i) -> np.ndarray:
@@ -593,7 +635,7 @@ def _run(images, name: str, spec: _Spec, out, device, queue, zero_copy, d2i=None
         plan = rt.plans[key] = _Plan(rt, spec, geoms, on_device, *key[4:], name)
     if out is not None:
         out = _check_out(out, on_device, plan.out.shape, plan.out.dtype, rt)
-    matrix = _float8(d2i) if plan.matrix_per_call else None
+    matrix = _matrix_arg(d2i) if plan.matrix_per_call else None
     inputs, outputs, temps, wait, pending = [], [], [], [], []
     q = rt.queue
     if on_device:
@@ -709,10 +751,7 @@ def warp_affine(image, M, dsize, border_value=114, out=None, device=None, queue=
     ``image`` was. ``out``: an array of that shape and dtype to write into, in that form.
     """
     spec = _cached_spec(_warp_spec, dsize, border_value)
-    M = arrays.check_array(M, "M", [np.float64, np.float32, np.int64, np.int32], shape=(2, 3))
-    if arrays.is_device_array(M):
-        raise TypeError("M must be a host array (2x3 numbers), not a device array")
-    d2i = _invert_affine(M, "M")
+    d2i = _inverse_of(M)
     if isinstance(image, (list, tuple)):
         raise TypeError("image must be one [H, W, 3] array; warp a list image by image")
     if arrays.is_device_array(image) or isinstance(image, np.ndarray):

@@ -77,6 +77,7 @@ class BatchFunction:
         self._plans = {}          # (context, device, jacobians) -> _Plan: what a launch needs, found once
         self._tables = tape.Tables(self.traced, self.dtype) if backend == "tape" else None
         self._device_tables = {}  # tape tables uploaded, per context
+        self._device_op = None    # the launch-layer Op of device calls (codegen), made on first use
 
     # -- public API --------------------------------------------------------------------
     @property
@@ -200,6 +201,8 @@ class BatchFunction:
 
     # -- evaluation ---------------------------------------------------------------------------
     def _run(self, params, index, data, jacobians, device, index_checked=False):
+        if self.backend == "codegen" and _all_device(params, index, data):
+            return self._run_op(params, index, data, jacobians, device, index_checked)
         params, index, data = self._check(params, index, data)
         device_args = any(arrays.is_device_array(a) for a in [*params, index, data] if a is not None)
         if self.backend == "numpy":
@@ -219,6 +222,68 @@ class BatchFunction:
         if device_args:
             return self._run_device(runtime, plan, params, index, data, jacobians)
         return self._run_host(runtime, plan, params, index, data, jacobians)
+
+    # -- device arrays in, device arrays out: through the launch layer -------------------------
+    def _run_op(self, params, index, data, jacobians, device, index_checked):
+        """The codegen kernel on device arrays as a :class:`clkernels.launch.Op`: a repeat call
+        with the same shapes checks the arrays' kinds, takes its outputs from the pool and
+        enqueues (the shape checks and the plan are made once per signature)."""
+        op = self._op()
+        args = [*params, index] + ([data] if self.traced.data_size else [])
+        if data is not None and not self.traced.data_size:
+            raise ValueError("data given, but the function was traced with data=0")
+        runtime = launch.runtime_for(args, device if device is not None else self.device)
+        op.plan(runtime, args, jacobians)                 # shapes checked before the range
+        if not index_checked:
+            self._validate_range(runtime, params, index)
+        outs, _ = op.run(args, jacobians, queue=runtime.queue)
+        return outs[0], list(outs[1:])
+
+    def _op(self) -> launch.Op:
+        if self._device_op is None:
+            G = len(self.traced.group_sizes)
+            params = [launch.Param(f"params[{g}]", [self.dtype], 2) for g in range(G)]
+            params.append(launch.Param("index", [np.int32], 2))
+            if self.traced.data_size:
+                params.append(launch.Param("data", [self.dtype], 2))
+            self._device_op = launch.Op(f"BatchFunction {self.name}", params, self._op_plan,
+                                        output_names=("values", *(f"jacobians[{g}]" for g in range(G))))
+        return self._device_op
+
+    def _op_plan(self, runtime, args, jacobians, config) -> launch.Plan:
+        t = self.traced
+        G = len(t.group_sizes)
+        params, index = args[:G], args[G]
+        if len(params) != G:
+            raise ValueError(f"params must be a list of {G} arrays (one per group, sizes {t.group_sizes})")
+        for g, (p, d) in enumerate(zip(params, t.group_sizes)):
+            if p.shape[1] != d:
+                raise ValueError(f"params[{g}] has shape {tuple(p.shape)}, expected (*, {d})")
+        if index.shape[1] != G:
+            raise ValueError(f"index has shape {tuple(index.shape)}, expected (*, {G})")
+        n = int(index.shape[0])
+        if t.data_size and tuple(args[G + 1].shape) != (n, t.data_size):
+            raise ValueError(f"data has shape {tuple(args[G + 1].shape)}, expected ({n}, {t.data_size})")
+        for g, p in enumerate(params):
+            if p.shape[0] == 0 and n:
+                raise IndexError(f"params[{g}] has no rows, but {n} tuples index it")
+        templates.storage(self.dtype, runtime)  # refuses float64 on a device without fp64
+        out_shape, jac_shapes = self._output_shapes(n)
+        outputs = [launch.Buffer("values", out_shape, self.dtype)]
+        if jacobians:
+            outputs += [launch.Buffer(f"jacobians[{g}]", s, self.dtype) for g, s in enumerate(jac_shapes)]
+        if n == 0:
+            return launch.Plan(outputs)
+        shared = self._plan(runtime, jacobians)             # the program and its geometry
+        kernel = launch.kernel_for_plan(shared.kernel.program, _kernel_name(self.backend))
+        ins = [launch.In(i) for i in range(len(args))]
+        outs = [launch.Out(i) for i in range(len(outputs))]
+        items = -(-n // shared.lanes)
+        # On the simulator, outputs are zeroed from the host first (solvers write them in place).
+        steps = launch.scratch_steps(runtime, list(zip(outs, outputs)))
+        steps.append(launch.step(kernel, (arrays.round_up(items, shared.wg),), (shared.wg,),
+                                 [*ins, *outs, np.int32(n)]))
+        return launch.Plan(outputs, steps)
 
     def _plan(self, runtime, jacobians) -> "_Plan":
         """The kernel and launch geometry for a device, worked out on the first call only (the
@@ -338,6 +403,12 @@ class BatchFunction:
                            *tables, scratch[0].data, scratch[1].data, np.int32(stride),
                            np.int32(base), np.int32(n))
                     for base in range(0, n, stride)]
+
+
+def _all_device(params, index, data) -> bool:
+    """Whether a call's arrays are all pyopencl arrays (params a list of them)."""
+    return (isinstance(params, (list, tuple)) and all(type(p) is cla.Array for p in params)
+            and type(index) is cla.Array and (data is None or type(data) is cla.Array))
 
 
 class _Plan:
