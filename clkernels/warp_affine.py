@@ -8,7 +8,8 @@ back. ``warp_affine(image, M, dsize)`` is OpenCV's ``warpAffine`` alone (uint8 H
 Sampling is OpenCV's INTER_LINEAR with BORDER_CONSTANT, computed the way OpenCV >= 4.11
 computes it for 8-bit images (float coordinates, one fma per lerp, round half to even), so
 results equal OpenCV's on all but a few values per million and never differ by more than one
-level. The kernel is ``warp_affine.cl.mako`` beside this file.
+level. The kernel is ``warp_affine.cl.mako`` beside this file; the image handling is in
+:mod:`clkernels.warp_affine_images` and the plans in :mod:`clkernels.warp_affine_plan`.
 
 Built on :mod:`clkernels.launch`: the images' lists of mixed sizes do not fit an ``Op``'s
 fixed parameters, so this module uses its pieces. The runtime comes from the images (or
@@ -25,19 +26,15 @@ from typing import NamedTuple, Tuple
 
 import numpy as np
 import pyopencl as cl
-import pyopencl.array as cla
 
 from . import arrays, launch, simulator
-from .launch import INPUT, OUTPUT, TEMP
-from .templates import Storage
+from .warp_affine_images import _INT_MAX, _MappedResult, _pack_device, _pack_host, _split_batch
+# _run reads the per-device choices (_lanes, _fma_name, _unaligned_io, _alloc_limit) through
+# these names: tests and benchmarks override them on this module.
+from .warp_affine_plan import (TEMPLATE, _alloc_limit, _fma_name, _lanes, _matrix_arg, _Plan,
+                               _unaligned_io)
 
 __all__ = ["letterbox", "warp_affine", "scale_boxes", "letterbox_matrix"]
-
-TEMPLATE = "clkernels/warp_affine.cl.mako"
-_ALIGN = 64           # byte alignment of each image inside a packed buffer
-_INT_MAX = 2**31 - 1  # per-image byte offsets and pixel counts are int in the kernel
-_MAX_SIDE = 2**22     # the kernel's float floor is exact below this
-_TABLE_INTS = 16      # per image in a batch's table: ulong offset, H, W, pitch, step, d2i, pad
 
 
 # ----------------------------------------------------------------------------- geometry
@@ -100,137 +97,6 @@ def scale_boxes(boxes, d2i, shape=None) -> np.ndarray:
         out[..., 0::2] = out[..., 0::2].clip(0, w)
         out[..., 1::2] = out[..., 1::2].clip(0, h)
     return out
-
-
-# ----------------------------------------------------------------------------- images
-
-_UINT8 = np.dtype(np.uint8)
-_geometries: dict = {}   # (shape, strides) of images that passed the checks -> geometry
-
-
-def _check_image(img, name: str):
-    """(image, its (height, width, row pitch, pixel step) in bytes) of a uint8 [H, W, 3] host
-    or device array whose channels are consecutive bytes; errors name the image."""
-    if (type(img) is np.ndarray or isinstance(img, cla.Array)) and img.dtype == _UINT8:
-        geom = _geometries.get((img.shape, img.strides))
-        if geom is not None:   # checked before: the checks depend on nothing else
-            return img, geom
-    img = arrays.check_array(img, name, [np.uint8])
-    if img.ndim != 3 or img.shape[2] != 3:
-        raise ValueError(f"{name} must be an [H, W, 3] BGR image, got shape {tuple(img.shape)}"
-                         + ("; convert grey or BGRA with cv2.cvtColor first"
-                            if img.ndim in (2, 3) else ""))
-    h, w = int(img.shape[0]), int(img.shape[1])
-    if h == 0 or w == 0:
-        raise ValueError(f"{name} is empty (shape {tuple(img.shape)})")
-    pitch, step, chan = (int(s) for s in img.strides)
-    if chan != 1 or step < 3 or pitch < step * w:
-        raise ValueError(
-            f"{name} has strides {tuple(img.strides)}: rows may be padded (any row pitch >= "
-            f"width * pixel step) and pixels may be spaced (step >= 3), but channels must be "
-            f"consecutive bytes and the strides positive; pass np.ascontiguousarray({name})")
-    if h >= _MAX_SIDE or w >= _MAX_SIDE:
-        raise ValueError(f"{name} is {w}x{h}; sides of {_MAX_SIDE} pixels or more are not "
-                         "supported (resize it first)")
-    geom = (h, w, pitch, step)
-    if _span(geom) > _INT_MAX:
-        raise ValueError(f"{name} spans {_span(geom)} bytes; images over 2 GiB are not supported "
-                         "(split or resize it first)")
-    if len(_geometries) < 4096:
-        _geometries[(tuple(img.shape), tuple(img.strides))] = geom
-    return img, geom
-
-
-def _split_batch(images, name: str):
-    """(images as a list, their geometries, is_device, was_single)."""
-    if type(images) is np.ndarray and images.ndim == 3:   # one host image: the common call
-        return [images], (_check_image(images, name)[1],), False, True
-    if isinstance(images, (list, tuple)):
-        if not images:
-            raise ValueError(f"{name} is an empty list")
-        checked, single = [_check_image(im, f"{name}[{i}]") for i, im in enumerate(images)], False
-    else:
-        if not arrays.is_device_array(images) and not isinstance(images, np.ndarray):
-            images = np.asarray(images)
-        if images.ndim == 4:
-            if images.shape[0] == 0:
-                raise ValueError(f"{name} is an empty batch (shape {tuple(images.shape)})")
-            checked = [_check_image(images[i], f"{name}[{i}]") for i in range(images.shape[0])]
-            single = False
-        else:
-            checked, single = [_check_image(images, name)], True
-    items = [im for im, _ in checked]
-    kinds = {arrays.is_device_array(im) for im in items}
-    if len(kinds) > 1:
-        raise TypeError(f"{name} mixes numpy and device arrays; pass all of one kind")
-    return items, tuple(g for _, g in checked), kinds.pop(), single
-
-
-def _span(geom) -> int:
-    """Bytes from an image's first byte to its last, of its (h, w, pitch, step)."""
-    h, w, pitch, step = geom
-    return (h - 1) * pitch + (w - 1) * step + 3
-
-
-def _host_span(img: np.ndarray, size: int) -> np.ndarray:
-    """``size`` bytes from the image's first byte, as a 1-D view of the same memory (no copy)."""
-    if img.flags.c_contiguous and img.nbytes == size:
-        return img.reshape(-1)   # already one run of bytes (as_strided costs microseconds)
-    return np.lib.stride_tricks.as_strided(img, shape=(size,), strides=(1,))
-
-
-def _address(img: np.ndarray) -> int:
-    return img.__array_interface__["data"][0]
-
-
-def _owner(img: np.ndarray):
-    while isinstance(img.base, np.ndarray):
-        img = img.base
-    return img if img.base is None else img.base
-
-
-def _shared_span(items, spans, limit: int):
-    """(view, offsets) when every image lies in one numpy allocation (a batch array, views or
-    crops of one image) and the bytes between them are few: one transfer then covers them
-    all. None otherwise."""
-    if len(items) == 1:
-        return _host_span(items[0], spans[0]), (0,)
-    owner = _owner(items[0])
-    if any(_owner(im) is not owner for im in items[1:]):
-        return None
-    starts = [_address(im) for im in items]
-    lo = min(starts)
-    hi = max(a + s for a, s in zip(starts, spans))
-    if hi - lo > 2 * sum(spans) or hi - lo > limit:
-        return None
-    first = items[starts.index(lo)]
-    return _host_span(first, hi - lo), tuple(a - lo for a in starts)
-
-
-def _aligned_offsets(spans):
-    offsets, total = [], 0
-    for span in spans:
-        offsets.append(total)
-        total += arrays.round_up(span, _ALIGN)
-    return tuple(offsets), total
-
-
-def _chunks(spans, out_bytes_per_image: int, limit: int, name: str):
-    """Split the batch into runs whose packed input and output each fit one buffer."""
-    runs, start, used = [], 0, 0
-    for i, span in enumerate(spans):
-        need = arrays.round_up(span, _ALIGN)
-        if need > limit or out_bytes_per_image > limit:
-            raise ValueError(
-                f"{name}[{i}] needs {max(need, out_bytes_per_image)} bytes in one buffer, more "
-                f"than this device allows ({limit} bytes, CL_DEVICE_MAX_MEM_ALLOC_SIZE); "
-                "resize it on the host first or pick a device with more memory")
-        if i > start and (used + need > limit or (i - start + 1) * out_bytes_per_image > limit):
-            runs.append((start, i))
-            start, used = i, 0
-        used += need
-    runs.append((start, len(spans)))
-    return runs
 
 
 # ----------------------------------------------------------------------------- options
@@ -330,167 +196,6 @@ def _warp_spec(dsize, border_value) -> _Spec:
                  np.dtype(np.uint8))
 
 
-# ----------------------------------------------------------------------------- plans
-
-def _lanes(runtime, dst_w: int) -> int:
-    """Destination pixels per work-item: explicit SIMD on CPUs (PoCL does not vectorise
-    this gather-heavy kernel across work-items by itself; with word loads 16 measured 7%
-    faster than 8 on the 2-core EPYC, 8 faster than 16 with byte loads); two on GPUs (on an
-    H200, 1.23x faster than one for a batch of 1080p images, and faster than four)."""
-    want = 16 if runtime.info.is_cpu else 2
-    while dst_w % want:
-        want //= 2
-    return want
-
-
-def _fma_name(runtime) -> str:
-    """PoCL's library fma is an opaque call that keeps its work-item loops scalar; the
-    compiler builtin is the same correctly rounded operation, inlined."""
-    return "__builtin_fmaf" if runtime.info.vendor == "pocl" else "fma"
-
-
-def _unaligned_io(runtime) -> bool:
-    """Whether loads and stores at any alignment are single instructions (CPUs): a corner's
-    three channels are then read as one 4-byte word and a blob row stored as one vector, both
-    through packed structs (PoCL makes vloadn/vstoren library calls). GPUs read bytes and
-    store with vstoren. On the 2-core EPYC the two took 25-30% off the 1080p letterbox."""
-    return runtime.info.is_cpu
-
-
-def _alloc_limit(runtime) -> int:
-    """The largest buffer one launch may use (the device's max allocation)."""
-    return int(runtime.info.max_alloc_bytes)
-
-
-def _work_group(runtime, kernel, gx: int) -> Tuple[int, int]:
-    """(lx, ly). CPUs: a destination row of work-items per group (PoCL runs a group as one
-    loop; on the 2-core EPYC rows of 80 measured 5% faster than groups of 16, and rows keep
-    the groups many enough to balance the cores). GPUs: 128 work-items, a row of them no
-    wider than a row needs."""
-    limit = min(runtime.info.max_work_group_size, kernel.get_work_group_info(
-        cl.kernel_work_group_info.WORK_GROUP_SIZE, runtime.device))
-    if runtime.info.is_cpu:
-        return min(gx, limit), 1
-    wg = arrays.work_group_size(runtime, kernel, 128)
-    lx = min(wg, 1 << max(0, (gx - 1).bit_length()))
-    return lx, max(1, wg // lx)
-
-
-class _Chunk:
-    """One launch of a plan: images [start, stop), their packing when packed separately,
-    and (batches) the table of their offsets, geometry and matrices."""
-
-    __slots__ = ("start", "stop", "spans", "offsets", "total", "table", "uploaded")
-
-    def __init__(self, start, stop, spans, table=None):
-        self.start, self.stop, self.spans = start, stop, spans
-        self.offsets, self.total = _aligned_offsets(spans)
-        self.table = table          # host int32 [k, 16], offsets patched per call
-        self.uploaded = None        # (offsets, device table) of the last upload
-
-    def device_table(self, rt, offsets):
-        """The device table for these image offsets: the last one uploaded when they are the
-        same (every repeat call of a fixed layout), else a new one."""
-        uploaded = self.uploaded    # read once: another thread may replace it
-        if uploaded is not None and uploaded[0] == offsets:
-            return uploaded[1]
-        host = self.table.copy()
-        host.view(np.uint64)[:, 0] = offsets
-        buf = cl.Buffer(rt.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
-                        hostbuf=host)
-        self.uploaded = (offsets, buf)
-        return buf
-
-
-class _Plan:
-    """What every call with one signature needs, made on its first call: the chunks with a
-    launch each (own kernel, fixed arguments set), the output's spec, the letterbox matrices.
-
-    The buffers of chunk c's launch are set per call from INPUT c (its images), OUTPUT c and
-    TEMP c (a batch's table). One image's byte offset in its buffer (0 unless it is a view of
-    a device array) and warp_affine's matrix are the only scalars set per call
-    (:meth:`enqueue`)."""
-
-    def __init__(self, rt, spec: _Spec, geoms, on_device: bool, vec: int, fma: str,
-                 unaligned: bool, limit: int, name: str):
-        n = len(geoms)
-        self.single = n == 1
-        if spec.kernel == "letterbox_blob":
-            self.out = launch.Buffer("out", (n, 3, spec.dst_h, spec.dst_w), spec.dtype)
-            self.d2i = np.stack([_invert_affine(letterbox_matrix((w, h), (spec.dst_w, spec.dst_h)),
-                                                f"the letterbox matrix of image {i}")
-                                 for i, (h, w, _, _) in enumerate(geoms)])
-            self.matrix_per_call = False
-        else:
-            self.out = launch.Buffer("out", (spec.dst_h, spec.dst_w, 3), spec.dtype)
-            self.d2i, self.matrix_per_call = None, True
-        per_image = self.out.nbytes // n
-        if on_device and self.out.nbytes > limit:
-            raise ValueError(f"the output ({self.out.nbytes} bytes) is larger than one buffer "
-                             f"may be on {rt.info.name} ({limit} bytes); pass fewer images")
-        spans = [_span(g) for g in geoms]
-        st = Storage(spec.dtype) if spec.kernel == "letterbox_blob" else None
-        # Letterbox matrices have no rotation or shear: the source row is one per work-item.
-        # Word loads need 4 bytes in every image (all but 1x1 images), bytes in little-endian
-        # order.
-        program = launch.program(rt, TEMPLATE, fma=fma, vec=vec, single=self.single,
-                                 mode="blob" if st else "hwc", st=st, swap_rb=spec.swap_rb,
-                                 axis_aligned=spec.kernel == "letterbox_blob",
-                                 word_loads=unaligned and min(spans) >= 4
-                                 and bool(rt.device.endian_little),
-                                 packed_stores=unaligned)
-        gx = spec.dst_w // vec
-        scalars = [np.float32(v) for v in (*spec.border, *spec.values)]
-        self.chunks, steps = [], []
-        for c, (a, b) in enumerate(_chunks(spans, per_image, limit, name)):
-            kernel = launch.kernel_for_plan(program, spec.kernel)
-            lx, ly = _work_group(rt, kernel, gx)
-            size = (arrays.round_up(gx, lx), arrays.round_up(spec.dst_h, ly), b - a)
-            n_first = np.int32(a if on_device else 0)   # host chunks have outputs of their own
-            tail = [np.int32(spec.dst_w), np.int32(spec.dst_h), n_first, *scalars]
-            if self.single:
-                slots = [(0, INPUT, c), (7, OUTPUT, c)]
-                fixed = [(1, np.uint64(0))] + [(2 + i, np.int32(v)) for i, v in enumerate(geoms[0])]
-                if not self.matrix_per_call:
-                    fixed.append((6, _float8(self.d2i[0])))
-                fixed += [(8 + i, v) for i, v in enumerate(tail)]
-                table = None
-            else:
-                slots = [(0, INPUT, c), (1, TEMP, c), (2, OUTPUT, c)]
-                fixed = [(3 + i, v) for i, v in enumerate(tail)]
-                table = np.zeros((b - a, _TABLE_INTS), np.int32)
-                table[:, 2:6] = geoms[a:b]
-                table[:, 6:12] = self.d2i[a:b].reshape(b - a, 6).astype(np.float32).view(np.int32)
-            chunk = _Chunk(a, b, spans[a:b], table)
-            if table is not None:
-                chunk.device_table(rt, chunk.offsets)   # the layout of separately packed images
-            self.chunks.append(chunk)
-            steps.append(launch.Step(kernel, size, (lx, ly, 1), slots, fixed))
-        self.launch = launch.Plan([self.out], steps)
-        # pyopencl's set_arg tries the argument as every kind of object before raw bytes
-        # (about 9 us a scalar); the setter its own generated invokers use takes the bytes.
-        self.setters = [getattr(s.kernel, "_set_arg_buf", s.kernel.set_arg) for s in steps]
-        self.offsets = [0] * len(steps)   # one image's src_off as last set, per launch
-        self.matrices = [None] * len(steps)   # and its matrix (the cached float8 object)
-
-    def enqueue(self, queue, inputs, outputs, temps, wait, offset=0, matrix=None):
-        """Launch every chunk with these buffers (one image: at byte ``offset`` of its buffer,
-        with this float8 ``matrix`` when the plan takes one per call); returns the events."""
-        events = []
-        sources = (inputs, outputs, temps)
-        with self.launch.lock:   # scalars, buffers and enqueue must not interleave across threads
-            for c, step in enumerate(self.launch.steps):
-                if self.single:
-                    if offset != self.offsets[c]:
-                        self.setters[c](1, np.uint64(offset))
-                        self.offsets[c] = offset
-                    if matrix is not None and matrix is not self.matrices[c]:
-                        self.setters[c](6, matrix)
-                        self.matrices[c] = matrix
-                events.append(step.launch(queue, sources, wait if not events else None))
-        return events
-
-
 _inverses: dict = {}
 
 
@@ -516,28 +221,6 @@ def _checked_matrix(M):
     return M
 
 
-_matrix_args: dict = {}
-
-
-def _matrix_arg(d2i: np.ndarray) -> np.ndarray:
-    """The float8 argument of a matrix, one object per distinct matrix, so that a plan sees by
-    identity that the argument it set last is still the one wanted."""
-    key = d2i.tobytes()
-    arg = _matrix_args.get(key)
-    if arg is None:
-        if len(_matrix_args) > 256:
-            _matrix_args.clear()
-        arg = _matrix_args[key] = _float8(d2i)
-    return arg
-
-
-def _float8(d2i) -> np.ndarray:
-    """A 2x3 matrix as the kernel's float8 argument (two entries unused)."""
-    m = np.zeros(8, np.float32)
-    m[:6] = np.asarray(d2i, np.float64).reshape(6)
-    return m
-
-
 # ----------------------------------------------------------------------------- a call
 
 def _check_out(out, on_device: bool, shape, dtype, runtime):
@@ -558,62 +241,6 @@ def _check_out(out, on_device: bool, shape, dtype, runtime):
     if not on_device and not out.flags.writeable:
         raise ValueError("out is read-only")
     return out
-
-
-def _pack_host(rt, items, chunk: _Chunk, zero_copy: bool, limit: int, pending: list):
-    """(buffer, offsets) of a chunk's host images: their own memory read in place (CPU), or
-    one pooled buffer written by one transfer where they share an allocation, else packed."""
-    mf = cl.mem_flags
-    shared = _shared_span(items, chunk.spans, limit)
-    if shared is not None:
-        view, offsets = shared
-        if zero_copy:
-            # CPU device: the kernel reads the numpy memory in place, padding and all.
-            try:
-                return cl.Buffer(rt.context, mf.READ_ONLY | mf.USE_HOST_PTR, hostbuf=view), offsets
-            except (cl.Error, TypeError, ValueError, BufferError):
-                pass  # read-only or otherwise unusable memory: copy it instead
-        buf = rt.pool.allocate(view.nbytes)
-        pending.append(cl.enqueue_copy(rt.queue, buf, view, is_blocking=False))
-        return buf, offsets
-    buf = rt.pool.allocate(chunk.total)
-    if simulator.single_write_from_offset_zero(rt):
-        stage = np.zeros(chunk.total, np.uint8)
-        for off, span, im in zip(chunk.offsets, chunk.spans, items):
-            stage[off:off + span] = _host_span(im, span)
-        cl.enqueue_copy(rt.queue, buf, stage, is_blocking=True)
-    else:
-        for off, span, im in zip(chunk.offsets, chunk.spans, items):
-            pending.append(cl.enqueue_copy(rt.queue, buf, _host_span(im, span), dst_offset=off,
-                                           is_blocking=False))
-    return buf, chunk.offsets
-
-
-def _pack_device(rt, items, chunk: _Chunk, wait: list):
-    """(buffer, offsets) of a chunk's device images: read in place when they share one
-    allocation (a batch array, views of it), else packed into a pooled buffer."""
-    base = items[0].base_data
-    if all(im.base_data == base for im in items):
-        offsets = tuple(int(im.offset) for im in items)
-        size = base.size
-        if any(off + span > size for off, span in zip(offsets, chunk.spans)):
-            raise AssertionError("image outside its buffer")  # must never become a stray read
-        for im in items:
-            wait.extend(im.events)
-        return base, offsets
-    buf = rt.pool.allocate(chunk.total)
-    q = rt.queue
-    if simulator.single_write_from_offset_zero(rt):   # through the host, one write from 0
-        stage = np.zeros(chunk.total, np.uint8)
-        for off, span, im in zip(chunk.offsets, chunk.spans, items):
-            cl.enqueue_copy(q, stage[off:off + span], im.base_data, src_offset=im.offset,
-                            wait_for=im.events or None, is_blocking=True)
-        cl.enqueue_copy(q, buf, stage, is_blocking=True)
-    else:
-        for off, span, im in zip(chunk.offsets, chunk.spans, items):
-            cl.enqueue_copy(q, buf, im.base_data, byte_count=span, src_offset=im.offset,
-                            dst_offset=off, wait_for=im.events or None)
-    return buf, chunk.offsets
 
 
 def _run(images, name: str, spec: _Spec, out, device, queue, zero_copy, d2i=None):
@@ -686,31 +313,6 @@ def _run(images, name: str, spec: _Spec, out, device, queue, zero_copy, d2i=None
             cl.enqueue_copy(q, target, buf, is_blocking=i == len(targets) - 1)
     del pending   # the transfers are complete: the host memory they read may go
     return out, plan, single
-
-
-class _MappedResult:
-    """The owner of a numpy result that is a host mapping of a pooled buffer (CPU devices,
-    where mapping is zero-copy): while the array or any view of it lives, the buffer stays
-    mapped and out of the pool; then it is unmapped and goes back to the pool, whose blocks
-    are memory already paged in."""
-
-    __slots__ = ("buffer", "view", "queue", "__array_interface__", "__weakref__")
-
-    @classmethod
-    def array(cls, queue, buffer, spec: launch.Buffer) -> np.ndarray:
-        """Map ``buffer`` (after the queue's work so far) as an array of ``spec``."""
-        owner = cls()
-        owner.view, _ = cl.enqueue_map_buffer(queue, buffer, cl.map_flags.READ | cl.map_flags.WRITE,
-                                              0, spec.shape, spec.dtype, is_blocking=True)
-        owner.buffer, owner.queue = buffer, queue
-        owner.__array_interface__ = dict(owner.view.__array_interface__, version=3)
-        return np.asarray(owner)   # its base is the owner
-
-    def __del__(self):
-        try:
-            self.view.base.release(self.queue)   # unmap before the buffer returns to the pool
-        except Exception:   # interpreter shutdown: the queue may be gone already
-            pass
 
 
 # ----------------------------------------------------------------------------- public API
