@@ -319,24 +319,29 @@ class Op:
                 for a, p in zip(args, self.params)]
         rt = runtime_for(args, device, queue)
         plan = self.plan(rt, args, options, config)
-        on_device = any(type(a) is not np.ndarray for a in args) if like_device is None else like_device
         q = rt.queue
-        ins, wait, uploads = [], [], []
+        ins, wait, uploads, any_device = [], [], [], False
         for a, p in zip(args, self.params):
             if type(a) is np.ndarray:
                 ins.append(_upload(rt, a, uploads))
             else:
+                any_device = True
                 ins.append(device_array(rt, a, p.name))
                 if a.events:
                     wait.extend(a.events)
+        on_device = any_device if like_device is None else like_device
         outs = self._outputs(rt, plan, out, on_device)
         pool = rt.pool
         temps = [pool.allocate(t.nbytes) if t.nbytes else None for t in plan.temps]
         events = plan.enqueue(q, ins, [o.base_data for o in outs], temps, wait)
         if on_device:
-            for o in outs:          # every launch: a later wait on an output covers the call
-                for e in events:
-                    o.add_event(e)
+            if events:
+                # The first and the last launch: a wait on an output covers the whole call (the
+                # queue is in order), and the two events span its device time.
+                ends = (events[0], events[-1]) if len(events) > 1 else events
+                for o in outs:
+                    for e in ends:
+                        o.add_event(e)
             return tuple(outs), events
         results = self._download(rt, plan, outs, out, events)
         del uploads                 # (done: the blocking download came after them in the queue)
@@ -346,8 +351,11 @@ class Op:
     def _outputs(self, rt: Runtime, plan: Plan, out, on_device: bool) -> list:
         """Device arrays for the outputs: the caller's (``out=``, checked) or pooled ones. For
         numpy results the device array is pooled and ``out`` is filled afterwards."""
-        given = _out_tuple(out, len(plan.outputs), self.output_names)
         pool = rt.pool
+        if out is None:   # the common case, without the checks of a caller's arrays
+            return [_wrap(rt, spec, pool.allocate(spec.nbytes) if spec.nbytes else None)
+                    for spec in plan.outputs]
+        given = _out_tuple(out, len(plan.outputs), self.output_names)
         arrays = []
         for spec, o, name in zip(plan.outputs, given, self.output_names):
             if o is not None:
