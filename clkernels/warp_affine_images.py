@@ -68,6 +68,8 @@ def _split_batch(images, name: str):
     """(images as a list, their geometries, is_device, was_single)."""
     if type(images) is np.ndarray and images.ndim == 3:   # one host image: the common call
         return [images], (_check_image(images, name)[1],), False, True
+    if type(images) is cla.Array and images.ndim == 3:    # one device image
+        return [images], (_check_image(images, name)[1],), True, True
     if isinstance(images, (list, tuple)):
         if not images:
             raise ValueError(f"{name} is an empty list")
