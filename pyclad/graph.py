@@ -32,32 +32,30 @@ class Node:
         self.graph, self.id = graph, node_id
 
     # -- arithmetic ---------------------------------------------------------------
+    # With a pyclad Vector on the other side the operators return NotImplemented, so that Python
+    # calls the Vector's reflected operator (x[0] * v is v.__rmul__(x[0]), elementwise).
     def _op(self, name, *others):
         return self.graph.apply(name, self, *others)
 
-    def __add__(self, o): return self._op("add", o)
-    def __radd__(self, o): return self.graph.apply("add", o, self)
-    def __sub__(self, o): return self._op("sub", o)
-    def __rsub__(self, o): return self.graph.apply("sub", o, self)
-    def __mul__(self, o): return self._op("mul", o)
-    def __rmul__(self, o): return self.graph.apply("mul", o, self)
-    def __truediv__(self, o): return self._op("div", o)
-    def __rtruediv__(self, o): return self.graph.apply("div", o, self)
+    def _binary(self, name, o):
+        return NotImplemented if getattr(o, "is_pyclad_vector", False) else self.graph.apply(name, self, o)
+
+    def _reflected(self, name, o):
+        return NotImplemented if getattr(o, "is_pyclad_vector", False) else self.graph.apply(name, o, self)
+
+    def __add__(self, o): return self._binary("add", o)
+    def __radd__(self, o): return self._reflected("add", o)
+    def __sub__(self, o): return self._binary("sub", o)
+    def __rsub__(self, o): return self._reflected("sub", o)
+    def __mul__(self, o): return self._binary("mul", o)
+    def __rmul__(self, o): return self._reflected("mul", o)
+    def __truediv__(self, o): return self._binary("div", o)
+    def __rtruediv__(self, o): return self._reflected("div", o)
+    def __pow__(self, o): return self._binary("pow", o)       # x ** 2 etc.: Graph._identity
+    def __rpow__(self, o): return self._reflected("pow", o)
     def __neg__(self): return self._op("neg")
     def __pos__(self): return self
     def __abs__(self): return self._op("abs")
-
-    def __pow__(self, o):
-        if isinstance(o, numbers.Number) and not isinstance(o, bool):
-            if o == 2:
-                return self._op("square")
-            if o == 1:
-                return self
-            if o == 0.5:
-                return self._op("sqrt")
-        return self._op("pow", o)
-
-    def __rpow__(self, o): return self.graph.apply("pow", o, self)
 
     # -- comparisons and logic: values 1.0 / 0.0, no derivative ----------------------
     def __lt__(self, o): return self._op("lt", o)
@@ -156,8 +154,17 @@ class Graph:
         return self._new(name, tuple(n.id for n in nodes))
 
     def _identity(self, name, nodes, values) -> Optional[Node]:
-        """Rewrites that give bit-identical results for every input, NaN and Inf included."""
+        """Rewrites that give bit-identical results for every input, NaN and Inf included, and
+        the powers users write as ``x ** 2``, ``x ** 1`` and ``x ** 0.5``: square, the operand
+        and sqrt (the last differs from a correctly rounded pow only at -0 and -inf, where pow
+        gives +0 and +inf; its derivative is the same everywhere else)."""
         a, b = (values + [None, None])[:2]
+        if name == "pow" and b is not None and b in (2.0, 1.0, 0.5):
+            if b == 2.0:
+                return self._new("square", (nodes[0].id,))
+            if b == 1.0:
+                return nodes[0]
+            return self._new("sqrt", (nodes[0].id,))
         if name == "add" and b == 0.0 and np.copysign(1, b) < 0:   # x + (-0) == x, even for x = -0
             return nodes[0]
         if name == "add" and a == 0.0 and np.copysign(1, a) < 0:

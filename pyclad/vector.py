@@ -20,6 +20,7 @@ class Vector:
     """A fixed-length vector of traced scalars: indexing, slicing, elementwise arithmetic
     (with vectors of the same length, scalars or numbers), ``len`` and iteration."""
     __array_priority__ = 1000
+    is_pyclad_vector = True   # a Node on the other side of an operator defers to the Vector
 
     def __init__(self, items: Iterable[Scalar]):
         self.items: List[Scalar] = list(items)
@@ -56,6 +57,7 @@ class Vector:
     def __truediv__(self, o): return self._zip(o, lambda a, b: a / b)
     def __rtruediv__(self, o): return self._zip(o, lambda a, b: b / a)
     def __pow__(self, o): return self._zip(o, lambda a, b: a ** b)
+    def __rpow__(self, o): return self._zip(o, lambda a, b: b ** a)
     def __neg__(self): return Vector(-a for a in self.items)
     def __pos__(self): return self
     def __abs__(self): return Vector(abs(a) for a in self.items)

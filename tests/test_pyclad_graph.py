@@ -1,4 +1,6 @@
 """Tracing, folding, CSE and orders; random expression graphs against the complex step."""
+import zlib
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -127,3 +129,61 @@ def test_random_graphs_match_complex_step(device, backend, trees):
         xc = x.astype(complex)
         xc[:, j] += 1e-30j
         np.testing.assert_allclose(jac[:, :, j], reference(xc).imag / 1e-30, rtol=1e-11, atol=1e-11)
+
+
+# -- operators between numbers, nodes and vectors -----------------------------------------
+
+_OPERATORS = {"+": np.add, "-": np.subtract, "*": np.multiply, "/": np.divide, "**": np.power}
+
+
+def _operand(kind, x):
+    """The traced operand of a kind: a number, a node (x[0]) or a 2-vector (x[1], x[2])."""
+    return {"number": 1.7, "node": x[0], "vector": pc.vector([x[1], x[2]])}[kind]
+
+
+def _numpy_operand(kind, x):
+    return {"number": 1.7, "node": x[..., 0], "vector": x[..., 1:3]}[kind]
+
+
+@pytest.mark.parametrize("op", list(_OPERATORS))
+@pytest.mark.parametrize("left,right", [(a, b) for a in ("number", "node", "vector")
+                                        for b in ("number", "node", "vector")
+                                        if (a, b) != ("number", "number")])
+def test_every_binary_operator_between_numbers_nodes_and_vectors(op, left, right):
+    """a OP b for every pair of kinds, both orders: values against numpy, Jacobians against
+    central differences of the same numpy expression."""
+    def traced(x):
+        out = eval(f"a {op} b", {"a": _operand(left, x), "b": _operand(right, x)})
+        return list(out) if isinstance(out, pc.Vector) else [out]
+
+    def reference(x):
+        a, b = _numpy_operand(left, x), _numpy_operand(right, x)
+        if left == "node" and right == "vector":
+            a = a[..., None]
+        if left == "vector" and right == "node":
+            b = b[..., None]
+        out = _OPERATORS[op](a, b)
+        return out if out.ndim == x.ndim else out[..., None]
+
+    x = np.random.default_rng(zlib.crc32(f"{op} {left} {right}".encode())).uniform(0.5, 2.0, (7, 3))
+    f = pc.BatchFunction(traced, params=(3,), backend="numpy")
+    values, (jac,) = f.values_and_jacobians([x], np.arange(7))
+    np.testing.assert_allclose(values, reference(x).reshape(7, -1), rtol=1e-14)
+    h = 1e-6
+    for k in range(3):
+        step = np.zeros(3)
+        step[k] = h
+        numeric = (reference(x + step) - reference(x - step)).reshape(7, -1) / (2 * h)
+        np.testing.assert_allclose(jac[:, :, k], numeric, rtol=1e-7, atol=1e-8)
+
+
+def test_pow_of_a_node_and_a_vector_and_the_power_rewrites():
+    def fn(x):
+        v = pc.vector([x[1], x[2]])
+        return [*pc.pow(x[0], v), *(x[0] ** v), x[0] ** 2, x[0] ** 0.5, x[0] ** 1, pc.pow(x[0], 2)]
+    t = pc.trace(fn, (3,))
+    ops = [t.graph.ops[n] for n in t.outputs]
+    assert ops[:4] == ["pow"] * 4                        # elementwise, not an error
+    assert ops[4:] == ["square", "sqrt", "input", "square"]   # the rewrites live in the graph
+    with pytest.raises(TypeError, match="cannot use str"):
+        pc.trace(lambda x: [x[0] * "a"], (1,))
