@@ -23,11 +23,11 @@ arithmetic. Python ``if`` on a traced value is an error that points to :func:`wh
 from .batch import BACKENDS, BatchFunction
 from .graph import Node
 from .trace import Traced, trace
-from .vector import (ANGLE_AXIS_EPSILON, Vector, abs_ as abs, acos, asin, atan, atan2, cos, cross,  # noqa: A004
-                     dot, exp, log, maximum, minimum, norm, pow, rotate_angle_axis, sin, sqrt, tan,
-                     tanh, vector, where)
+from .vector import ANGLE_AXIS_EPSILON, FUNCTIONS, Vector, cross, dot, norm, rotate_angle_axis, vector
 
-__all__ = ["BatchFunction", "BACKENDS", "Node", "Traced", "trace", "Vector", "vector",
-           "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "exp", "log", "sqrt", "pow",
-           "tanh", "abs", "minimum", "maximum", "where", "dot", "cross", "norm",
-           "rotate_angle_axis", "ANGLE_AXIS_EPSILON"]
+# The elementwise functions (pc.sin, ..., pc.abs, pc.where): one per row of the op table
+# (pyclad/ops.py) that names one.
+globals().update(FUNCTIONS)
+
+__all__ = ["BatchFunction", "BACKENDS", "Node", "Traced", "trace", "Vector", "vector", *FUNCTIONS,
+           "dot", "cross", "norm", "rotate_angle_axis", "ANGLE_AXIS_EPSILON"]

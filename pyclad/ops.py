@@ -34,6 +34,8 @@ class Op:
     vjps: Tuple[Optional[str], ...]  # one per operand
     code: int = -1                   # op code for the tape kernel, set below
     singular: bool = False           # a partial can be infinite for finite operands
+    function: Optional[str] = None   # the pyclad function that applies it (pc.sin, ...)
+    doc: str = ""                    # that function's docstring, when more than "elementwise"
 
     @property
     def differentiable(self) -> bool:
@@ -47,32 +49,40 @@ class Op:
         return tuple(None if v is None else f"pc_where(g != 0, {v}, 0)" for v in self.vjps)
 
 
+S = "singular"   # the op has a partial that is infinite somewhere on finite operands
+
 _TABLE = [
-    # name      arity  forward                 vjp per operand
+    # name      arity  forward                 vjp per operand,                        pyclad function, flags
     ("add",     2, "a + b",                 ("g", "g")),
     ("sub",     2, "a - b",                 ("g", "-g")),
     ("mul",     2, "a * b",                 ("g * b", "g * a")),
-    ("div",     2, "a / b",                 ("g / b", "-g * r / b")),
+    ("div",     2, "a / b",                 ("g / b", "-g * r / b"),                      None, S),
     ("neg",     1, "-a",                    ("-g",)),
     ("square",  1, "a * a",                 ("g * 2 * a",)),
-    ("pow",     2, "pow(a, b)",             ("g * b * pow(a, b - 1)", "g * r * log(a)")),
-    ("sqrt",    1, "sqrt(a)",               ("g * 0.5 / r",)),
-    ("exp",     1, "exp(a)",                ("g * r",)),
-    ("log",     1, "log(a)",                ("g / a",)),
-    ("sin",     1, "sin(a)",                ("g * cos(a)",)),
-    ("cos",     1, "cos(a)",                ("-g * sin(a)",)),
-    ("tan",     1, "tan(a)",                ("g * (1 + r * r)",)),
-    ("asin",    1, "asin(a)",               ("g / sqrt(1 - a * a)",)),
-    ("acos",    1, "acos(a)",               ("-g / sqrt(1 - a * a)",)),
-    ("atan",    1, "atan(a)",               ("g / (1 + a * a)",)),
-    ("atan2",   2, "atan2(a, b)",           ("g * b / (a * a + b * b)", "-g * a / (a * a + b * b)")),
-    ("tanh",    1, "tanh(a)",               ("g * (1 - r * r)",)),
+    ("pow",     2, "pow(a, b)",             ("g * b * pow(a, b - 1)", "g * r * log(a)"),  "pow", S),
+    ("sqrt",    1, "sqrt(a)",               ("g * 0.5 / r",),                             "sqrt", S),
+    ("exp",     1, "exp(a)",                ("g * r",),                                   "exp"),
+    ("log",     1, "log(a)",                ("g / a",),                                   "log", S),
+    ("sin",     1, "sin(a)",                ("g * cos(a)",),                              "sin"),
+    ("cos",     1, "cos(a)",                ("-g * sin(a)",),                             "cos"),
+    ("tan",     1, "tan(a)",                ("g * (1 + r * r)",),                         "tan"),
+    ("asin",    1, "asin(a)",               ("g / sqrt(1 - a * a)",),                     "asin", S),
+    ("acos",    1, "acos(a)",               ("-g / sqrt(1 - a * a)",),                    "acos", S),
+    ("atan",    1, "atan(a)",               ("g / (1 + a * a)",),                         "atan"),
+    ("atan2",   2, "atan2(a, b)",           ("g * b / (a * a + b * b)", "-g * a / (a * a + b * b)"), "atan2", S),
+    ("tanh",    1, "tanh(a)",               ("g * (1 - r * r)",),                         "tanh"),
     # |a| as Ceres' Jet does it: slope +1 at exactly 0.
-    ("abs",     1, "fabs(a)",               ("pc_where(a < 0, -g, g)",)),
+    ("abs",     1, "fabs(a)",               ("pc_where(a < 0, -g, g)",),                  "abs"),
     # Ties go to the first operand; NaN in either operand gives NaN.
-    ("minimum", 2, "pc_min(a, b)",          ("pc_where(a <= b, g, 0)", "pc_where(a <= b, 0, g)")),
-    ("maximum", 2, "pc_max(a, b)",          ("pc_where(a >= b, g, 0)", "pc_where(a >= b, 0, g)")),
-    ("where",   3, "pc_where(a != 0, b, c)", (None, "pc_where(a != 0, g, 0)", "pc_where(a != 0, 0, g)")),
+    ("minimum", 2, "pc_min(a, b)",          ("pc_where(a <= b, g, 0)", "pc_where(a <= b, 0, g)"), "minimum", "",
+     "Elementwise minimum; the derivative follows the smaller operand (the first on ties)."),
+    ("maximum", 2, "pc_max(a, b)",          ("pc_where(a >= b, g, 0)", "pc_where(a >= b, 0, g)"), "maximum", "",
+     "Elementwise maximum; the derivative follows the larger operand (the first on ties)."),
+    ("where",   3, "pc_where(a != 0, b, c)", (None, "pc_where(a != 0, g, 0)", "pc_where(a != 0, 0, g)"), "where", "",
+     "``where(cond, a, b)``: ``a`` where ``cond`` is non-zero, else ``b``: a select with no branch "
+     "in the kernel.\n\nThe derivative flows through the taken branch only; the other branch "
+     "receives exactly zero. Both branches are evaluated, so keep the untaken one finite (for "
+     "example ``where(x > 0, sqrt(where(x > 0, x, 1)), 0)``) if its derivative could be infinite."),
     ("lt",      2, "pc_where(a < b, 1, 0)",  (None, None)),
     ("le",      2, "pc_where(a <= b, 1, 0)", (None, None)),
     ("gt",      2, "pc_where(a > b, 1, 0)",  (None, None)),
@@ -84,23 +94,38 @@ _TABLE = [
     ("not",     1, "pc_where(a != 0, 0, 1)", (None,)),
 ]
 
-# Ops with a partial that is infinite somewhere on finite operands.
-_SINGULAR = {"div", "pow", "sqrt", "log", "asin", "acos", "atan2"}
 
-OPS: Dict[str, Op] = {name: Op(name, arity, fwd, vjps, code, name in _SINGULAR)
-                      for code, (name, arity, fwd, vjps) in enumerate(_TABLE)}
+def _op(code, name, arity, forward, vjps, function=None, flags="", doc=""):
+    return Op(name, arity, forward, vjps, code, flags == S, function, doc)
+
+
+OPS: Dict[str, Op] = {row[0]: _op(code, *row) for code, row in enumerate(_TABLE)}
+
+# The pyclad functions the table defines, in table order (pyclad.vector makes them).
+FUNCTIONS: Tuple[str, ...] = tuple(op.function for op in OPS.values() if op.function)
 
 # Leaves of a graph are not in the table: they have no expression of their own.
 LEAVES = ("input", "data", "const")
 
-# OpenCL C helpers every kernel defines (pyclad/preamble.cl.mako), and the same in numpy.
+# The pc_* helpers the expressions use: each one's OpenCL C definition (every kernel's preamble,
+# pyclad/preamble.cl.mako, renders these) and the same in numpy, side by side.
+HELPERS = (
+    # An elementwise select; for vectors the condition is the comparison's per-lane mask.
+    ("pc_where", "#define pc_where(c, x, y) ((c) ? (real_t)(x) : (real_t)(y))",
+     lambda c, x, y: np.where(c, x, y)),
+    # NaN in either operand gives NaN (fmin/fmax would drop it).
+    ("pc_min", "real_t pc_min(real_t a, real_t b) { return (isnan(a) || a < b) ? a : b; }",
+     lambda x, y: np.where(np.isnan(x) | (x < y), x, y)),
+    ("pc_max", "real_t pc_max(real_t a, real_t b) { return (isnan(a) || a > b) ? a : b; }",
+     lambda x, y: np.where(np.isnan(x) | (x > y), x, y)),
+)
+
+# The functions expressions may call, as numpy: OpenCL builtins, then the helpers.
 PY_FUNCTIONS = {
     "sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos,
     "atan": np.arctan, "atan2": np.arctan2, "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
     "pow": np.power, "tanh": np.tanh, "fabs": np.abs,
-    "pc_where": lambda c, x, y: np.where(c, x, y),
-    "pc_min": lambda x, y: np.where(np.isnan(x) | (x < y), x, y),
-    "pc_max": lambda x, y: np.where(np.isnan(x) | (x > y), x, y),
+    **{name: fn for name, _, fn in HELPERS},
 }
 
 _OPERAND = re.compile(r"\b([abcrg])\b")

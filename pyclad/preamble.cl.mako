@@ -3,6 +3,7 @@
 ## with lanes > 1 every value is an OpenCL vector holding that many tuples (CPUs: SIMD through
 ## the vector types, which the compiler maps to AVX/NEON), else a scalar (GPUs).
 <%namespace name="common" file="/clkernels/common.cl.mako"/>
+<%! from pyclad import ops %>
 <%def name="preamble(real, lanes=1)">
 %if real == 'double':
 ${common.fp64_pragma()}
@@ -13,9 +14,8 @@ typedef ${real}${lanes} real_t;
 %else:
 typedef ${real} real_t;
 %endif
-// An elementwise select; for vectors the condition is the comparison's per-lane mask.
-#define pc_where(c, x, y) ((c) ? (real_t)(x) : (real_t)(y))
-// NaN in either operand gives NaN (fmin/fmax would drop it).
-real_t pc_min(real_t a, real_t b) { return (isnan(a) || a < b) ? a : b; }
-real_t pc_max(real_t a, real_t b) { return (isnan(a) || a > b) ? a : b; }
+// The pc_* helpers of pyclad/ops.py's HELPERS table (defined there beside their numpy twins).
+%for _name, definition, _numpy in ops.HELPERS:
+${definition}
+%endfor
 </%def>

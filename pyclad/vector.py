@@ -8,6 +8,9 @@ from typing import Iterable, List, Union
 import numpy as np
 
 from .graph import Node
+from .ops import FUNCTIONS as TABLE_FUNCTIONS, OPS
+
+OPS_BY_FUNCTION = {op.function: op for op in OPS.values() if op.function}
 
 Scalar = Union[Node, float, int]
 
@@ -98,47 +101,26 @@ def _elementwise(name: str, *args):
     return graph.apply(name, *args)
 
 
-def _unary(name):
-    def fn(x):
-        return _elementwise(name, x)
-    fn.__name__ = name
-    fn.__doc__ = f"Elementwise {name} of a traced scalar, vector or number."
+def _table_function(op) -> callable:
+    """The pyclad function of one row of the op table: elementwise over scalars, vectors and
+    numbers (numbers alone are evaluated with the table's own expression)."""
+    def fn(*args):
+        if len(args) != op.arity:
+            raise TypeError(f"{op.function}() takes {op.arity} argument{'s' if op.arity > 1 else ''}, "
+                            f"got {len(args)}")
+        return _elementwise(op.name, *args)
+    fn.__name__ = fn.__qualname__ = op.function
+    fn.__doc__ = op.doc or f"Elementwise {op.function} of traced scalars, vectors or numbers."
     return fn
 
 
-sin, cos, tan = _unary("sin"), _unary("cos"), _unary("tan")
-asin, acos, atan = _unary("asin"), _unary("acos"), _unary("atan")
-exp, log, sqrt, tanh = _unary("exp"), _unary("log"), _unary("sqrt"), _unary("tanh")
-abs_ = _unary("abs")
-
-
-def atan2(y, x):
-    """Elementwise atan2(y, x)."""
-    return _elementwise("atan2", y, x)
-
-
-def pow(x, y):  # noqa: A001 - the math name users expect
-    """Elementwise x ** y."""
-    return x ** y if isinstance(x, (Node, Vector)) else _elementwise("pow", x, y)
-
-
-def minimum(a, b):
-    """Elementwise minimum; the derivative follows the smaller operand (the first on ties)."""
-    return _elementwise("minimum", a, b)
-
-
-def maximum(a, b):
-    """Elementwise maximum; the derivative follows the larger operand (the first on ties)."""
-    return _elementwise("maximum", a, b)
-
-
-def where(cond, a, b):
-    """``a`` where ``cond`` is non-zero, else ``b``: a select with no branch in the kernel.
-
-    The derivative flows through the taken branch only; the other branch receives exactly
-    zero. Both branches are evaluated, so keep the untaken one finite (for example
-    ``where(x > 0, sqrt(where(x > 0, x, 1)), 0)``) if its derivative could be infinite."""
-    return _elementwise("where", cond, a, b)
+# One function per row of pyclad/ops.py that names one: adding an op there adds it here and to
+# the package. ``abs`` is kept as ``abs_`` in this module, which uses the builtin itself.
+FUNCTIONS = {name: _table_function(OPS_BY_FUNCTION[name]) for name in TABLE_FUNCTIONS}
+_ATTRIBUTE = {"abs": "abs_"}
+globals().update({_ATTRIBUTE.get(name, name): fn for name, fn in FUNCTIONS.items()})
+# The ones the geometry helpers below use, by name for the reader (and for static checks).
+sqrt, where, sin, cos = (FUNCTIONS[name] for name in ("sqrt", "where", "sin", "cos"))
 
 
 def dot(a: Vector, b: Vector) -> Scalar:
@@ -185,6 +167,5 @@ def rotate_angle_axis(w: Vector, x: Vector) -> Vector:
     return Vector(where(big, f, s) for f, s in zip(full, small))
 
 
-__all__ = ["Vector", "vector", "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "exp",
-           "log", "sqrt", "pow", "tanh", "abs_", "minimum", "maximum", "where", "dot",
-           "cross", "norm", "rotate_angle_axis", "ANGLE_AXIS_EPSILON"]
+__all__ = ["Vector", "vector", "dot", "cross", "norm", "rotate_angle_axis", "ANGLE_AXIS_EPSILON",
+           "FUNCTIONS", *(_ATTRIBUTE.get(name, name) for name in FUNCTIONS)]

@@ -200,3 +200,19 @@ def test_every_op_in_one_kernel_tiny(device, backend, dtype):
         fd = (fn_np(xp[:, 0], xp[:, 1], d[:, 0]) - fn_np(xm[:, 0], xm[:, 1], d[:, 0])) / (2 * h)
         np.testing.assert_allclose(jac[:, :, j], fd, rtol=1e-6 if dtype == np.float64 else 1e-3,
                                    atol=1e-6 if dtype == np.float64 else 1e-3)
+
+
+def test_the_op_table_is_the_one_source():
+    """Adding an op is one table row plus a test row: every differentiable op has a test row
+    here, and every op that names a function is that function of the package (in __all__)."""
+    from pyclad.ops import FUNCTIONS, OPS
+    for op in OPS.values():
+        if op.differentiable:
+            assert op.name in UNARY or op.name in BINARY, f"op {op.name!r} has no test row"
+    for op in OPS.values():
+        if op.function:
+            assert op.function in pc.__all__ and callable(getattr(pc, op.function))
+            assert getattr(pc, op.function).__name__ == op.function
+    assert list(FUNCTIONS) == [op.function for op in OPS.values() if op.function]
+    with pytest.raises(TypeError, match="atan2\\(\\) takes 2 arguments"):
+        pc.atan2(1.0)
