@@ -23,10 +23,10 @@ import pyopencl.array as cla
 from clkernels import arrays, get_runtime, launch, simulator, templates
 from clkernels.runtime import Runtime
 
-from . import codegen, interpreter, tape
+from . import backends
 from .trace import trace
 
-BACKENDS = ("codegen", "tape", "numpy")
+BACKENDS = tuple(backends.BACKENDS)   # ("codegen", "tape", "numpy")
 
 # Past this many nodes a straight-line kernel takes the OpenCL compiler too long (and
 # spills registers on GPUs); the tape interpreter needs no compilation per graph.
@@ -71,13 +71,11 @@ class BatchFunction:
                           stacklevel=2)
             backend = "tape"
         self.backend, self.device, self.chunk_size = backend, device, chunk_size
+        self._impl = backends.BACKENDS[backend](self.traced, self.dtype)   # pyclad.backends
         self.name = getattr(fn, "__name__", "function")
-        self._real = "double" if self.dtype == np.float64 else "float"
         self._sources = {}
         self._plans = {}          # (context, device, jacobians) -> _Plan: what a launch needs, found once
-        self._tables = tape.Tables(self.traced, self.dtype) if backend == "tape" else None
-        self._device_tables = {}  # tape tables uploaded, per context
-        self._device_op = None    # the launch-layer Op of device calls (codegen), made on first use
+        self._device_op = None    # the launch-layer Op of device calls, made on first use
 
     # -- public API --------------------------------------------------------------------
     @property
@@ -97,29 +95,14 @@ class BatchFunction:
         """The OpenCL source this function runs (values and Jacobians by default) on a
         device: the codegen kernel is specialised per device (SIMD lanes on CPUs, stores
         staged through local memory on GPUs)."""
-        if self.backend == "numpy":
-            raise ValueError("the numpy backend runs no OpenCL source")
+        if not self._impl.on_device:
+            return self._impl.source(jacobians, 0, 1)     # says that it runs no source
         runtime = get_runtime(device if device is not None else self.device)
-        stage, lanes = self._stage_wg(runtime, jacobians), self._lanes(runtime)
+        stage, lanes = self._impl.stage_wg(runtime, jacobians), self._impl.lanes(runtime)
         key = (jacobians, stage, lanes)
         if key not in self._sources:
-            t = self.traced
-            if self.backend == "codegen":
-                self._sources[key] = codegen.render(t, self._real, jacobians, stage_wg=stage,
-                                                    lanes=lanes)
-            else:
-                self._sources[key] = tape.render(t.group_sizes, t.data_size, t.n_outputs,
-                                                 self._real, jacobians)
+            self._sources[key] = self._impl.source(jacobians, stage, lanes)
         return self._sources[key]
-
-    def _stage_wg(self, runtime, jacobians: bool) -> int:
-        """Work-group size of staged Jacobian stores (codegen, one tuple per work-item), or 0."""
-        if self.backend != "codegen" or not jacobians or self._lanes(runtime) > 1:
-            return 0
-        return codegen.stage_size(self.traced, self.dtype.itemsize, runtime.info)
-
-    def _lanes(self, runtime) -> int:
-        return codegen.lanes(runtime.info, self._real) if self.backend == "codegen" else 1
 
     def values(self, params, index, data=None, device=None, index_checked=False):
         """Outputs ``(N, m)`` for every tuple.
@@ -201,16 +184,15 @@ class BatchFunction:
 
     # -- evaluation ---------------------------------------------------------------------------
     def _run(self, params, index, data, jacobians, device, index_checked=False):
-        if self.backend == "codegen" and _all_device(params, index, data):
+        if self._impl.launch_layer and _all_device(params, index, data):
             return self._run_op(params, index, data, jacobians, device, index_checked)
         params, index, data = self._check(params, index, data)
         device_args = any(arrays.is_device_array(a) for a in [*params, index, data] if a is not None)
-        if self.backend == "numpy":
+        if not self._impl.on_device:
             host = [a.get() if arrays.is_device_array(a) else a for a in [*params, index, data] if a is not None]
             self._validate_range(None, host[:len(params)], host[len(params)])
-            out, jacs = interpreter.run(self.traced, host[:len(params)], host[len(params)],
-                                        host[-1] if data is not None else None, jacobians, self.dtype)
-            return out, jacs
+            return self._impl.run(host[:len(params)], host[len(params)],
+                                  host[-1] if data is not None else None, jacobians)
         # Where the device arrays live (a caller's own context and queue work), unless a device
         # is named here or at construction.
         runtime = launch.runtime_for([*params, index, data], device if device is not None else self.device)
@@ -275,7 +257,7 @@ class BatchFunction:
         if n == 0:
             return launch.Plan(outputs)
         shared = self._plan(runtime, jacobians)             # the program and its geometry
-        kernel = launch.kernel_for_plan(shared.kernel.program, _kernel_name(self.backend))
+        kernel = launch.kernel_for_plan(shared.kernel.program, self._impl.kernel_name)
         ins = [launch.In(i) for i in range(len(args))]
         outs = [launch.Out(i) for i in range(len(outputs))]
         items = -(-n // shared.lanes)
@@ -292,10 +274,10 @@ class BatchFunction:
         plan = self._plans.get(key)
         if plan is None:
             kernel = launch.kernel_for_plan(templates.build(self.kernel_source(jacobians, runtime), runtime),
-                                            _kernel_name(self.backend))
-            stage = self._stage_wg(runtime, jacobians)
+                                            self._impl.kernel_name)
+            stage = self._impl.stage_wg(runtime, jacobians)
             wg = stage or arrays.work_group_size(runtime, kernel, 64)
-            plan = self._plans[key] = _Plan(kernel, wg, self._lanes(runtime))
+            plan = self._plans[key] = _Plan(kernel, wg, self._impl.lanes(runtime))
         return plan
 
     def _output_shapes(self, n):
@@ -307,9 +289,7 @@ class BatchFunction:
         b = 4 * len(t.group_sizes) + item * (t.data_size + t.n_outputs)
         if jacobians:
             b += item * t.n_outputs * sum(t.group_sizes)
-        if self.backend == "tape":   # the scratch: values and adjoints
-            b += 2 * item * self._tables.n_nodes
-        return b
+        return b + self._impl.scratch_bytes_per_tuple()
 
     def _chunk(self, runtime: Runtime, n, jacobians) -> int:
         if self.chunk_size:
@@ -388,21 +368,9 @@ class BatchFunction:
             args.append(data.data)
         args.append(out.data)
         args += [j.data for j in jacs]
-        queue, kernel, wg = runtime.queue, plan.kernel, plan.wg
+        stride = min(n, self._chunk(runtime, n, jacobians))
         with plan.lock:   # the plan's kernel object: arguments set, then enqueued, per thread
-            if self.backend == "codegen":
-                items = -(-n // plan.lanes)
-                for i, a in enumerate(args):
-                    kernel.set_arg(i, a)
-                kernel.set_arg(len(args), np.int32(n))
-                return [cl.enqueue_nd_range_kernel(queue, kernel, (arrays.round_up(items, wg),), (wg,))]
-            tables = _device_tables(runtime, self)
-            stride = min(n, self._chunk(runtime, n, jacobians))
-            scratch = _scratch(runtime, self, stride)
-            return [kernel(queue, (arrays.round_up(min(stride, n - base), wg),), (wg,), *args,
-                           *tables, scratch[0].data, scratch[1].data, np.int32(stride),
-                           np.int32(base), np.int32(n))
-                    for base in range(0, n, stride)]
+            return self._impl.enqueue(runtime, plan, args, n, stride)
 
 
 def _all_device(params, index, data) -> bool:
@@ -420,10 +388,6 @@ class _Plan:
         self.lock = threading.Lock()
 
 
-def _kernel_name(backend):
-    return "pyclad_eval" if backend == "codegen" else "pyclad_tape"
-
-
 class _HostBuffer:
     """A buffer over host memory, shaped like a device array for ``_launch``."""
 
@@ -439,22 +403,6 @@ class _ChunkBuffers:
         out_shape, jac_shapes = f._output_shapes(chunk)
         self.out = arrays.empty(runtime, out_shape, f.dtype)
         self.jacs = [arrays.empty(runtime, s, f.dtype) for s in jac_shapes] if jacobians else []
-
-
-def _device_tables(runtime, f: BatchFunction):
-    cache = f._device_tables
-    key = runtime.context.int_ptr   # buffers belong to a context
-    if key not in cache:
-        tb = f._tables
-        up = lambda a: cla.to_device(runtime.queue, a).data  # noqa: E731
-        cache[key] = [up(tb.nodes), up(tb.consts), np.int32(tb.n_nodes),
-                      up(tb.rev), up(tb.rev_offsets), up(tb.seeds), up(tb.outputs), up(tb.leaves)]
-    return cache[key]
-
-
-def _scratch(runtime, f: BatchFunction, stride):
-    n_nodes = f._tables.n_nodes
-    return [arrays.empty(runtime, (n_nodes, stride), f.dtype) for _ in range(2)]
 
 
 _bad_index_kernels = {}
