@@ -16,7 +16,8 @@ from . import simulator
 from .runtime import Runtime
 
 __all__ = ["is_device_array", "check_array", "to_device", "write_async", "to_host_like", "empty",
-           "scratch", "keep_on_simulator", "zeros", "convert", "work_group_size", "round_up"]
+           "scratch", "keep_on_simulator", "zeros", "zero_fill_program", "check_context",
+           "work_group_size", "round_up"]
 
 
 def is_device_array(a) -> bool:
@@ -50,15 +51,20 @@ def check_array(a, name: str, dtypes: Iterable, ndim: Optional[int] = None,
     return a
 
 
+def check_context(runtime: Runtime, a, name: str) -> None:
+    """A device array on another context than the call's is an error that names it."""
+    if a.context != runtime.context:
+        raise ValueError(
+            f"{name} lives on another OpenCL context than the one this call runs on "
+            f"({runtime.info.name}, chosen by device= or queue=): leave device= and queue= out "
+            f"to run where the arrays live, or copy {name} to that context")
+
+
 def to_device(runtime: Runtime, a, name: str = "array") -> cla.Array:
     """A device array for ``a``: device arrays pass through (must be contiguous and on
     the runtime's context), numpy arrays are copied over once."""
     if is_device_array(a):
-        if a.context != runtime.context:
-            raise ValueError(
-                f"{name} lives on another OpenCL context than the one this call runs on "
-                f"({runtime.info.name}, chosen by device= or queue=): leave device= and queue= out "
-                f"to run where the arrays live, or copy {name} to that context")
+        check_context(runtime, a, name)
         if not a.flags.c_contiguous:
             raise ValueError(f"{name} must be C-contiguous on the device")
         return a
@@ -106,34 +112,22 @@ def zeros(runtime: Runtime, shape, dtype) -> cla.Array:
     The fill writes integers of the element's size: all-zero bits are 0 in every type, and
     no device needs cl_khr_fp16 to zero a half buffer. On the simulator the zeros are written
     from the host (see :func:`simulator.zeros_from_host`)."""
-    from .templates import build, kernel
+    from .templates import kernel
     if simulator.zeros_from_host(runtime):
         return scratch(runtime, shape, dtype)
     out = empty(runtime, shape, dtype)
     if out.size:
-        bits = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}[out.dtype.itemsize]
-        src = f"__kernel void zero_fill(__global {bits} *a) {{ a[get_global_id(0)] = 0; }}"
-        k = kernel(build(src, runtime), "zero_fill")
+        k = kernel(zero_fill_program(runtime, out.dtype.itemsize), "zero_fill")
         out.add_event(k(runtime.queue, (out.size,), None, out.data))
     return out
 
 
-def convert(runtime: Runtime, src: cla.Array, dtype, wait_for=None) -> cla.Array:
-    """A float32 device array (an accumulator) in storage ``dtype`` (float16 through
-    ``vstore_half_rte``, so no device needs cl_khr_fp16); the event is on the result."""
-    from .templates import Storage, build, kernel
-    if np.dtype(dtype) == src.dtype:
-        return src
-    st = Storage(dtype)
-    out = empty(runtime, src.shape, st.dtype)
-    if out.size:
-        source = (("#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" if st.compute == "double" else "")
-                  + f"__kernel void convert(__global const float *src, __global {st.ptr} *dst) "
-                  f"{{ const size_t i = get_global_id(0); {st.store('src[i]', 'dst', 'i')}; }}")
-        k = kernel(build(source, runtime), "convert")
-        out.add_event(k(runtime.queue, (out.size,), None, src.data, out.data,
-                        wait_for=wait_for if wait_for is not None else src.events))
-    return out
+def zero_fill_program(runtime: Runtime, itemsize: int) -> cl.Program:
+    """The program of ``zero_fill(a)``: a[i] = 0 in integers of ``itemsize`` bytes (all-zero bits
+    are 0 in every type; no device needs cl_khr_fp16 to zero a half buffer)."""
+    from .templates import build
+    bits = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}[itemsize]
+    return build(f"__kernel void zero_fill(__global {bits} *a) {{ a[get_global_id(0)] = 0; }}", runtime)
 
 
 def round_up(n: int, multiple: int) -> int:

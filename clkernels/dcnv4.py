@@ -322,17 +322,14 @@ def _backward_plan(rt, args, options, config) -> launch.Plan:
                                   vector_width=math.gcd(cpw, cfg.vector_width))
     # The input gradient is accumulated by float atomics in float32: in the output itself for
     # float32, else in a temporary converted to half at the end.
-    half = input.dtype == np.float16
-    temps = [launch.Buffer("g_input_float32", input.shape, np.float32)] if half else []
-    acc = Tmp(0) if half else Out(0)
+    temps, steps = [], []
+    acc, to_half = launch.accumulator(rt, input.dtype, outputs[0], 0, temps, steps)
     pix_groups = n * ho * wo * opts.group
     local = (cl.LocalMemory(2 * 3 * wg * 4),) if slots_p2 > 1 else ()
-    steps = [launch.ZeroStep(rt, *acc, temps[0] if half else outputs[0]),
-             launch.step(kernel, (arrays.round_up(pix_groups * slots_p2, wg),), (wg,),
-                         [INPUT_, OFFSET_MASK, GRAD_OUT, acc, Out(1), np.int32(pix_groups),
-                          *_geometry_args(opts, h, w, ho, wo, p), *local])]
-    if half:
-        steps.append(launch.convert_step(rt, Tmp(0), Out(0), outputs[0]))
+    steps.append(launch.step(kernel, (arrays.round_up(pix_groups * slots_p2, wg),), (wg,),
+                             [INPUT_, OFFSET_MASK, GRAD_OUT, acc, Out(1), np.int32(pix_groups),
+                              *_geometry_args(opts, h, w, ho, wo, p), *local]))
+    steps += [to_half] if to_half is not None else []
     return launch.Plan(outputs, steps, temps)
 
 

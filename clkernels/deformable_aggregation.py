@@ -23,7 +23,7 @@ import pyopencl as cl
 
 from . import arrays, launch, simulator, torch_autograd
 from .arrays import check_array, is_device_array
-from .launch import OUTPUT, TEMP, In, Out, Tmp
+from .launch import OUTPUT, In, Out, Tmp
 from .runtime import DeviceInfo, Runtime
 from .templates import Storage, storage
 
@@ -247,18 +247,6 @@ def _step_1d(prob: Problem, k: cl.Kernel, n: int, args, wanted=256) -> launch.St
     return launch.step(k, (arrays.round_up(n, lsize),), (lsize,), args)
 
 
-def _accumulate(rt, prob_storage: Storage, spec: launch.Buffer, out_index: int, temps: list, steps: list):
-    """A zero-filled float32 accumulator for output ``out_index``: the output itself for
-    float32 storage, else a temporary converted to half by a step the caller appends last
-    (returned). Returns (accumulator slot, conversion step or None)."""
-    if prob_storage.dtype == np.float32:
-        steps.append(launch.ZeroStep(rt, OUTPUT, out_index, spec))
-        return Out(out_index), None
-    temps.append(launch.Buffer(spec.name + "_float32", spec.shape, np.float32))
-    steps.append(launch.ZeroStep(rt, TEMP, len(temps) - 1, temps[-1]))
-    return Tmp(len(temps) - 1), launch.convert_step(rt, (TEMP, len(temps) - 1), (OUTPUT, out_index), spec)
-
-
 # Inputs of every plan, in this order: (mc_ms_feat, sampling_location, weights[, grad_out]).
 FEAT, LOC, W, GRAD = In(0), In(1), In(2), In(3)
 
@@ -274,7 +262,7 @@ def _forward_plan(rt, args, options, config) -> launch.Plan:
     if variant == "original":
         _check_original(prob)
         steps, temps = [], []
-        acc, convert = _accumulate(rt, prob.st, out, 0, temps, steps)
+        acc, convert = launch.accumulator(rt, prob.st.dtype, out, 0, temps, steps)
         n = prob.bs * prob.A * prob.P * prob.cams * prob.S * prob.C
         if n:
             steps.append(_step_1d(prob, _kernel(prob, cfg, "da_forward_original"), n,
@@ -317,9 +305,9 @@ def _backward_plan(rt, args, options, config) -> launch.Plan:
     steps, temps = [], []
     if variant == "original":
         _check_original(prob)
-        g_feat, to_half_feat = _accumulate(rt, prob.st, outputs[0], 0, temps, steps)
-        g_loc, _ = _accumulate(rt, Storage(np.float32), outputs[1], 1, temps, steps)
-        g_w, to_half_w = _accumulate(rt, prob.ws, outputs[2], 2, temps, steps)
+        g_feat, to_half_feat = launch.accumulator(rt, prob.st.dtype, outputs[0], 0, temps, steps)
+        g_loc, _ = launch.accumulator(rt, np.float32, outputs[1], 1, temps, steps)
+        g_w, to_half_w = launch.accumulator(rt, prob.ws.dtype, outputs[2], 2, temps, steps)
         n = n_qc * prob.S * prob.C
         if n:
             steps.append(_step_1d(prob, _kernel(prob, cfg, "da_backward_original"), n,
@@ -337,7 +325,7 @@ def _backward_plan(rt, args, options, config) -> launch.Plan:
         steps += _gather_feature_grad(prob, cfg, temps, keep)
         feat_args = []
     else:
-        g_feat, to_half = _accumulate(rt, prob.st, outputs[0], 0, temps, steps)
+        g_feat, to_half = launch.accumulator(rt, prob.st.dtype, outputs[0], 0, temps, steps)
         feat_args = [g_feat]
     k = _kernel(prob, cfg, "da_backward")
     items = prob.C // cfg.cpt

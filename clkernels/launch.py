@@ -25,11 +25,12 @@ import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
 
+from . import arrays, simulator
 from .runtime import Runtime, get_runtime, runtime_for_context, runtime_for_queue
-from .templates import get_program
+from .templates import build, get_program
 
 __all__ = ["Param", "Op", "Plan", "Step", "Buffer", "kernel_for_plan", "runtime_for",
-           "device_array", "check_host_out", "pooled_array", "ZeroStep", "Slot", "In", "Out", "Tmp", "step", "scratch_steps", "program", "convert_step", "INPUT", "OUTPUT", "TEMP"]
+           "device_array", "check_host_out", "pooled_array", "accumulator", "ZeroStep", "Slot", "In", "Out", "Tmp", "step", "scratch_steps", "program", "convert_step", "INPUT", "OUTPUT", "TEMP"]
 
 INPUT, OUTPUT, TEMP = 0, 1, 2   # where a kernel argument's buffer comes from, per call
 
@@ -111,16 +112,12 @@ class ZeroStep:
     __slots__ = ("source", "position", "kernel", "size", "host")
 
     def __init__(self, rt: Runtime, source: int, position: int, buffer: "Buffer"):
-        from . import simulator
         self.source, self.position, self.size = source, position, buffer.size
         self.kernel = self.host = None
         if simulator.zeros_from_host(rt):
             self.host = np.zeros(buffer.nbytes, np.uint8)
         else:
-            bits = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}[buffer.dtype.itemsize]
-            src = f"__kernel void zero_fill(__global {bits} *a) {{ a[get_global_id(0)] = 0; }}"
-            from .templates import build
-            self.kernel = kernel_for_plan(build(src, rt), "zero_fill")
+            self.kernel = kernel_for_plan(arrays.zero_fill_program(rt, buffer.dtype.itemsize), "zero_fill")
 
     @property
     def work_items(self) -> int:
@@ -167,7 +164,6 @@ def step(kernel: cl.Kernel, global_size, local_size, args: Sequence) -> Step:
 def scratch_steps(rt: Runtime, buffers: Sequence[Tuple[Slot, "Buffer"]]) -> list:
     """Steps that prepare buffers the kernels write before reading: none on devices, a
     host-written zero fill on the simulator (see simulator.zeros_from_host)."""
-    from . import simulator
     if not simulator.zeros_from_host(rt):
         return []
     return [ZeroStep(rt, slot.source, slot.position, buf) for slot, buf in buffers if buf.nbytes]
@@ -220,11 +216,7 @@ def runtime_for(arrays, device=None, queue=None) -> Runtime:
 
 def device_array(rt: Runtime, a, name: str):
     """The buffer of a device argument, after the checks every call needs (context, layout)."""
-    if a.context != rt.context:
-        raise ValueError(
-            f"{name} lives on another OpenCL context than the one this call runs on "
-            f"({rt.info.name}, chosen by device= or queue=): leave device= and queue= out to run "
-            f"where the arrays live, or copy {name} to that context")
+    arrays.check_context(rt, a, name)
     if a.offset:
         raise ValueError(f"{name} is a view with an offset into its buffer; pass {name}.copy()")
     if not a.flags.c_contiguous:
@@ -235,7 +227,6 @@ def device_array(rt: Runtime, a, name: str):
 def pooled_array(rt: Runtime, shape, dtype, scratch: bool = False) -> cla.Array:
     """A device array from the queue's pool. ``scratch``: later kernels write it in place and
     read it back, so on the simulator it is zeroed from the host (simulator.zeros_from_host)."""
-    from . import simulator
     spec = Buffer("array", shape, dtype)
     a = _wrap(rt, spec, rt.pool.allocate(spec.nbytes) if spec.nbytes else None)
     if scratch and spec.nbytes and simulator.zeros_from_host(rt):
@@ -272,8 +263,8 @@ def _check_out(rt: Runtime, out, spec: Buffer, name: str, on_device: bool):
                          f"{spec.shape} and {spec.dtype}")
     if on_device:
         device_array(rt, out, name)
-    elif not out.flags.c_contiguous or not out.flags.writeable:
-        raise ValueError(f"{name} must be a writeable C-contiguous numpy array")
+    else:
+        check_host_out(out, spec.shape, spec.dtype, name)
 
 
 class Op:
@@ -420,8 +411,6 @@ def _out_tuple(out, n: int, names) -> tuple:
 def convert_step(rt: Runtime, source: Tuple[int, int], target: Tuple[int, int], buffer: Buffer) -> Step:
     """A step storing a float32 buffer (``source``) as half (``target``, ``buffer`` its spec),
     through vstore_half_rte so that no device needs cl_khr_fp16."""
-    from . import arrays
-    from .templates import build
     text = ("__kernel void to_half(__global const float *src, __global half *dst, int n) "
             "{ const int i = get_global_id(0); if (i < n) vstore_half_rte(src[i], i, dst); }")
     kernel = kernel_for_plan(build(text, rt), "to_half")
@@ -430,7 +419,19 @@ def convert_step(rt: Runtime, source: Tuple[int, int], target: Tuple[int, int], 
                 [(0, *source), (1, *target)], [(2, np.int32(buffer.size))])
 
 
+def accumulator(rt: Runtime, dtype, spec: Buffer, out_index: int, temps: list, steps: list):
+    """A zero-filled float32 accumulator for output ``out_index`` (whose storage is ``dtype``):
+    the output itself for float32, else a float32 temporary (appended to ``temps``) that the
+    returned step stores as half; the caller appends that step after its kernels. The zero fill
+    goes to ``steps`` now. Returns (the accumulator's slot, the conversion step or None)."""
+    if np.dtype(dtype) == np.float32:
+        steps.append(ZeroStep(rt, OUTPUT, out_index, spec))
+        return Out(out_index), None
+    temps.append(Buffer(spec.name + "_float32", spec.shape, np.float32))
+    steps.append(ZeroStep(rt, TEMP, len(temps) - 1, temps[-1]))
+    return Tmp(len(temps) - 1), convert_step(rt, (TEMP, len(temps) - 1), (OUTPUT, out_index), spec)
+
+
 def program(rt: Runtime, template: str, options=(), **params) -> cl.Program:
     """Render and build a template for a plan (both cached), with the simulator's options."""
-    from . import simulator
     return get_program(template, rt, tuple(options) + simulator.build_options(rt, template), **params)

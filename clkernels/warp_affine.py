@@ -249,11 +249,7 @@ def _run(images, name: str, spec: _Spec, out, device, queue, zero_copy, d2i=None
     rt = launch.runtime_for(items, device, queue)
     if on_device:
         for i, im in enumerate(items):
-            if im.context != rt.context:
-                raise ValueError(
-                    f"{name}[{i}] lives on another OpenCL context than the one this call runs on "
-                    f"({rt.info.name}, chosen by device= or queue=): leave device= and queue= out "
-                    "to run where the images live, or copy them to that context")
+            arrays.check_context(rt, im, f"{name}[{i}]")
     limit = _alloc_limit(rt)
     key = (TEMPLATE, spec, geoms, on_device, _lanes(rt, spec.dst_w), _fma_name(rt),
            _unaligned_io(rt), limit)
