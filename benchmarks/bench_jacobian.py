@@ -7,7 +7,10 @@ pyclad figures:
   call   - values_and_jacobians() on device arrays, wall clock (index validation included);
   host   - values_and_jacobians() on numpy arrays, wall clock (transfers both ways included).
 Ceres figures (benchmarks/peers/ceres_jacobian.cc): autodiff - AutoDiffCostFunction::Evaluate per
-observation over N threads; problem - ceres::Problem::Evaluate into a CRS matrix.
+observation over N threads; problem - ceres::Problem::Evaluate into a CRS matrix; solver - the
+Jacobian evaluation as Ceres' own solver performs it (its reported Jacobian evaluation time per
+evaluation during a SPARSE_SCHUR solve with N threads, median over solves; the comparison the
+tape paper makes), for the BAL files (``--solver-synthetic`` adds the synthetic ones).
 
     python benchmarks/bench_jacobian.py                  # the shared BAL problems + a synthetic one
     python benchmarks/bench_jacobian.py --synthetic 2000000 --threads 16
@@ -50,7 +53,7 @@ def bytes_per_tuple(itemsize):
     return 8 + itemsize * (2 + 2 + 24)
 
 
-def bench_pyclad(report, args, problem, ceres_rate):
+def bench_pyclad(report, args, problem, ceres_rate, solver_rate=None):
     n = problem.num_observations
     runtime = report.runtime
     q = runtime.queue
@@ -81,6 +84,8 @@ def bench_pyclad(report, args, problem, ceres_rate):
                 if ceres_rate:
                     row["x_ceres_autodiff"] = row["items_per_s"] / ceres_rate
                     print(f"    -> {row['x_ceres_autodiff']:.2f}x Ceres autodiff", flush=True)
+                if solver_rate:
+                    row["x_ceres_solver"] = row["items_per_s"] / solver_rate
 
 
 def bench_ceres(report, args, path, name, n):
@@ -96,12 +101,30 @@ def bench_ceres(report, args, path, name, n):
     return res["autodiff"]["obs_per_s"]
 
 
+def bench_ceres_solver(report, args, path, name, n, solves=3):
+    """Ceres' Jacobian evaluation inside its own SPARSE_SCHUR solve: the time it reports per
+    evaluation, one sample per solve (10 iterations each)."""
+    if not ceres_peer.available():
+        return None
+    samples = []
+    for _ in range(solves):
+        t = ceres_peer.bundle_adjust(path, linear_solver="sparse_schur", threads=args.threads,
+                                     max_iterations=10)["times"]
+        samples.append(t["jacobian_evaluation_s"] / max(1, t["num_jacobian_evaluations"]))
+    timing = harness.Timing(samples)
+    report.add(case=name, variant=f"ceres solver jacobian evaluation {args.threads} threads", timing=timing,
+               items=n, bytes_moved=n * bytes_per_tuple(8))
+    return n / timing.median
+
+
 def main():
     p = harness.parser(__doc__)
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="Ceres threads (default: all cores)")
     p.add_argument("--synthetic", type=int, nargs="*", default=[1_000_000],
                    help="sizes of synthetic problems to add (observations)")
     p.add_argument("--problems", nargs="*", default=None, help="BAL files (default: the shared ones)")
+    p.add_argument("--solver-synthetic", action="store_true",
+                   help="also time Ceres' in-solver Jacobian evaluation on the synthetic problems")
     args = p.parse_args()
     if args.quick:
         args.repeat, args.synthetic = min(args.repeat, 5), [200_000]
@@ -118,8 +141,13 @@ def main():
         for path, problem in jobs:
             print(f"{problem.name}: {problem.num_observations} observations", flush=True)
             rate = bench_ceres(report, args, path, problem.name, problem.num_observations)
-            bench_pyclad(report, args, problem, rate)
-    report.write(["case", "variant", "median_s", "spread", "items_per_s", "x_ceres_autodiff", "GB_per_s"])
+            solver = None
+            if args.solver_synthetic or not problem.name.startswith("synthetic"):
+                solver = bench_ceres_solver(report, args, path, problem.name, problem.num_observations,
+                                            solves=1 if args.quick else 3)
+            bench_pyclad(report, args, problem, rate, solver)
+    report.write(["case", "variant", "median_s", "spread", "items_per_s", "x_ceres_autodiff", "x_ceres_solver",
+                  "GB_per_s"])
 
 
 if __name__ == "__main__":

@@ -156,6 +156,7 @@ class DeviceInfo:
     is_cpu: bool
     native_vector_width_float: int = 1
     native_vector_width_double: int = 1
+    max_constant_bytes: int = 64 << 10
 
     @classmethod
     def of(cls, device: cl.Device) -> "DeviceInfo":
@@ -180,7 +181,8 @@ class DeviceInfo:
             is_simulator=_is_simulator(device),
             is_cpu=bool(device.type & cl.device_type.CPU),
             native_vector_width_float=max(1, device.native_vector_width_float),
-            native_vector_width_double=max(1, device.native_vector_width_double))
+            native_vector_width_double=max(1, device.native_vector_width_double),
+            max_constant_bytes=device.max_constant_buffer_size)
 
 
 _chosen_in_code: contextvars.ContextVar = contextvars.ContextVar("pyclad_device", default=None)

@@ -22,6 +22,7 @@ arithmetic. Python ``if`` on a traced value is an error that points to :func:`wh
 """
 from .batch import BACKENDS, BatchFunction
 from .graph import Node
+from .tape import TapeConfig
 from .trace import Traced, trace
 from .vector import ANGLE_AXIS_EPSILON, FUNCTIONS, Vector, cross, dot, norm, rotate_angle_axis, vector
 
@@ -29,5 +30,5 @@ from .vector import ANGLE_AXIS_EPSILON, FUNCTIONS, Vector, cross, dot, norm, rot
 # (pyclad/ops.py) that names one.
 globals().update(FUNCTIONS)
 
-__all__ = ["BatchFunction", "BACKENDS", "Node", "Traced", "trace", "Vector", "vector", *FUNCTIONS,
+__all__ = ["BatchFunction", "BACKENDS", "TapeConfig", "Node", "Traced", "trace", "Vector", "vector", *FUNCTIONS,
            "dot", "cross", "norm", "rotate_angle_axis", "ANGLE_AXIS_EPSILON"]

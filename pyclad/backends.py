@@ -17,7 +17,7 @@ import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
 
-from clkernels import arrays
+from clkernels import arrays, launch
 
 from . import codegen, interpreter, tape
 
@@ -29,20 +29,25 @@ class Backend:
     on_device = True          # runs an OpenCL kernel
     launch_layer = False      # device calls go through clkernels.launch (one launch per call)
 
-    def __init__(self, traced, dtype):
+    def __init__(self, traced, dtype, config=None):
         self.traced, self.dtype = traced, np.dtype(dtype)
         self.real = "double" if self.dtype == np.float64 else "float"
+        self.config = config
 
-    def source(self, jacobians: bool, stage: int, lanes: int) -> str:
+    def variant(self, runtime, jacobians: bool):
+        """What the kernel source depends on besides the function (hashable): the source is
+        rendered and built once per variant."""
+        raise NotImplementedError
+
+    def source(self, jacobians: bool, variant) -> str:
         raise NotImplementedError
 
     def lanes(self, runtime) -> int:
         """Tuples per work-item."""
         return 1
 
-    def stage_wg(self, runtime, jacobians: bool) -> int:
-        """Work-group size of staged Jacobian stores, or 0."""
-        return 0
+    def work_group(self, runtime, kernel, jacobians: bool) -> int:
+        return arrays.work_group_size(runtime, kernel, 64)
 
     def scratch_bytes_per_tuple(self) -> int:
         """Device scratch a tuple needs beyond its inputs and outputs."""
@@ -53,20 +58,35 @@ class Backend:
         launch (the chunk that fits the device)."""
         raise NotImplementedError
 
+    def launch_step(self, runtime, kernel, plan, io: List, n: int):
+        """The :class:`clkernels.launch.Step` of a launch-layer plan over n tuples (``io``: the
+        inputs' and outputs' slots, in the kernel's order)."""
+        raise NotImplementedError
+
 
 class Codegen(Backend):
     name, kernel_name, launch_layer = "codegen", "pyclad_eval", True
 
-    def source(self, jacobians, stage, lanes):
+    def variant(self, runtime, jacobians):
+        lanes = self.lanes(runtime)
+        stage = 0 if not jacobians or lanes > 1 else \
+            codegen.stage_size(self.traced, self.dtype.itemsize, runtime.info)
+        return stage, lanes
+
+    def source(self, jacobians, variant):
+        stage, lanes = variant
         return codegen.render(self.traced, self.real, jacobians, stage_wg=stage, lanes=lanes)
 
     def lanes(self, runtime):
         return codegen.lanes(runtime.info, self.real)
 
-    def stage_wg(self, runtime, jacobians):
-        if not jacobians or self.lanes(runtime) > 1:
-            return 0
-        return codegen.stage_size(self.traced, self.dtype.itemsize, runtime.info)
+    def work_group(self, runtime, kernel, jacobians):
+        stage, _ = self.variant(runtime, jacobians)
+        return stage or super().work_group(runtime, kernel, jacobians)
+
+    def launch_step(self, runtime, kernel, plan, io, n):
+        items = -(-n // plan.lanes)
+        return launch.step(kernel, (arrays.round_up(items, plan.wg),), (plan.wg,), [*io, np.int32(n)])
 
     def enqueue(self, runtime, plan, args, n, stride):
         kernel = plan.kernel
@@ -79,42 +99,111 @@ class Codegen(Backend):
 
 
 class Tape(Backend):
-    name, kernel_name = "tape", "pyclad_tape"
+    """The interpreter: its tables (per slot scheme), uploaded once per context, and a scratch
+    per queue for its persistent grid, reused by every call (an in-order queue runs one
+    launch at a time)."""
+    name, kernel_name, launch_layer = "tape", "pyclad_tape", True
 
-    def __init__(self, traced, dtype):
-        super().__init__(traced, dtype)
-        self.tables = tape.Tables(traced, dtype)
-        self._device_tables = {}   # per context: the tables uploaded once
+    def __init__(self, traced, dtype, config=None):
+        if config is not None and not isinstance(config, tape.TapeConfig):
+            raise TypeError(f"config must be a pyclad.TapeConfig for the tape backend, not {type(config).__name__}")
+        super().__init__(traced, dtype, config)
+        self._tables = {}          # (liveness, fused) -> Tables
+        self._device_tables = {}   # (context, liveness, fused, joint) -> the tables as kernel arguments
+        self._scratch = {}         # (queue, config) -> (values, adjoints) buffers
+        self._launches = {}        # queue -> (config, the kernel's table and scratch arguments)
 
-    def source(self, jacobians, stage, lanes):
+    def tables(self, liveness: bool = True, fused: bool = True) -> tape.Tables:
+        if (liveness, fused) not in self._tables:
+            self._tables[liveness, fused] = tape.Tables(self.traced, self.dtype, liveness, fused)
+        return self._tables[liveness, fused]
+
+    def config_for(self, runtime) -> tape.TapeConfig:
+        c = self.config or tape.TapeConfig()
+        tables = self.tables(c.slots is not False, c.fuse is not False)
+        return tape.default_config(runtime.info, self.real, tables, self.traced.n_outputs, self.config)
+
+    def variant(self, runtime, jacobians):
+        config = self.config_for(runtime)
+        local = (0, 0)
+        if config.layout == "local":
+            tb = self.tables(config.slots, config.fuse)
+            joint = config.sweep == "joint"
+            planes = self.traced.n_outputs if joint else 1
+            local = (arrays.round_up(tb.value_slots, 8), arrays.round_up(tb.adjoint_slots[joint], 8))
+            need = (local[0] + local[1] * planes) * config.blocks * config.lanes * config.wg * self.dtype.itemsize
+            if need > runtime.info.local_mem_bytes:
+                raise ValueError(f"TapeConfig(layout='local', wg={config.wg}): {need} bytes of local memory "
+                                 f"needed, the device has {runtime.info.local_mem_bytes}; use a smaller wg "
+                                 "or layout='node'")
+        return config, local
+
+    def source(self, jacobians, variant):
+        config, local = variant
         t = self.traced
-        return tape.render(t.group_sizes, t.data_size, t.n_outputs, self.real, jacobians)
+        return tape.render(t.group_sizes, t.data_size, t.n_outputs, self.real, jacobians, config, local)
 
-    def scratch_bytes_per_tuple(self):
-        return 2 * self.dtype.itemsize * self.tables.n_nodes   # values and adjoints
+    def lanes(self, runtime):
+        config = self.config_for(runtime)
+        return config.lanes * config.blocks
 
-    def device_tables(self, runtime) -> list:
-        key = runtime.context.int_ptr   # buffers belong to a context
+    def work_group(self, runtime, kernel, jacobians):
+        return self.config_for(runtime).wg
+
+    def device_tables(self, runtime, config) -> list:
+        joint = config.sweep == "joint"
+        key = (runtime.context.int_ptr, config.slots, config.fuse, joint)   # buffers belong to a context
         if key not in self._device_tables:
-            tb = self.tables
-            up = lambda a: cla.to_device(runtime.queue, a).data  # noqa: E731
-            self._device_tables[key] = [up(tb.nodes), up(tb.consts), np.int32(tb.n_nodes), up(tb.rev),
-                                        up(tb.rev_offsets), up(tb.seeds), up(tb.outputs), up(tb.leaves)]
+            up = lambda a: cla.to_device(runtime.queue, np.ascontiguousarray(a)).data  # noqa: E731
+            self._device_tables[key] = [up(a) if isinstance(a, np.ndarray) else a
+                                        for a in self.tables(config.slots, config.fuse).arrays(joint)]
         return self._device_tables[key]
 
+    def scratch(self, runtime, config, tb) -> list:
+        if config.layout == "local":
+            return []
+        key = (runtime.queue.int_ptr, config)
+        if key not in self._scratch:
+            per_item = config.blocks * config.lanes * self.dtype.itemsize
+            joint = config.sweep == "joint"
+            planes = self.traced.n_outputs if joint else 1
+            self._scratch[key] = [cl.Buffer(runtime.context, cl.mem_flags.READ_WRITE,
+                                            max(1, slots) * per_item * config.work_items)
+                                  for slots in (tb.value_slots, tb.adjoint_slots[joint] * planes)]
+        return self._scratch[key]
+
+    def _launch_args(self, runtime):
+        """The config and the kernel's table and scratch arguments on a queue, found once."""
+        key = runtime.queue.int_ptr
+        if key not in self._launches:
+            config = self.config_for(runtime)
+            tb = self.tables(config.slots, config.fuse)
+            joint = config.sweep == "joint"
+            self._launches[key] = (config, [*self.device_tables(runtime, config), *self.scratch(runtime, config, tb),
+                                            np.int32(tb.value_slots), np.int32(tb.adjoint_slots[joint])])
+        return self._launches[key]
+
+    def _grid(self, config, n) -> int:
+        return min(config.work_items, arrays.round_up(-(-n // (config.lanes * config.blocks)), config.wg))
+
+    def launch_step(self, runtime, kernel, plan, io, n):
+        config, static = self._launch_args(runtime)
+        return launch.step(kernel, (self._grid(config, n),), (config.wg,), [*io, *static, np.int32(n)])
+
     def enqueue(self, runtime, plan, args, n, stride):
-        tables = self.device_tables(runtime)
-        scratch = [arrays.empty(runtime, (self.tables.n_nodes, stride), self.dtype) for _ in range(2)]
-        return [plan.kernel(runtime.queue, (arrays.round_up(min(stride, n - base), plan.wg),), (plan.wg,),
-                            *args, *tables, scratch[0].data, scratch[1].data, np.int32(stride),
-                            np.int32(base), np.int32(n))
-                for base in range(0, n, stride)]
+        config, static = self._launch_args(runtime)
+        kernel = plan.kernel
+        kernel.set_args(*args, *static, np.int32(n))
+        return [cl.enqueue_nd_range_kernel(runtime.queue, kernel, (self._grid(config, n),), (config.wg,))]
 
 
 class Numpy(Backend):
     name, on_device = "numpy", False
 
-    def source(self, jacobians, stage, lanes):
+    def variant(self, runtime, jacobians):
+        return None
+
+    def source(self, jacobians, variant):
         raise ValueError("the numpy backend runs no OpenCL source")
 
     def run(self, params, index, data, jacobians):

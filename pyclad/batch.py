@@ -53,10 +53,14 @@ class BatchFunction:
         ``clkernels`` selection rules, resolved at each call.
     chunk_size : int, optional
         Tuples per launch for host inputs; default from the device's memory.
+    config : pyclad.TapeConfig, optional
+        The tape kernel's variant (tuples per work-item, slots, scratch layout); default per
+        device. Only for ``backend="tape"``.
     """
 
     def __init__(self, fn, params: Sequence[int], data: int = 0, dtype=np.float64,
-                 backend: str = "codegen", device=None, chunk_size: Optional[int] = None):
+                 backend: str = "codegen", device=None, chunk_size: Optional[int] = None,
+                 config=None):
         if isinstance(params, (int, np.integer)):
             params = (int(params),)
         self.traced = trace(fn, params, data)
@@ -71,7 +75,9 @@ class BatchFunction:
                           stacklevel=2)
             backend = "tape"
         self.backend, self.device, self.chunk_size = backend, device, chunk_size
-        self._impl = backends.BACKENDS[backend](self.traced, self.dtype)   # pyclad.backends
+        if config is not None and backend != "tape":
+            raise ValueError(f"config is the tape kernel's variant; backend={backend!r} takes none")
+        self._impl = backends.BACKENDS[backend](self.traced, self.dtype, config)   # pyclad.backends
         self.name = getattr(fn, "__name__", "function")
         self._sources = {}
         self._plans = {}          # (context, device, jacobians) -> _Plan: what a launch needs, found once
@@ -96,12 +102,13 @@ class BatchFunction:
         device: the codegen kernel is specialised per device (SIMD lanes on CPUs, stores
         staged through local memory on GPUs)."""
         if not self._impl.on_device:
-            return self._impl.source(jacobians, 0, 1)     # says that it runs no source
-        runtime = get_runtime(device if device is not None else self.device)
-        stage, lanes = self._impl.stage_wg(runtime, jacobians), self._impl.lanes(runtime)
-        key = (jacobians, stage, lanes)
+            return self._impl.source(jacobians, None)     # says that it runs no source
+        return self._source(jacobians, get_runtime(device if device is not None else self.device))
+
+    def _source(self, jacobians, runtime) -> str:
+        key = (jacobians, self._impl.variant(runtime, jacobians))
         if key not in self._sources:
-            self._sources[key] = self._impl.source(jacobians, stage, lanes)
+            self._sources[key] = self._impl.source(*key)
         return self._sources[key]
 
     def values(self, params, index, data=None, device=None, index_checked=False):
@@ -207,7 +214,7 @@ class BatchFunction:
 
     # -- device arrays in, device arrays out: through the launch layer -------------------------
     def _run_op(self, params, index, data, jacobians, device, index_checked):
-        """The codegen kernel on device arrays as a :class:`clkernels.launch.Op`: a repeat call
+        """The kernel on device arrays as a :class:`clkernels.launch.Op`: a repeat call
         with the same shapes checks the arrays' kinds, takes its outputs from the pool and
         enqueues (the shape checks and the plan are made once per signature)."""
         op = self._op()
@@ -260,11 +267,9 @@ class BatchFunction:
         kernel = launch.kernel_for_plan(shared.kernel.program, self._impl.kernel_name)
         ins = [launch.In(i) for i in range(len(args))]
         outs = [launch.Out(i) for i in range(len(outputs))]
-        items = -(-n // shared.lanes)
         # On the simulator, outputs are zeroed from the host first (solvers write them in place).
         steps = launch.scratch_steps(runtime, list(zip(outs, outputs)))
-        steps.append(launch.step(kernel, (arrays.round_up(items, shared.wg),), (shared.wg,),
-                                 [*ins, *outs, np.int32(n)]))
+        steps.append(self._impl.launch_step(runtime, kernel, shared, [*ins, *outs], n))
         return launch.Plan(outputs, steps)
 
     def _plan(self, runtime, jacobians) -> "_Plan":
@@ -273,10 +278,9 @@ class BatchFunction:
         key = (runtime.context.int_ptr, runtime.device.int_ptr, jacobians)
         plan = self._plans.get(key)
         if plan is None:
-            kernel = launch.kernel_for_plan(templates.build(self.kernel_source(jacobians, runtime), runtime),
+            kernel = launch.kernel_for_plan(templates.build(self._source(jacobians, runtime), runtime),
                                             self._impl.kernel_name)
-            stage = self._impl.stage_wg(runtime, jacobians)
-            wg = stage or arrays.work_group_size(runtime, kernel, 64)
+            wg = self._impl.work_group(runtime, kernel, jacobians)
             plan = self._plans[key] = _Plan(kernel, wg, self._impl.lanes(runtime))
         return plan
 

@@ -101,6 +101,18 @@ def _op(code, name, arity, forward, vjps, function=None, flags="", doc=""):
 
 OPS: Dict[str, Op] = {row[0]: _op(code, *row) for code, row in enumerate(_TABLE)}
 
+# Superinstructions of the tape interpreter (pyclad.tape fuses a product into the sum that is
+# its only use): one dispatch and no stored product instead of two instructions. Not functions
+# users call; their vjps are the chain rule through the two ops, written so that each partial
+# is computed exactly as the unfused pair computes it (pc_mul keeps the compiler from
+# contracting the product and the sum into an FMA, which the unfused pair never does).
+_FUSED = [
+    ("muladd",  3, "pc_mul(a, b) + c",      ("g * b", "g * a", "g")),
+    ("mulsub",  3, "pc_mul(a, b) - c",      ("g * b", "g * a", "-g")),
+    ("mulrsub", 3, "c - pc_mul(a, b)",      ("(-g) * b", "(-g) * a", "g")),
+]
+FUSED: Dict[str, Op] = {row[0]: _op(len(_TABLE) + i, *row) for i, row in enumerate(_FUSED)}
+
 # The pyclad functions the table defines, in table order (pyclad.vector makes them).
 FUNCTIONS: Tuple[str, ...] = tuple(op.function for op in OPS.values() if op.function)
 
@@ -118,6 +130,9 @@ HELPERS = (
      lambda x, y: np.where(np.isnan(x) | (x < y), x, y)),
     ("pc_max", "real_t pc_max(real_t a, real_t b) { return (isnan(a) || a > b) ? a : b; }",
      lambda x, y: np.where(np.isnan(x) | (x > y), x, y)),
+    # A product that stays rounded on its own (the fused ops above): the compiler contracts
+    # a * b + c within one expression, but not across a call.
+    ("pc_mul", "real_t pc_mul(real_t a, real_t b) { return a * b; }", lambda x, y: x * y),
 )
 
 # The functions expressions may call, as numpy: OpenCL builtins, then the helpers.

@@ -1,27 +1,131 @@
-"""The ``tape`` backend: the original design of a generic interpreter kernel.
+"""The ``tape`` backend: the design of a generic interpreter kernel (Shen & Dai).
 
-The graph is flattened into a node table (compact ids in forward order, so the forward
-sweep is a plain loop over the table) and the reverse sequences; one kernel per (parameter layout, dtype) runs any graph of that layout, so
-"compiling" a new function costs no OpenCL build. Values and adjoints live in a global
-scratch buffer, which bounds the chunk of tuples evaluated per launch.
+The graph becomes two instruction tables: a forward sequence (one instruction per node, operands
+first) and, per output, a reverse sequence (one instruction per node that output's adjoint flows
+through, in the order codegen's unrolled sweep visits them, so both backends do the same
+arithmetic). One kernel per (parameter layout, dtype, variant) runs any graph: "compiling" a new
+function costs no OpenCL build.
+
+What makes the interpreter fast (each is a :class:`TapeConfig` switch, so the benchmark can
+show what each bought):
+
+- **Tuples per work-item.** The op sequence is the same for every tuple, so one dispatch (the
+  table read and the switch) serves ``lanes x blocks`` tuples: each value is an OpenCL vector of
+  ``lanes`` tuples (the CPU's SIMD width), ``blocks`` of them per work-item.
+- **Slots by liveness.** Values and adjoints live in slots, not one cell per node: a value dies
+  after its last use (forward, or in the reverse sweeps), an adjoint after its node is swept, so
+  the working set is a fraction of the graph and stays in L1 (CPU) or on chip (GPU).
+- **Scratch per work-item.** A persistent grid: a fixed set of work-items strides over the
+  tuples, each with its own scratch, so the scratch is small, cached and reused by every call
+  (``layout="item"``: a work-item's slots contiguous, for CPUs; ``"node"``: slot-major across
+  work-items, coalesced, for GPUs; ``"local"``: in local memory, GPUs).
+- **Tables in constant memory** (``tables="constant"``), where the device caches them for
+  uniform reads.
 """
 from __future__ import annotations
 
-from typing import List
+import dataclasses
+import re
+from typing import Dict, List, Optional
 
 import numpy as np
 
 from clkernels import templates
 
-from .ops import LEAVES, OPS, to_c
+from .ops import FUSED, LEAVES, OPS, to_c
 from .trace import Traced
 
 _LEAF_CODES = {leaf: 100 + i for i, leaf in enumerate(LEAVES)}  # past every op code
 GUARDED = 128  # added to the op code of a guarded node (see pyclad.ops on guards)
+INSTRUCTIONS = (*OPS.values(), *FUSED.values())   # what the interpreter's switches dispatch on
+SINK = 0       # the adjoint slot that contributions to non-differentiated operands go to (never read)
+FIRST_BIT = 256       # op code + FIRST_BIT << i: operand i's contribution is the first to its slot
+LAYOUTS = ("item", "node", "local")
 
 
-def _operand_loads(arity: int) -> str:
-    return "".join(f"const real_t x{s} = V(nd.{f}); " for s, f in list(zip("abc", "yzw"))[:arity])
+@dataclasses.dataclass(frozen=True)
+class TapeConfig:
+    """A variant of the tape kernel; ``None`` fields take the device's default
+    (:func:`default_config`).
+
+    lanes: tuples per OpenCL vector (1, 2, 4, 8 or 16); blocks: vectors per work-item;
+    slots: allocate value and adjoint slots by liveness (else one per node); fuse: superinstructions
+    (a product fused into the sum that uses it, pyclad.ops.FUSED); layout: where a
+    work-item's slots live ("item", "node" or "local", see the module docstring); tables:
+    "global" or "constant" memory for the instruction tables; sweep: "joint" (one reverse sweep
+    carries every output's adjoint: one dispatch and one read of the values per node) or "each"
+    (one sweep per output); work_items: the persistent
+    grid's size; wg: the work-group size."""
+    lanes: Optional[int] = None
+    blocks: Optional[int] = None
+    slots: Optional[bool] = None
+    fuse: Optional[bool] = None
+    layout: Optional[str] = None
+    tables: Optional[str] = None
+    sweep: Optional[str] = None
+    work_items: Optional[int] = None
+    wg: Optional[int] = None
+
+    def __post_init__(self):
+        if self.lanes is not None and self.lanes not in (1, 2, 4, 8, 16):
+            raise ValueError(f"TapeConfig.lanes must be 1, 2, 4, 8 or 16, not {self.lanes!r}")
+        for name in ("blocks", "work_items", "wg"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, (int, np.integer)) or v < 1):
+                raise ValueError(f"TapeConfig.{name} must be a positive integer, not {v!r}")
+        if self.layout is not None and self.layout not in LAYOUTS:
+            raise ValueError(f"TapeConfig.layout must be one of {LAYOUTS}, not {self.layout!r}")
+        if self.sweep is not None and self.sweep not in ("joint", "each"):
+            raise ValueError(f"TapeConfig.sweep must be 'joint' or 'each', not {self.sweep!r}")
+        if self.tables is not None and self.tables not in ("global", "constant"):
+            raise ValueError(f"TapeConfig.tables must be 'global' or 'constant', not {self.tables!r}")
+
+
+CPU_SCRATCH_BYTES = 24 << 10   # a CPU work-item's slots: within a core's L1 data cache
+JOINT_MAX = 7   # outputs up to which (bits 24-30 of a contribution flag each output's first) one joint reverse sweep is the default (its cases unroll per output)
+
+
+def default_config(info, real: str, tables: "Tables", n_outputs: int,
+                   config: Optional[TapeConfig] = None) -> TapeConfig:
+    """The device's variant, with ``config``'s fields where given.
+
+    CPUs: vectors of the native width, as many per work-item as fit L1, slots contiguous per
+    work-item, a sweep per output, 64 work-items per core. GPUs: one tuple per work-item (work-items are the SIMD lanes), slots
+    slot-major across work-items, tables in constant memory when they fit, a grid of a few
+    work-groups per compute unit."""
+    c = config or TapeConfig()
+    if info.is_cpu:
+        width = info.native_vector_width_double if real == "double" else info.native_vector_width_float
+        lanes = c.lanes or max(1, min(8, width))
+        # As many vectors per work-item as keep its slots within L1 (the dispatch is paid once
+        # per instruction for all of them); wg 1: PoCL then adds no work-item loop.
+        per_block = (tables.value_slots + tables.adjoint_slots[False]) * lanes * (8 if real == "double" else 4)
+        blocks = 16
+        while blocks > 1 and blocks * per_block > CPU_SCRATCH_BYTES:
+            blocks //= 2
+        d = dict(lanes=lanes, blocks=blocks, slots=True, fuse=True, layout="item", tables="global", sweep="each",
+                 wg=1, work_items=64 * max(1, info.compute_units))
+    else:
+        d = dict(lanes=1, blocks=1, slots=True, fuse=True, layout="node",
+                 tables="constant" if tables.nbytes() <= info.max_constant_bytes // 2 else "global",
+                 wg=128, work_items=128 * 16 * max(1, info.compute_units))
+        d["sweep"] = "joint" if n_outputs <= JOINT_MAX else "each"
+    d.update({k: v for k, v in dataclasses.asdict(c).items() if v is not None})
+    if d["layout"] == "local" and info.is_cpu:
+        raise ValueError("TapeConfig.layout='local' is for GPUs; on a CPU local memory is ordinary memory")
+    d["work_items"] = -(-d["work_items"] // d["wg"]) * d["wg"]
+    return TapeConfig(**d)
+
+
+_OPERAND = re.compile(r"\b([abcr])\b")
+
+
+def _uses(expr: Optional[str]) -> set:
+    return set(_OPERAND.findall(expr)) if expr else set()
+
+
+def _operand_loads(op, fields) -> str:
+    return "".join(f"const real_t x{s} = V({f}, k); " for s, f in list(zip("abc", fields))[:op.arity])
 
 
 # The op table's operand names (a, b, c; r the result, g its adjoint) as the kernel's locals.
@@ -29,64 +133,280 @@ _NAMES = {s: f"x{s}" for s in "abcrg"}
 
 
 def forward_cases(real: str) -> List[str]:
-    names = _NAMES
-    return [f"case OP_{op.name.upper()}: {{ {_operand_loads(op.arity)}r = {to_c(op.forward, names, real)}; break; }}"
-            for op in OPS.values()]
+    """One switch case per op: the forward instruction (op, dst, a, b, c) over the blocks."""
+    return [f"case OP_{op.name.upper()}: FOR_K {{ {_operand_loads(op, ('f.s2', 'f.s3', 'f.s4'))}"
+            f"V(f.s1, k) = {to_c(op.forward, _NAMES, real)}; }} break;"
+            for op in INSTRUCTIONS]
 
 
-def reverse_cases(real: str) -> List[str]:
-    names = _NAMES
+def reverse_cases(real: str, joint_outputs: int = 0) -> List[str]:
+    """The reverse instructions' switch cases, per differentiable op (and its guarded variant).
+
+    A sweep per output (``joint_outputs`` = 0): the instruction reads its node's adjoint and adds
+    each operand's contribution, except that the first contribution to a slot in the sweep
+    assigns; which ones are first is known when the tables are made, so each subset is a case
+    of its own (bit 8 + i of the op code: operand i's contribution assigns), and no slot is ever
+    cleared. Joint (m = ``joint_outputs`` > 0): one instruction serves every output whose sweep
+    reaches the node (bit o of its mask); the values are read once per output plane, and each
+    plane's adjoint is cleared when read, since "first" differs between planes. Either way the
+    contributions come in the order of m separate sweeps, so the bits are the same."""
     cases = []
-    for op in OPS.values():
+    for op in INSTRUCTIONS:
         if not op.differentiable:
             continue
         for guarded in ((False, True) if op.singular else (False,)):
-            adds = " ".join(f"A(nd.{f}) += {to_c(vjp, names, real)};"
-                            for f, vjp in zip("yzw", op.vjp_exprs(guarded)) if vjp is not None)
-            label = f"OP_{op.name.upper()}" + (f" + {GUARDED}" if guarded else "")
-            cases.append(f"case {label}: {{ {_operand_loads(op.arity)}{adds} break; }}")
+            vjps = op.vjp_exprs(guarded)
+            uses = set().union(*(_uses(v) for v in vjps))
+            loads = "".join(f"const real_t x{s} = V({f}, k); "
+                            for s, f in zip("abc", ("r1.s0", "r1.s1", "r1.s2")[:op.arity]) if s in uses)
+            if "r" in uses:
+                loads += "const real_t xr = V(r0.s1, k); "
+            code = op.code + (GUARDED if guarded else 0)
+            contributing = [i for i, v in enumerate(vjps) if v is not None]
+            if joint_outputs:
+                def plane(o):
+                    adds = " ".join(f"A(r2.s{i}, {o}, k) += {to_c(vjps[i], _NAMES, real)};" for i in contributing)
+                    return (f"if (r0.s3 & {1 << o}) FOR_K {{ {loads}const real_t xg = A(r0.s2, {o}, k); "
+                            f"A(r0.s2, {o}, k) = 0; {adds} }}")
+                cases.append(f"case {code}: {' '.join(plane(o) for o in range(joint_outputs))} break;")
+                continue
+            for subset in range(1 << len(contributing)):
+                first = [i for j, i in enumerate(contributing) if subset >> j & 1]
+                adds = " ".join(f"A(r2.s{i}, 0, k) {'=' if i in first else '+='} {to_c(vjps[i], _NAMES, real)};"
+                                for i in contributing)
+                label = code + sum(FIRST_BIT << i for i in first)
+                cases.append(f"case {label}: FOR_K {{ {loads}const real_t xg = A(r0.s2, 0, k); {adds} }} break;")
     return cases
 
 
-def render(group_sizes, data_size: int, n_outputs: int, real: str, jacobians: bool) -> str:
-    """The interpreter kernel for a parameter layout (independent of the graph)."""
-    opcodes = [(op.name, op.code) for op in OPS.values()] + list(_LEAF_CODES.items())
+def render(group_sizes, data_size: int, n_outputs: int, real: str, jacobians: bool,
+           config: TapeConfig, local_slots=(0, 0)) -> str:
+    """The interpreter kernel for a parameter layout and variant (independent of the graph,
+    except ``local_slots``: the value and adjoint slot counts the "local" layout sizes its
+    arrays by)."""
+    opcodes = [(op.name, op.code) for op in INSTRUCTIONS] + list(_LEAF_CODES.items())
     return templates.render(
         "pyclad/tape.cl.mako", real=real, opcodes=opcodes, n_groups=len(group_sizes),
         group_sizes=tuple(group_sizes), data_size=data_size, n_outputs=n_outputs,
-        jacobians=jacobians, forward_cases=forward_cases(real), reverse_cases=reverse_cases(real),
-        guard_bit=GUARDED)
+        jacobians=jacobians, forward_cases=forward_cases(real),
+        reverse_cases=reverse_cases(real, n_outputs if config.sweep == "joint" else 0),
+        joint=config.sweep == "joint",
+        guard_bit=GUARDED, lanes=config.lanes, blocks=config.blocks, layout=config.layout,
+        tables=config.tables, wg=config.wg, local_slots=local_slots)
+
+
+class _Slots:
+    """Greedy slot allocation over intervals [first, last] of a time line."""
+
+    def __init__(self, first_free: int = 0):
+        self.free: List[int] = []
+        self.count = first_free
+
+    def take(self) -> int:
+        if self.free:
+            return self.free.pop()
+        self.count += 1
+        return self.count - 1
+
+    def give(self, slot: int):
+        self.free.append(slot)
+
+
+def fuse(traced: Traced):
+    """The instructions of a graph with each product whose only use is a sum or a difference
+    fused into it (pyclad.ops.FUSED): ``(order, ops, args)``, ``ops[node]`` an op-table row or a
+    leaf name. The product is then never stored."""
+    graph = traced.graph
+    uses: Dict[int, int] = {}
+    for node in traced.order:
+        if graph.ops[node] not in LEAVES:
+            for arg in graph.args[node]:
+                uses[arg] = uses.get(arg, 0) + 1
+    outputs = set(traced.outputs)
+    ops = {n: (graph.ops[n] if graph.ops[n] in LEAVES else OPS[graph.ops[n]]) for n in traced.order}
+    args = {n: tuple(graph.args[n]) for n in traced.order if graph.ops[n] not in LEAVES}
+    absorbed = set()
+    for node in traced.order:
+        op = graph.ops[node]
+        if op not in ("add", "sub"):
+            continue
+        for position, m in enumerate(graph.args[node]):
+            if graph.ops[m] == "mul" and uses[m] == 1 and m not in outputs and m not in absorbed:
+                other = graph.args[node][1 - position]
+                name = "muladd" if op == "add" else ("mulsub" if position == 0 else "mulrsub")
+                ops[node], args[node] = FUSED[name], (*graph.args[m], other)
+                absorbed.add(m)
+                break
+    return [n for n in traced.order if n not in absorbed], ops, args
 
 
 class Tables:
-    """The host-side node table and sequences of a traced graph, compactly numbered."""
+    """The instruction tables of a traced graph.
 
-    def __init__(self, traced: Traced, dtype):
+    forward (n, 8) int32: (op, dst value slot, operand value slots a, b, c, constant index);
+    leaves: (op, dst, group, component). Per sweep scheme (``joint`` False or True, the dicts'
+    keys): reverse (k, 3, 4) int32, every sweep's instructions concatenated
+    [(op, value slot of r, adjoint slot of the node, mask of outputs reached (joint)),
+    (value slots of a, b, c), (adjoint slots of a, b, c)]; rev_offsets; seeds (each output's
+    adjoint slot, or -1); leaf_slots (m, D): each output's adjoint slot of every input
+    component, or -1.
+
+    ``liveness``: slots by liveness (else one per node); ``fused``: superinstructions."""
+
+    def __init__(self, traced: Traced, dtype, liveness: bool = True, fused: bool = True):
+        if fused:
+            order, self.ops, self.args = fuse(traced)
+        else:
+            graph = traced.graph
+            order = list(traced.order)
+            self.ops = {n: (graph.ops[n] if graph.ops[n] in LEAVES else OPS[graph.ops[n]]) for n in order}
+            self.args = {n: tuple(graph.args[n]) for n in order if graph.ops[n] not in LEAVES}
+        self.order = order
+        pos = {node: i for i, node in enumerate(order)}
+        self.n_nodes = len(order)
         graph = traced.graph
-        compact = {node: i for i, node in enumerate(traced.order)}
-        n = len(traced.order)
-        self.nodes = np.zeros((n, 4), np.int32)
-        self.consts = np.zeros(n, dtype)
-        for node, i in compact.items():
-            op = graph.ops[node]
+        # -- the reverse sweeps, as codegen unrolls them: which nodes each visits, and what
+        # each contribution reads.
+        sweeps = [self._sweep(traced, o) for o in traced.outputs]
+        needed_in_reverse = set()
+        for sweep in sweeps:
+            for node, contribs in sweep:
+                vjps = self.ops[node].vjp_exprs(node in traced.guarded)
+                uses = set().union(*(_uses(v) for v in vjps))
+                if "r" in uses:
+                    needed_in_reverse.add(node)
+                for s, arg in zip("abc", self.args[node]):
+                    if s in uses:
+                        needed_in_reverse.add(arg)
+        # -- value slots: a value lives from its node to its last forward use, or to the end
+        # when a reverse sweep or an output reads it.
+        last = {}
+        for node in order:
+            for arg in self.args.get(node, ()):
+                last[arg] = pos[node]
+        keep = needed_in_reverse | set(traced.outputs)
+        vslot, values = {}, _Slots()
+        dying: Dict[int, List[int]] = {}
+        for i, node in enumerate(order):
+            vslot[node] = values.take() if liveness else i
+            if liveness and node not in keep:
+                dying.setdefault(last.get(node, i), []).append(node)
+            for gone in dying.pop(i, []):   # after instruction i has read them
+                values.give(vslot[gone])
+        self.value_slots = values.count if liveness else self.n_nodes
+        self.reverse, self.rev_offsets, self.leaf_slots, self.adjoint_slots = {}, {}, {}, {}
+        self.forward = np.zeros((self.n_nodes, 8), np.int32)
+        self.consts = np.zeros(max(1, self.n_nodes), dtype)
+        for i, node in enumerate(order):
+            op = self.ops[node]
+            row = self.forward[i]
+            row[1] = vslot[node]
             if op in LEAVES:
-                self.nodes[i, 0] = _LEAF_CODES[op]
+                row[0] = _LEAF_CODES[op]
                 if op == "const":
                     self.consts[i] = graph.consts[node]
+                    row[5] = i
                 else:
-                    self.nodes[i, 1:3] = graph.leaf[node]
+                    row[2:4] = graph.leaf[node]
             else:
-                self.nodes[i, 0] = OPS[op].code + (GUARDED if node in traced.guarded else 0)
-                for k, arg in enumerate(graph.args[node]):
-                    self.nodes[i, 1 + k] = compact[arg]
-        # One reverse sequence per output, concatenated: a sweep visits only the nodes its
-        # output depends on, as the unrolled codegen sweeps do (so both give the same bits).
-        sweeps = [[compact[x] for x in traced.reverse_order(o)] for o in traced.outputs]
-        self.rev = np.array([x for sweep in sweeps for x in sweep], np.int32)
-        self.rev_offsets = np.cumsum([0] + [len(sw) for sw in sweeps]).astype(np.int32)
-        self.outputs = np.array([compact[o] for o in traced.outputs], np.int32)
-        self.seeds = np.array([compact[o] if o in traced.active else -1 for o in traced.outputs], np.int32)
-        self.leaves = np.array([compact[x] if x >= 0 else -1 for row in traced.inputs for x in row], np.int32)
-        if self.rev.size == 0:
-            self.rev = np.zeros(1, np.int32)  # OpenCL buffers cannot be empty
-        self.n_nodes = n
+                row[0] = op.code + (GUARDED if node in traced.guarded else 0)
+                for k, arg in enumerate(self.args[node]):
+                    row[2 + k] = vslot[arg]
+        # -- adjoint slots: from a node's first contribution to its own instruction (inputs: to
+        # the Jacobian store). Slot 0 is the sink. Each sweep ("each") or the one joint sweep
+        # ("joint": a slot holds every output's adjoint of its node) allocates its own.
+        D = sum(traced.group_sizes)
+        self.leaf_columns = {node: sum(traced.group_sizes[:g]) + j
+                             for g, comps in enumerate(traced.inputs) for j, node in enumerate(comps) if node >= 0}
+        self.seeds = {}
+        for joint in (False, True):
+            self.seeds[joint] = np.full(traced.n_outputs, -1, np.int32)
+            self.leaf_slots[joint] = np.full((traced.n_outputs, D), -1, np.int32)
+            groups = [[o] for o in range(traced.n_outputs)] if not joint else [list(range(traced.n_outputs))]
+            rows, offsets, count = [], [0], 1
+            for outs in groups:
+                aslot, written = self._allocate(traced, sweeps, outs, vslot, rows, liveness, joint)
+                for o in outs:
+                    if traced.outputs[o] in traced.active:
+                        self.seeds[joint][o] = aslot[traced.outputs[o]]
+                    for node, col in self.leaf_columns.items():
+                        if (node, o - outs[0]) in written:   # else its column is zero
+                            self.leaf_slots[joint][o, col] = aslot[node]
+                count = max(count, 1 + max(aslot.values(), default=0))
+                offsets.append(len(rows))
+            self.adjoint_slots[joint] = count if liveness else self.n_nodes + 1
+            self.reverse[joint] = np.array(rows, np.int32).reshape(-1, 3, 4) if rows else np.zeros((1, 3, 4), np.int32)
+            self.rev_offsets[joint] = np.array(offsets, np.int32)
+        self.outputs = np.array([vslot[o] for o in traced.outputs], np.int32)
+
+    def _allocate(self, traced, sweeps, outs, vslot, rows, liveness, joint):
+        """The reverse instructions of the sweeps of outputs ``outs`` (one sweep if joint),
+        appended to ``rows``; returns each node's adjoint slot and the (node, plane) pairs that
+        received an adjoint."""
+        reached = {}   # node -> mask of the outputs whose sweep reaches it, with its contributions
+        contribs = {}
+        for o in outs:
+            for node, c in sweeps[o]:
+                reached[node] = reached.get(node, 0) | (1 << (o - outs[0]))
+                contribs[node] = c
+        slots, aslot = _Slots(first_free=1), {}
+        ids = {node: 1 + i for i, node in enumerate(self.order)}   # without liveness
+
+        def slot_of(node):
+            if node not in aslot:
+                aslot[node] = slots.take() if liveness else ids[node]
+            return aslot[node]
+        written = set()   # (node, plane): its adjoint in that plane has been assigned
+        for o in outs:
+            if traced.outputs[o] in traced.active:
+                slot_of(traced.outputs[o])
+                written.add((traced.outputs[o], o - outs[0]))   # the seed
+        for node in reversed(self.order):
+            if node not in reached:
+                continue
+            own = aslot[node]
+            args = self.args[node]
+            code = self.ops[node].code + (GUARDED if node in traced.guarded else 0)
+            mask = reached[node]
+            if liveness:
+                slots.give(own)           # read before the instruction's first assignment
+            r2, first = [], 0
+            for i, a in enumerate(args):
+                if a not in contribs[node]:
+                    r2.append(SINK)
+                    continue
+                r2.append(slot_of(a))
+                for plane in range(len(outs)):
+                    if mask >> plane & 1 and (a, plane) not in written:
+                        written.add((a, plane))
+                        first |= FIRST_BIT << i
+            if not joint:
+                code += first             # the case that assigns these (joint: slots are cleared)
+            r0 = [code, vslot[node], own, mask if joint else 0]
+            r1 = [vslot[a] for a in args] + [0] * (4 - len(args))
+            r2 += [SINK] * (4 - len(r2))
+            rows.append([r0, r1, r2])
+        return aslot, written
+
+    def _sweep(self, traced: Traced, output: int):
+        """The instructions output's adjoint flows through, in codegen's order, each with the
+        set of its operands that receive a contribution (active, with a vjp)."""
+        reached, sweep = {output}, []
+        if output not in traced.active:
+            return sweep
+        for node in reversed(self.order):
+            if node not in reached or node not in traced.active or self.ops[node] in LEAVES:
+                continue
+            vjps = self.ops[node].vjp_exprs(node in traced.guarded)
+            contribs = {arg for arg, vjp in zip(self.args[node], vjps) if vjp is not None and arg in traced.active}
+            reached |= contribs
+            sweep.append((node, contribs))
+        return sweep
+
+    def arrays(self, joint: bool) -> list:
+        """The kernel's table arguments, in its order."""
+        return [self.forward, self.consts, np.int32(self.n_nodes), self.reverse[joint], self.rev_offsets[joint],
+                self.seeds[joint], self.outputs, self.leaf_slots[joint]]
+
+    def nbytes(self, joint: bool = True) -> int:
+        return sum(a.nbytes for a in self.arrays(joint) if isinstance(a, np.ndarray))

@@ -1,0 +1,150 @@
+"""The tape interpreter's ladder: what each of its techniques buys, against codegen in the same run.
+
+Residuals and Jacobians of the Snavely reprojection error over a BAL problem (default: the
+shared dubrovnik-16 on CPUs, a 5M-observation synthetic one on GPUs), device arrays in and out.
+Each rung adds one technique to the one above it (pyclad.TapeConfig); the first rung is the
+interpreter's original design: one tuple per work-item, a cell per node in a node-major scratch
+over all tuples of a launch, a sweep per output, tables in global memory.
+
+Per rung: the call's wall clock (values_and_jacobians on device arrays, then queue.finish();
+median after warm-up), the kernel's profiling-event time beside it, tuples/s, and the ratio to
+codegen's call time. The rungs and codegen are timed in turns, so a noisy machine shifts all of
+them alike. Every rung's results are checked against codegen (float64: to 1e-12).
+
+    python benchmarks/bench_tape.py                       # both dtypes where the device has them
+    python benchmarks/bench_tape.py --problem FILE.bz2 --dtype float64
+    python benchmarks/bench_tape.py --synthetic 5000000
+"""
+import os
+import sys
+import time
+
+import numpy as np
+import pyopencl.array as cla
+
+import harness
+import ceres_peer
+from bench_jacobian import synthetic
+
+import pyclad as pc  # noqa: E402
+from solvers.bal import read_bal  # noqa: E402
+from solvers.snavely import snavely_residual  # noqa: E402
+
+
+def ladder(info, n, dtype):
+    """(name, TapeConfig) rungs for a device: each adds one technique to the previous."""
+    C = pc.TapeConfig
+    original = dict(lanes=1, blocks=1, slots=False, layout="node", sweep="each", tables="global",
+                    wg=64, work_items=harness_round(n, 64))
+    rungs = [("original design", C(**original))]
+    if info.is_cpu:
+        width = info.native_vector_width_double if dtype == np.float64 else info.native_vector_width_float
+        width = min(8, width)
+        grid = dict(work_items=64 * info.compute_units, wg=1)
+        rungs += [
+            ("+ persistent grid, scratch per work-item", C(**{**original, **grid, "layout": "item"})),
+            (f"+ vectors of {width} tuples", C(**{**original, **grid, "layout": "item", "lanes": width})),
+            ("+ 4 vectors per work-item", C(**{**original, **grid, "layout": "item", "lanes": width, "blocks": 4})),
+            ("+ 16 vectors per work-item", C(**{**original, **grid, "layout": "item", "lanes": width, "blocks": 16})),
+            ("+ slots by liveness", C(**{**original, **grid, "layout": "item", "lanes": width, "blocks": 16,
+                                        "slots": True})),
+            ("+ joint reverse sweep", C(**{**original, **grid, "layout": "item", "lanes": width, "blocks": 16,
+                                          "slots": True, "sweep": "joint"})),
+            ("8 vectors per work-item, a sweep per output",
+             C(**{**original, **grid, "layout": "item", "lanes": width, "blocks": 8, "slots": True})),
+        ]
+    else:
+        grid = 128 * 16 * info.compute_units
+        rungs += [
+            ("+ slots by liveness", C(**{**original, "slots": True})),
+            ("+ tables in constant memory", C(**{**original, "slots": True, "tables": "constant"})),
+            ("+ joint reverse sweep", C(**{**original, "slots": True, "tables": "constant", "sweep": "joint"})),
+            ("+ persistent grid (16 groups of 128 per CU)",
+             C(**{**original, "slots": True, "tables": "constant", "sweep": "joint", "wg": 128,
+                  "work_items": grid})),
+            ("+ persistent grid (4 groups of 128 per CU)",
+             C(**{**original, "slots": True, "tables": "constant", "sweep": "joint", "wg": 128,
+                  "work_items": grid // 4})),
+            ("local-memory slots (groups of 32)",
+             C(**{**original, "slots": True, "tables": "constant", "sweep": "joint", "layout": "local",
+                  "wg": 32, "work_items": 32 * 64 * info.compute_units})),
+            ("local-memory slots (groups of 64)",
+             C(**{**original, "slots": True, "tables": "constant", "sweep": "joint", "layout": "local",
+                  "wg": 64, "work_items": 64 * 32 * info.compute_units})),
+        ]
+    rungs.append(("default (pyclad.TapeConfig())", None))
+    return rungs
+
+
+def harness_round(n, wg):
+    return -(-n // wg) * wg
+
+
+def main():
+    p = harness.parser(__doc__)
+    p.add_argument("--problem", default=None, help="a BAL file (default: dubrovnik-16 on CPUs)")
+    p.add_argument("--synthetic", type=int, default=None, help="observations of a synthetic problem "
+                   "(default on GPUs: 5,000,000)")
+    p.add_argument("--dtype", choices=["float64", "float32"], nargs="*", default=None)
+    args = p.parse_args()
+    report = harness.Report("bench_tape", args)
+    rt = report.runtime
+    q = rt.queue
+    if args.synthetic or (not rt.info.is_cpu and not args.problem):
+        problem = synthetic(args.synthetic or (200_000 if args.quick else 5_000_000))
+    else:
+        path = args.problem or next(f for f in ceres_peer.bal_files() if "problem-16-" in f)
+        problem = read_bal(path)
+    n = problem.num_observations
+    print(f"{problem.name}: {n} observations", flush=True)
+    index = np.stack([problem.camera_index, problem.point_index], axis=1).astype(np.int32)
+    dtypes = args.dtype or (["float64", "float32"] if rt.info.fp64 else ["float32"])
+    repeat = 3 if args.quick else args.repeat
+    for name in dtypes:
+        dtype = np.dtype(name)
+        dev = [cla.to_device(q, a.astype(dtype)) for a in (problem.cameras, problem.points)]
+        dev_index, dev_obs = cla.to_device(q, index), cla.to_device(q, problem.observations.astype(dtype))
+        fs = {"codegen": pc.BatchFunction(snavely_residual, params=(9, 3), data=2, dtype=dtype,
+                                          backend="codegen", device=rt)}
+        for rung, config in ladder(rt.info, n, dtype):
+            fs[rung] = pc.BatchFunction(snavely_residual, params=(9, 3), data=2, dtype=dtype, backend="tape",
+                                        config=config, device=rt)
+        ref = None
+        events, walls, errs = {}, {k: [] for k in fs}, {}
+        for key, f in fs.items():
+            r, jacs = f.values_and_jacobians(dev, dev_index, data=dev_obs)
+            got = [r.get(), *(j.get() for j in jacs)]
+            ref = ref or got
+            errs[key] = max(harness.rel_err(a, b) for a, b in zip(got, ref))
+            events[key] = harness.time_events(lambda: list(f.values_and_jacobians(dev, dev_index, data=dev_obs)[0].events),
+                                              warmup=1, repeat=max(3, repeat // 2))
+        for _ in range(args.warmup):
+            for f in fs.values():
+                f.values_and_jacobians(dev, dev_index, data=dev_obs)
+            q.finish()
+        for _ in range(repeat):        # in turns: noise shifts every rung alike
+            for key, f in fs.items():
+                t0 = time.perf_counter()
+                f.values_and_jacobians(dev, dev_index, data=dev_obs)
+                q.finish()
+                walls[key].append(time.perf_counter() - t0)
+        base = np.array(walls["codegen"])
+        for key in fs:
+            t = harness.Timing(walls[key])
+            config = fs[key]._impl.config_for(rt) if key != "codegen" else None
+            row = report.add(case=f"{problem.name} {name}", variant=key if key == "codegen" else f"tape: {key}",
+                             timing=t, items=n, kernel_ms=events[key].median * 1e3,
+                             x_codegen=float(np.median(base / np.array(walls[key]))), max_rel_err=errs[key],
+                             config="" if config is None else
+                             f"lanes {config.lanes}, blocks {config.blocks}, slots {config.slots}, "
+                             f"{config.layout}, {config.sweep}, {config.tables}, wg {config.wg}, "
+                             f"items {config.work_items}")
+            if name == "float64" and errs[key] > 1e-12:
+                print(f"  !! {key}: results differ from codegen by {errs[key]:.2e}", flush=True)
+            del row
+    report.write(["case", "variant", "median_s", "spread", "items_per_s", "kernel_ms", "x_codegen",
+                  "max_rel_err", "config"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
