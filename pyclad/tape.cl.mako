@@ -25,12 +25,14 @@ ${v}\
 ${v}.s${LANE[l]}\
 %endif
 </%def>
-## A vector of block k from a per-lane expression (a function of the lane's tuple number).
-<%def name="gather(expr)">\
+## dst = the vector of per-lane expressions (a function of the lane number), through a private
+## array and vload: Oclgrind 21.10 tracks a vector literal of loads into global memory as
+## uninitialised; this form it tracks, and CPU compilers emit the same gather.
+<%def name="gather(dst, expr)">\
 %if lanes == 1:
-${expr(0)}\
+${dst} = ${expr(0)};\
 %else:
-(real_t)(${", ".join(expr(l) for l in range(lanes))})\
+{ const scalar_t g_[${lanes}] = {${", ".join(expr(l) for l in range(lanes))}}; ${dst} = vload${lanes}(0, g_); }\
 %endif
 </%def>
 
@@ -104,7 +106,7 @@ __kernel void pyclad_tape(
 %for g in range(n_groups):
                 case ${g}:
 %for k in range(blocks):
-                    V(f.s1, ${k}) = ${gather(lambda l: f"row{g}_{k * lanes + l}[f.s3]")};
+                    ${gather(f"V(f.s1, {k})", lambda l: f"row{g}_{k * lanes + l}[f.s3]")}
 %endfor
                     break;
 %endfor
@@ -113,7 +115,7 @@ __kernel void pyclad_tape(
 %if data_size:
             case OP_DATA:
 %for k in range(blocks):
-                V(f.s1, ${k}) = ${gather(lambda l: f"drow_{k * lanes + l}[f.s3]")};
+                ${gather(f"V(f.s1, {k})", lambda l: f"drow_{k * lanes + l}[f.s3]")}
 %endfor
                 break;
 %endif

@@ -368,12 +368,15 @@ class Tables:
             args = self.args[node]
             code = self.ops[node].code + (GUARDED if node in traced.guarded else 0)
             mask = reached[node]
+            vjps = self.ops[node].vjp_exprs(node in traced.guarded)
             if liveness:
                 slots.give(own)           # read before the instruction's first assignment
             r2, first = [], 0
             for i, a in enumerate(args):
                 if a not in contribs[node]:
                     r2.append(SINK)
+                    if vjps[i] is not None:       # a case writes it: let it assign, as the
+                        first |= FIRST_BIT << i   # sink is never read (nor cleared)
                     continue
                 r2.append(slot_of(a))
                 for plane in range(len(outs)):
