@@ -6,11 +6,13 @@
   the forward and reverse sequences (no compilation per function); the tables and the
   per-tuple scratch (values and adjoints) are its own.
 - :class:`Numpy`: the host reference (pyclad.interpreter), no device.
+- :class:`Auto`: codegen or tape per device, by the estimated cost of codegen's build.
 
 ``BatchFunction`` asks its backend; no module reaches into another's state.
 """
 from __future__ import annotations
 
+import warnings
 from typing import List
 
 import numpy as np
@@ -33,6 +35,9 @@ class Backend:
         self.traced, self.dtype = traced, np.dtype(dtype)
         self.real = "double" if self.dtype == np.float64 else "float"
         self.config = config
+
+    def kernel_name_for(self, runtime) -> str:
+        return self.kernel_name
 
     def variant(self, runtime, jacobians: bool):
         """What the kernel source depends on besides the function (hashable): the source is
@@ -211,4 +216,68 @@ class Numpy(Backend):
         return interpreter.run(self.traced, params, index, data, jacobians, self.dtype)
 
 
-BACKENDS = {b.name: b for b in (Codegen, Tape, Numpy)}
+# backend="auto": a straight-line kernel unless its cold build would clearly cost more than it
+# saves. Cold builds measured by benchmarks/bench_compile_time.py: on NVIDIA 0.70 s for the
+# 95-node Snavely function and 166 s for a 2,000-node graph (about nodes^1.8); on PoCL 0.76 s
+# and 0.96 s (nearly flat), where codegen always wins. A build estimated above this many seconds
+# goes to the tape, which builds one kernel per parameter layout, in about a second.
+AUTO_BUILD_LIMIT_S = 10.0
+
+
+def estimated_codegen_build_s(n_nodes: int, info) -> float:
+    """A cold build of the codegen kernel of a graph, from the measured figures above."""
+    if info.is_cpu:
+        return 0.75 + 1e-4 * n_nodes
+    return 0.70 * (max(n_nodes, 95) / 95) ** 1.8
+
+
+class Auto(Backend):
+    """Codegen or tape per device, chosen at the first call on it (see AUTO_BUILD_LIMIT_S);
+    the choice is announced once per device when it is the tape."""
+    name, launch_layer = "auto", True
+
+    def __init__(self, traced, dtype, config=None):
+        super().__init__(traced, dtype, config)
+        self._codegen, self._tape = Codegen(traced, dtype), Tape(traced, dtype, config)
+        self._chosen = {}   # device -> backend
+
+    def choose(self, runtime) -> Backend:
+        key = runtime.device.int_ptr
+        if key not in self._chosen:
+            n = len(self.traced.order)
+            build = estimated_codegen_build_s(n, runtime.info)
+            if build > AUTO_BUILD_LIMIT_S:
+                warnings.warn(f"backend='auto': the graph has {n} nodes; a codegen kernel would take about "
+                              f"{build:.0f} s to build on {runtime.info.name} (cold), so the tape evaluates it "
+                              "(no per-graph build). Pass backend='codegen' to build it once (pyopencl caches "
+                              "it on disk) for the faster evaluation.", stacklevel=4)
+                self._chosen[key] = self._tape
+            else:
+                self._chosen[key] = self._codegen
+        return self._chosen[key]
+
+    def kernel_name_for(self, runtime):
+        return self.choose(runtime).kernel_name
+
+    def variant(self, runtime, jacobians):
+        chosen = self.choose(runtime)
+        return chosen.name, chosen.variant(runtime, jacobians)
+
+    def source(self, jacobians, variant):
+        name, inner = variant
+        return (self._codegen if name == "codegen" else self._tape).source(jacobians, inner)
+
+    def lanes(self, runtime):
+        return self.choose(runtime).lanes(runtime)
+
+    def work_group(self, runtime, kernel, jacobians):
+        return self.choose(runtime).work_group(runtime, kernel, jacobians)
+
+    def launch_step(self, runtime, kernel, plan, io, n):
+        return self.choose(runtime).launch_step(runtime, kernel, plan, io, n)
+
+    def enqueue(self, runtime, plan, args, n, stride):
+        return self.choose(runtime).enqueue(runtime, plan, args, n, stride)
+
+
+BACKENDS = {b.name: b for b in (Auto, Codegen, Tape, Numpy)}

@@ -26,7 +26,7 @@ from clkernels.runtime import Runtime
 from . import backends
 from .trace import trace
 
-BACKENDS = tuple(backends.BACKENDS)   # ("codegen", "tape", "numpy")
+BACKENDS = tuple(backends.BACKENDS)   # ("auto", "codegen", "tape", "numpy")
 
 # Past this many nodes a straight-line kernel takes the OpenCL compiler too long (and
 # spills registers on GPUs); the tape interpreter needs no compilation per graph.
@@ -47,19 +47,21 @@ class BatchFunction:
         The size of the per-tuple, non-differentiated input (0 for none).
     dtype : numpy float dtype
         float64 (default) or float32, for inputs, computation and outputs.
-    backend : ``"codegen"`` (straight-line kernel), ``"tape"`` (generic interpreter
-        kernel) or ``"numpy"`` (host reference, no device).
+    backend : ``"auto"`` (default: codegen, unless its kernel would take too long to build on
+        the device, then the tape; see pyclad.backends.AUTO_BUILD_LIMIT_S), ``"codegen"``
+        (straight-line kernel), ``"tape"`` (generic interpreter kernel) or ``"numpy"`` (host
+        reference, no device).
     device : a device spec, ``pyopencl.Device`` or ``clkernels.Runtime``; default per
         ``clkernels`` selection rules, resolved at each call.
     chunk_size : int, optional
         Tuples per launch for host inputs; default from the device's memory.
     config : pyclad.TapeConfig, optional
         The tape kernel's variant (tuples per work-item, slots, scratch layout); default per
-        device. Only for ``backend="tape"``.
+        device. For ``backend="tape"`` (or ``"auto"`` where it picks the tape).
     """
 
     def __init__(self, fn, params: Sequence[int], data: int = 0, dtype=np.float64,
-                 backend: str = "codegen", device=None, chunk_size: Optional[int] = None,
+                 backend: str = "auto", device=None, chunk_size: Optional[int] = None,
                  config=None):
         if isinstance(params, (int, np.integer)):
             params = (int(params),)
@@ -69,13 +71,13 @@ class BatchFunction:
             raise TypeError(f"dtype must be float32 or float64, not {self.dtype}")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
-        if backend == "codegen" and len(self.traced.order) > CODEGEN_NODE_LIMIT:
+        if backend in ("codegen", "auto") and len(self.traced.order) > CODEGEN_NODE_LIMIT:
             warnings.warn(f"graph has {len(self.traced.order)} nodes (> {CODEGEN_NODE_LIMIT}): "
                           "using the tape backend, which needs no per-graph compilation",
                           stacklevel=2)
             backend = "tape"
         self.backend, self.device, self.chunk_size = backend, device, chunk_size
-        if config is not None and backend != "tape":
+        if config is not None and backend not in ("tape", "auto"):
             raise ValueError(f"config is the tape kernel's variant; backend={backend!r} takes none")
         self._impl = backends.BACKENDS[backend](self.traced, self.dtype, config)   # pyclad.backends
         self.name = getattr(fn, "__name__", "function")
@@ -124,6 +126,13 @@ class BatchFunction:
         (``index_checked`` as in :meth:`values`)."""
         out, jacs = self._run(params, index, data, True, device, index_checked)
         return out, tuple(jacs)
+
+    def backend_for(self, device=None) -> str:
+        """The backend that evaluates on a device: ``backend`` itself, or what ``"auto"``
+        chooses there."""
+        if self.backend != "auto":
+            return self.backend
+        return self._impl.choose(get_runtime(device if device is not None else self.device)).name
 
     def __repr__(self):
         return f"<BatchFunction {self.name}: {self.traced.summary()}; {self.backend}, {self.dtype}>"
@@ -264,7 +273,7 @@ class BatchFunction:
         if n == 0:
             return launch.Plan(outputs)
         shared = self._plan(runtime, jacobians)             # the program and its geometry
-        kernel = launch.kernel_for_plan(shared.kernel.program, self._impl.kernel_name)
+        kernel = launch.kernel_for_plan(shared.kernel.program, self._impl.kernel_name_for(runtime))
         ins = [launch.In(i) for i in range(len(args))]
         outs = [launch.Out(i) for i in range(len(outputs))]
         # On the simulator, outputs are zeroed from the host first (solvers write them in place).
@@ -279,7 +288,7 @@ class BatchFunction:
         plan = self._plans.get(key)
         if plan is None:
             kernel = launch.kernel_for_plan(templates.build(self._source(jacobians, runtime), runtime),
-                                            self._impl.kernel_name)
+                                            self._impl.kernel_name_for(runtime))
             wg = self._impl.work_group(runtime, kernel, jacobians)
             plan = self._plans[key] = _Plan(kernel, wg, self._impl.lanes(runtime))
         return plan

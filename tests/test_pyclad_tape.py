@@ -184,7 +184,7 @@ def test_bad_configurations_name_the_field():
     with pytest.raises(ValueError, match="TapeConfig.sweep must be 'joint' or 'each'"):
         C(sweep="both")
     with pytest.raises(ValueError, match="config is the tape kernel's variant"):
-        pc.BatchFunction(snavely_residual, params=(9, 3), data=2, config=C())
+        pc.BatchFunction(snavely_residual, params=(9, 3), data=2, backend="codegen", config=C())
     with pytest.raises(TypeError, match="config must be a pyclad.TapeConfig"):
         pc.BatchFunction(snavely_residual, params=(9, 3), data=2, backend="tape", config={"lanes": 4})
 
@@ -196,3 +196,43 @@ def test_local_layout_is_refused_on_a_cpu_and_when_it_does_not_fit(device):
     match = "layout='local' is for GPUs" if device.info.is_cpu else "bytes of local memory needed"
     with pytest.raises(ValueError, match=match):
         f.values_and_jacobians(params, index, data=obs)
+
+
+# -- backend="auto" ---------------------------------------------------------------------------
+
+def test_auto_picks_codegen_where_its_build_is_cheap(device, recwarn):
+    f = pc.BatchFunction(snavely_residual, params=(9, 3), data=2, device=device)
+    assert f.backend == "auto"
+    expected = "codegen" if pc.backends.estimated_codegen_build_s(95, device.info) <= \
+        pc.backends.AUTO_BUILD_LIMIT_S else "tape"
+    assert f.backend_for() == expected
+    assert not [w for w in recwarn if "backend='auto'" in str(w.message)]
+
+
+def test_auto_picks_the_tape_when_the_build_would_cost_more_and_says_so_once(device, monkeypatch):
+    monkeypatch.setattr(pc.backends, "AUTO_BUILD_LIMIT_S", 0.0)
+    params, index, obs = _snavely_problem()
+    f = pc.BatchFunction(snavely_residual, params=(9, 3), data=2, backend="auto", device=device)
+    with pytest.warns(UserWarning, match="so the tape evaluates it"):
+        r, j = f.values_and_jacobians(params, index, data=obs)
+    assert f.backend_for() == "tape" and "switch (r0.s0)" in f.source
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # once: a second call says nothing
+        f.values_and_jacobians(params, index, data=obs)
+    r0, j0 = pc.BatchFunction(snavely_residual, params=(9, 3), data=2, backend="codegen",
+                              device=device).values_and_jacobians(params, index, data=obs)
+    for a, b in zip([r, *j], [r0, *j0]):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12 * np.abs(b).max())
+
+
+def test_the_build_estimate_follows_the_measured_builds():
+    """benchmarks/bench_compile_time.py: NVIDIA 0.70 s (95 nodes) and 166 s (1,986 nodes); PoCL
+    0.76 s and 0.96 s."""
+    from types import SimpleNamespace
+    gpu, cpu = SimpleNamespace(is_cpu=False), SimpleNamespace(is_cpu=True)
+    est = pc.backends.estimated_codegen_build_s
+    assert 0.5 < est(95, gpu) < 1.0 and 100 < est(1986, gpu) < 250
+    assert 0.6 < est(95, cpu) < 1.0 and 0.8 < est(1986, cpu) < 1.2
+    limit = pc.backends.AUTO_BUILD_LIMIT_S
+    assert est(95, gpu) < limit < est(1986, gpu) and est(20000, cpu) < limit
