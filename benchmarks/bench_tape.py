@@ -34,44 +34,37 @@ from solvers.snavely import snavely_residual  # noqa: E402
 def ladder(info, n, dtype):
     """(name, TapeConfig) rungs for a device: each adds one technique to the previous."""
     C = pc.TapeConfig
-    original = dict(lanes=1, blocks=1, slots=False, layout="node", sweep="each", tables="global",
+    original = dict(lanes=1, blocks=1, slots=False, fuse=False, layout="node", sweep="each", tables="global",
                     wg=64, work_items=harness_round(n, 64))
     rungs = [("original design", C(**original))]
     if info.is_cpu:
         width = info.native_vector_width_double if dtype == np.float64 else info.native_vector_width_float
         width = min(8, width)
-        grid = dict(work_items=64 * info.compute_units, wg=1)
-        rungs += [
-            ("+ persistent grid, scratch per work-item", C(**{**original, **grid, "layout": "item"})),
-            (f"+ vectors of {width} tuples", C(**{**original, **grid, "layout": "item", "lanes": width})),
-            ("+ 4 vectors per work-item", C(**{**original, **grid, "layout": "item", "lanes": width, "blocks": 4})),
-            ("+ 16 vectors per work-item", C(**{**original, **grid, "layout": "item", "lanes": width, "blocks": 16})),
-            ("+ slots by liveness", C(**{**original, **grid, "layout": "item", "lanes": width, "blocks": 16,
-                                        "slots": True})),
-            ("+ joint reverse sweep", C(**{**original, **grid, "layout": "item", "lanes": width, "blocks": 16,
-                                          "slots": True, "sweep": "joint"})),
-            ("8 vectors per work-item, a sweep per output",
-             C(**{**original, **grid, "layout": "item", "lanes": width, "blocks": 8, "slots": True})),
-        ]
+        r = {**original, "work_items": 64 * info.compute_units, "wg": 1, "layout": "item"}
+        steps = [("+ persistent grid, scratch per work-item", {}),
+                 (f"+ vectors of {width} tuples", {"lanes": width}),
+                 ("+ 4 vectors per work-item", {"blocks": 4}),
+                 ("+ 16 vectors per work-item", {"blocks": 16}),
+                 ("+ slots by liveness, first contributions assign", {"slots": True}),
+                 ("+ superinstructions (a product fused into its sum)", {"fuse": True}),
+                 ("+ joint reverse sweep", {"sweep": "joint"}),
+                 ("8 vectors per work-item, a sweep per output", {"sweep": "each", "blocks": 8})]
     else:
         grid = 128 * 16 * info.compute_units
-        rungs += [
-            ("+ slots by liveness", C(**{**original, "slots": True})),
-            ("+ tables in constant memory", C(**{**original, "slots": True, "tables": "constant"})),
-            ("+ joint reverse sweep", C(**{**original, "slots": True, "tables": "constant", "sweep": "joint"})),
-            ("+ persistent grid (16 groups of 128 per CU)",
-             C(**{**original, "slots": True, "tables": "constant", "sweep": "joint", "wg": 128,
-                  "work_items": grid})),
-            ("+ persistent grid (4 groups of 128 per CU)",
-             C(**{**original, "slots": True, "tables": "constant", "sweep": "joint", "wg": 128,
-                  "work_items": grid // 4})),
-            ("local-memory slots (groups of 32)",
-             C(**{**original, "slots": True, "tables": "constant", "sweep": "joint", "layout": "local",
-                  "wg": 32, "work_items": 32 * 64 * info.compute_units})),
-            ("local-memory slots (groups of 64)",
-             C(**{**original, "slots": True, "tables": "constant", "sweep": "joint", "layout": "local",
-                  "wg": 64, "work_items": 64 * 32 * info.compute_units})),
-        ]
+        r = dict(original)
+        steps = [("+ slots by liveness, first contributions assign", {"slots": True}),
+                 ("+ superinstructions (a product fused into its sum)", {"fuse": True}),
+                 ("+ tables in constant memory", {"tables": "constant"}),
+                 ("+ joint reverse sweep", {"sweep": "joint"}),
+                 ("+ persistent grid (16 groups of 128 per CU)", {"wg": 128, "work_items": grid}),
+                 ("+ persistent grid (4 groups of 128 per CU)", {"work_items": grid // 4}),
+                 ("local-memory slots (groups of 32)", {"layout": "local", "wg": 32,
+                                                        "work_items": 32 * 64 * info.compute_units}),
+                 ("local-memory slots (groups of 64)", {"layout": "local", "wg": 64,
+                                                        "work_items": 64 * 32 * info.compute_units})]
+    for name, change in steps:   # each rung: the one above with one more change
+        r = {**r, **change}
+        rungs.append((name, C(**r)))
     rungs.append(("default (pyclad.TapeConfig())", None))
     return rungs
 
