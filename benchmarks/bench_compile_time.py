@@ -3,8 +3,11 @@
 For the Snavely reprojection residual (9 + 3 parameters, 2 data) and a 2,000-node graph, each
 built in a fresh process so that nothing is cached in memory:
 
-- ``cold``: an empty pyopencl on-disk cache (``XDG_CACHE_HOME`` pointed at a new folder);
-- ``disk cache``: a second process with that folder, so the binary comes from pyopencl's cache;
+- ``cold``: empty pyopencl and PoCL on-disk caches (``XDG_CACHE_HOME`` pointed at a new folder);
+- ``disk cache``: a second process with that folder, so the binary comes from the caches;
+
+"build" is what the caller waits for: the program build plus the first launch's excess over an
+evaluation (PoCL compiles a kernel's code at its first launch, not at the program build);
 
 for both backends (``codegen``: one kernel per function; ``tape``: one generic kernel per
 parameter layout). Each row also gives the evaluation rate (values and Jacobians, device
@@ -62,14 +65,19 @@ else:
 dev = [cla.to_device(rt.queue, p) for p in params]
 d_index = cla.to_device(rt.queue, index)
 d_data = cla.to_device(rt.queue, data) if data is not None else None
-f.values_and_jacobians(dev, d_index, d_data)
+t0 = time.perf_counter()
+f.values_and_jacobians(dev, d_index, d_data, index_checked=True)   # PoCL compiles at the first launch
 rt.queue.finish()
+first_s = time.perf_counter() - t0
 times = []
 for _ in range(5):
     t0 = time.perf_counter()
     f.values_and_jacobians(dev, d_index, d_data, index_checked=True)
     rt.queue.finish()
     times.append(time.perf_counter() - t0)
+# The build as the caller waits for it: the program build, plus what the first launch took
+# beyond an evaluation.
+build_s += max(0.0, first_s - float(np.median(times)))
 print(json.dumps(dict(build_s=build_s, nodes=len(f.traced.order), source_chars=len(source),
                       tuples_per_s=n / float(np.median(times)))))
 '''

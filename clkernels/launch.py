@@ -175,6 +175,9 @@ def kernel_for_plan(program: cl.Program, name: str) -> cl.Kernel:
     return cl.Kernel(program, name)
 
 
+HELD_TEMP_BYTES = 16 << 20   # temporaries up to this size stay with their plan (Plan.temp_buffers)
+
+
 class Plan:
     """What a call with one signature needs: outputs, temporaries, kernel launches, and
     constant buffers the launches read (kept alive with the plan)."""
@@ -185,6 +188,19 @@ class Plan:
         self.steps = tuple(s for s in steps if s.work_items)
         self.outputs, self.temps, self.keep = tuple(outputs), tuple(temps), keep
         self.lock = threading.Lock()   # set_arg then enqueue must not interleave across threads
+        self._held = None
+
+    def temp_buffers(self, rt: Runtime) -> list:
+        """Buffers for the temporaries of one call. Small ones (up to HELD_TEMP_BYTES) belong to
+        the plan, made once: the plan serves one in-order queue, so a call's launches are done
+        with them before the next call's start, and a repeat call allocates nothing. Larger
+        ones come from the queue's pool per call, so that idle plans hold no large memory."""
+        if self._held is None:
+            self._held = [cl.Buffer(rt.context, cl.mem_flags.READ_WRITE, t.nbytes)
+                          if 0 < t.nbytes <= HELD_TEMP_BYTES else None for t in self.temps]
+        pool = rt.pool
+        return [h if h is not None else pool.allocate(t.nbytes) if t.nbytes else None
+                for h, t in zip(self._held, self.temps)]
 
     def enqueue(self, queue: cl.CommandQueue, inputs, outputs, temps, wait_for) -> List[cl.Event]:
         """Launch every step with these buffers; returns the events."""
@@ -322,8 +338,7 @@ class Op:
                     wait.extend(a.events)
         on_device = any_device if like_device is None else like_device
         outs = self._outputs(rt, plan, out, on_device)
-        pool = rt.pool
-        temps = [pool.allocate(t.nbytes) if t.nbytes else None for t in plan.temps]
+        temps = plan.temp_buffers(rt) if plan.temps else ()
         events = plan.enqueue(q, ins, [o.base_data for o in outs], temps, wait)
         if on_device:
             if events:

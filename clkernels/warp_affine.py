@@ -250,12 +250,17 @@ def _run(images, name: str, spec: _Spec, out, device, queue, zero_copy, d2i=None
     if on_device:
         for i, im in enumerate(items):
             arrays.check_context(rt, im, f"{name}[{i}]")
-    limit = _alloc_limit(rt)
-    key = (TEMPLATE, spec, geoms, on_device, _lanes(rt, spec.dst_w), _fma_name(rt),
-           _unaligned_io(rt), limit)
-    plan = rt.plans.get(key)
+    # The plan by the call's own key first: the device-derived parts of the full key (lanes,
+    # FMA, alignment, allocation limit) are the same for every call on this runtime.
+    plan = rt.plans.get((_run, spec, geoms, on_device))
     if plan is None:
-        plan = rt.plans[key] = _Plan(rt, spec, geoms, on_device, *key[4:], name)
+        key = (TEMPLATE, spec, geoms, on_device, _lanes(rt, spec.dst_w), _fma_name(rt),
+               _unaligned_io(rt), _alloc_limit(rt))
+        plan = rt.plans.get(key)
+        if plan is None:
+            plan = rt.plans[key] = _Plan(rt, spec, geoms, on_device, *key[4:], name)
+        rt.plans[_run, spec, geoms, on_device] = plan
+    limit = plan.alloc_limit
     if out is not None:
         out = _check_out(out, on_device, plan.out.shape, plan.out.dtype, rt)
     matrix = _matrix_arg(d2i) if plan.matrix_per_call else None

@@ -115,6 +115,7 @@ class _Plan:
         from .warp_affine import _invert_affine, letterbox_matrix
         n = len(geoms)
         self.single = n == 1
+        self.alloc_limit = limit
         if spec.kernel == "letterbox_blob":
             self.out = launch.Buffer("out", (n, 3, spec.dst_h, spec.dst_w), spec.dtype)
             self.d2i = np.stack([_invert_affine(letterbox_matrix((w, h), (spec.dst_w, spec.dst_h)),

@@ -141,12 +141,15 @@ class Tape(Backend):
                 raise ValueError(f"TapeConfig(layout='local', wg={config.wg}): {need} bytes of local memory "
                                  f"needed, the device has {runtime.info.local_mem_bytes}; use a smaller wg "
                                  "or layout='node'")
-        return config, local
+        used = None
+        if config.cases == "used":
+            used = self.tables(config.slots, config.fuse).instructions(config.sweep == "joint")
+        return config, local, used
 
     def source(self, jacobians, variant):
-        config, local = variant
+        config, local, used = variant
         t = self.traced
-        return tape.render(t.group_sizes, t.data_size, t.n_outputs, self.real, jacobians, config, local)
+        return tape.render(t.group_sizes, t.data_size, t.n_outputs, self.real, jacobians, config, local, used)
 
     def lanes(self, runtime):
         config = self.config_for(runtime)
@@ -217,17 +220,18 @@ class Numpy(Backend):
 
 
 # backend="auto": a straight-line kernel unless its cold build would clearly cost more than it
-# saves. Cold builds measured by benchmarks/bench_compile_time.py: on NVIDIA 0.70 s for the
-# 95-node Snavely function and 166 s for a 2,000-node graph (about nodes^1.8); on PoCL 0.76 s
-# and 0.96 s (nearly flat), where codegen always wins. A build estimated above this many seconds
-# goes to the tape, which builds one kernel per parameter layout, in about a second.
+# saves. Cold builds as the caller waits for them (benchmarks/bench_compile_time.py): on NVIDIA
+# 0.70 s for the 95-node Snavely function and 166 s for a 2,000-node graph (about nodes^1.8);
+# on PoCL 1.6 s and 3.0 s, where codegen then evaluates faster than the tape. A build estimated
+# above this many seconds goes to the tape, which builds one kernel per parameter layout and
+# instruction set, in a second or a few.
 AUTO_BUILD_LIMIT_S = 10.0
 
 
 def estimated_codegen_build_s(n_nodes: int, info) -> float:
     """A cold build of the codegen kernel of a graph, from the measured figures above."""
     if info.is_cpu:
-        return 0.75 + 1e-4 * n_nodes
+        return 1.5 + 7.5e-4 * n_nodes
     return 0.70 * (max(n_nodes, 95) / 95) ** 1.8
 
 

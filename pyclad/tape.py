@@ -54,7 +54,9 @@ class TapeConfig:
     work-item's slots live ("item", "node" or "local", see the module docstring); tables:
     "global" or "constant" memory for the instruction tables; sweep: "joint" (one reverse sweep
     carries every output's adjoint: one dispatch and one read of the values per node) or "each"
-    (one sweep per output); work_items: the persistent
+    (one sweep per output); cases: "used" (compile the switch cases of the graph's own
+    instructions: a kernel per parameter layout and instruction set, built several times faster)
+    or "all" (every op: one kernel per layout for any graph); work_items: the persistent
     grid's size; wg: the work-group size."""
     lanes: Optional[int] = None
     blocks: Optional[int] = None
@@ -63,6 +65,7 @@ class TapeConfig:
     layout: Optional[str] = None
     tables: Optional[str] = None
     sweep: Optional[str] = None
+    cases: Optional[str] = None
     work_items: Optional[int] = None
     wg: Optional[int] = None
 
@@ -77,6 +80,8 @@ class TapeConfig:
             raise ValueError(f"TapeConfig.layout must be one of {LAYOUTS}, not {self.layout!r}")
         if self.sweep is not None and self.sweep not in ("joint", "each"):
             raise ValueError(f"TapeConfig.sweep must be 'joint' or 'each', not {self.sweep!r}")
+        if self.cases is not None and self.cases not in ("used", "all"):
+            raise ValueError(f"TapeConfig.cases must be 'used' or 'all', not {self.cases!r}")
         if self.tables is not None and self.tables not in ("global", "constant"):
             raise ValueError(f"TapeConfig.tables must be 'global' or 'constant', not {self.tables!r}")
 
@@ -103,10 +108,10 @@ def default_config(info, real: str, tables: "Tables", n_outputs: int,
         blocks = 16
         while blocks > 1 and blocks * per_block > CPU_SCRATCH_BYTES:
             blocks //= 2
-        d = dict(lanes=lanes, blocks=blocks, slots=True, fuse=True, layout="item", tables="global", sweep="each",
+        d = dict(lanes=lanes, blocks=blocks, slots=True, fuse=True, cases="used", layout="item", tables="global", sweep="each",
                  wg=1, work_items=64 * max(1, info.compute_units))
     else:
-        d = dict(lanes=1, blocks=1, slots=True, fuse=True, layout="node",
+        d = dict(lanes=1, blocks=1, slots=True, fuse=True, cases="used", layout="node",
                  tables="constant" if tables.nbytes() <= info.max_constant_bytes // 2 else "global",
                  wg=128, work_items=128 * 16 * max(1, info.compute_units))
         d["sweep"] = "joint" if n_outputs <= JOINT_MAX else "each"
@@ -132,14 +137,15 @@ def _operand_loads(op, fields) -> str:
 _NAMES = {s: f"x{s}" for s in "abcrg"}
 
 
-def forward_cases(real: str) -> List[str]:
-    """One switch case per op: the forward instruction (op, dst, a, b, c) over the blocks."""
+def forward_cases(real: str, codes=None) -> List[str]:
+    """One switch case per op (those of ``codes`` only, if given): the forward instruction
+    (op, dst, a, b, c) over the blocks."""
     return [f"case OP_{op.name.upper()}: FOR_K {{ {_operand_loads(op, ('f.s2', 'f.s3', 'f.s4'))}"
             f"V(f.s1, k) = {to_c(op.forward, _NAMES, real)}; }} break;"
-            for op in INSTRUCTIONS]
+            for op in INSTRUCTIONS if codes is None or op.code in codes]
 
 
-def reverse_cases(real: str, joint_outputs: int = 0) -> List[str]:
+def reverse_cases(real: str, joint_outputs: int = 0, labels=None) -> List[str]:
     """The reverse instructions' switch cases, per differentiable op (and its guarded variant).
 
     A sweep per output (``joint_outputs`` = 0): the instruction reads its node's adjoint and adds
@@ -149,7 +155,8 @@ def reverse_cases(real: str, joint_outputs: int = 0) -> List[str]:
     cleared. Joint (m = ``joint_outputs`` > 0): one instruction serves every output whose sweep
     reaches the node (bit o of its mask); the values are read once per output plane, and each
     plane's adjoint is cleared when read, since "first" differs between planes. Either way the
-    contributions come in the order of m separate sweeps, so the bits are the same."""
+    contributions come in the order of m separate sweeps, so the bits are the same. ``labels``:
+    only the cases of these labels (op code with its guard and first bits)."""
     cases = []
     for op in INSTRUCTIONS:
         if not op.differentiable:
@@ -168,28 +175,34 @@ def reverse_cases(real: str, joint_outputs: int = 0) -> List[str]:
                     adds = " ".join(f"A(r2.s{i}, {o}, k) += {to_c(vjps[i], _NAMES, real)};" for i in contributing)
                     return (f"if (r0.s3 & {1 << o}) FOR_K {{ {loads}const real_t xg = A(r0.s2, {o}, k); "
                             f"A(r0.s2, {o}, k) = 0; {adds} }}")
-                cases.append(f"case {code}: {' '.join(plane(o) for o in range(joint_outputs))} break;")
+                if labels is None or code in labels:
+                    cases.append(f"case {code}: {' '.join(plane(o) for o in range(joint_outputs))} break;")
                 continue
             for subset in range(1 << len(contributing)):
                 first = [i for j, i in enumerate(contributing) if subset >> j & 1]
                 adds = " ".join(f"A(r2.s{i}, 0, k) {'=' if i in first else '+='} {to_c(vjps[i], _NAMES, real)};"
                                 for i in contributing)
                 label = code + sum(FIRST_BIT << i for i in first)
+                if labels is not None and label not in labels:
+                    continue
                 cases.append(f"case {label}: FOR_K {{ {loads}const real_t xg = A(r0.s2, 0, k); {adds} }} break;")
     return cases
 
 
 def render(group_sizes, data_size: int, n_outputs: int, real: str, jacobians: bool,
-           config: TapeConfig, local_slots=(0, 0)) -> str:
-    """The interpreter kernel for a parameter layout and variant (independent of the graph,
-    except ``local_slots``: the value and adjoint slot counts the "local" layout sizes its
-    arrays by)."""
+           config: TapeConfig, local_slots=(0, 0), instructions=None) -> str:
+    """The interpreter kernel for a parameter layout and variant. It depends on a graph only
+    through ``instructions`` (``Tables.instructions``: the forward op codes and reverse labels
+    to compile cases for; None: every case of the op table, for any graph, at several times the
+    build time) and ``local_slots`` (the value and adjoint slot counts the "local" layout sizes
+    its arrays by)."""
     opcodes = [(op.name, op.code) for op in INSTRUCTIONS] + list(_LEAF_CODES.items())
+    codes, labels = instructions if instructions is not None else (None, None)
     return templates.render(
         "pyclad/tape.cl.mako", real=real, opcodes=opcodes, n_groups=len(group_sizes),
         group_sizes=tuple(group_sizes), data_size=data_size, n_outputs=n_outputs,
-        jacobians=jacobians, forward_cases=forward_cases(real),
-        reverse_cases=reverse_cases(real, n_outputs if config.sweep == "joint" else 0),
+        jacobians=jacobians, forward_cases=forward_cases(real, codes),
+        reverse_cases=reverse_cases(real, n_outputs if config.sweep == "joint" else 0, labels),
         joint=config.sweep == "joint",
         guard_bit=GUARDED, lanes=config.lanes, blocks=config.blocks, layout=config.layout,
         tables=config.tables, wg=config.wg, local_slots=local_slots)
@@ -405,6 +418,13 @@ class Tables:
             reached |= contribs
             sweep.append((node, contribs))
         return sweep
+
+    def instructions(self, joint: bool):
+        """The forward op codes and reverse case labels these tables use (hashable): a kernel
+        compiled with only their cases runs every graph whose instructions they cover."""
+        forward = frozenset(int(c) & ~GUARDED for c in self.forward[:, 0] if (int(c) & ~GUARDED) < 100)
+        reverse = frozenset(int(c) for c in self.reverse[joint][:, 0, 0])
+        return forward, reverse
 
     def arrays(self, joint: bool) -> list:
         """The kernel's table arguments, in its order."""

@@ -228,11 +228,11 @@ def test_auto_picks_the_tape_when_the_build_would_cost_more_and_says_so_once(dev
 
 def test_the_build_estimate_follows_the_measured_builds():
     """benchmarks/bench_compile_time.py: NVIDIA 0.70 s (95 nodes) and 166 s (1,986 nodes); PoCL
-    0.76 s and 0.96 s."""
+    1.6 s and 3.0 s."""
     from types import SimpleNamespace
     gpu, cpu = SimpleNamespace(is_cpu=False), SimpleNamespace(is_cpu=True)
     est = pc.backends.estimated_codegen_build_s
     assert 0.5 < est(95, gpu) < 1.0 and 100 < est(1986, gpu) < 250
-    assert 0.6 < est(95, cpu) < 1.0 and 0.8 < est(1986, cpu) < 1.2
+    assert 1.3 < est(95, cpu) < 1.8 and 2.6 < est(1986, cpu) < 3.4
     limit = pc.backends.AUTO_BUILD_LIMIT_S
-    assert est(95, gpu) < limit < est(1986, gpu) and est(20000, cpu) < limit
+    assert est(95, gpu) < limit < est(1986, gpu) and est(10000, cpu) < limit   # CPUs: codegen to ~11k nodes
