@@ -87,7 +87,8 @@ class TapeConfig:
 
 
 CPU_SCRATCH_BYTES = 24 << 10   # a CPU work-item's slots: within a core's L1 data cache
-JOINT_MAX = 7   # outputs up to which (bits 24-30 of a contribution flag each output's first) one joint reverse sweep is the default (its cases unroll per output)
+MAX_JOINT_OUTPUTS = 31   # a joint sweep's instructions carry a bit per output in an int
+JOINT_MAX = 7   # outputs up to which one joint reverse sweep is the GPUs' default (its cases unroll per output)
 
 
 def default_config(info, real: str, tables: "Tables", n_outputs: int,
@@ -105,7 +106,7 @@ def default_config(info, real: str, tables: "Tables", n_outputs: int,
         # As many vectors per work-item as keep its slots within L1 (the dispatch is paid once
         # per instruction for all of them); wg 1: PoCL then adds no work-item loop.
         per_block = (tables.value_slots + tables.adjoint_slots[False]) * lanes * (8 if real == "double" else 4)
-        blocks = 16
+        blocks = 8   # more measure no faster (benchmarks/bench_tape.py) and build longer
         while blocks > 1 and blocks * per_block > CPU_SCRATCH_BYTES:
             blocks //= 2
         d = dict(lanes=lanes, blocks=blocks, slots=True, fuse=True, cases="used", layout="item", tables="global", sweep="each",
@@ -116,6 +117,9 @@ def default_config(info, real: str, tables: "Tables", n_outputs: int,
                  wg=128, work_items=128 * 16 * max(1, info.compute_units))
         d["sweep"] = "joint" if n_outputs <= JOINT_MAX else "each"
     d.update({k: v for k, v in dataclasses.asdict(c).items() if v is not None})
+    if d["sweep"] == "joint" and n_outputs > MAX_JOINT_OUTPUTS:
+        raise ValueError(f"TapeConfig.sweep='joint' serves at most {MAX_JOINT_OUTPUTS} outputs (a bit each), the function has "
+                         f"{n_outputs}; use sweep='each'")
     if d["layout"] == "local" and info.is_cpu:
         raise ValueError("TapeConfig.layout='local' is for GPUs; on a CPU local memory is ordinary memory")
     d["work_items"] = -(-d["work_items"] // d["wg"]) * d["wg"]
@@ -332,7 +336,7 @@ class Tables:
         self.leaf_columns = {node: sum(traced.group_sizes[:g]) + j
                              for g, comps in enumerate(traced.inputs) for j, node in enumerate(comps) if node >= 0}
         self.seeds = {}
-        for joint in (False, True):
+        for joint in (False, True) if traced.n_outputs <= MAX_JOINT_OUTPUTS else (False,):
             self.seeds[joint] = np.full(traced.n_outputs, -1, np.int32)
             self.leaf_slots[joint] = np.full((traced.n_outputs, D), -1, np.int32)
             groups = [[o] for o in range(traced.n_outputs)] if not joint else [list(range(traced.n_outputs))]
@@ -432,4 +436,5 @@ class Tables:
                 self.seeds[joint], self.outputs, self.leaf_slots[joint]]
 
     def nbytes(self, joint: bool = True) -> int:
+        joint = joint and joint in self.reverse
         return sum(a.nbytes for a in self.arrays(joint) if isinstance(a, np.ndarray))

@@ -122,7 +122,10 @@ def test_random_graphs_match_complex_step(device, backend, trees):
 
     rng = np.random.default_rng(len(str(trees)))
     x = rng.uniform(-1.5, 1.5, (16, N_INPUTS))
-    f = pc.BatchFunction(fn, params=(N_INPUTS,), backend=backend, device=device)
+    # The tape with 2 vectors per work-item: each graph is a build of its own, and the default
+    # variant's unrolled cases take several times longer (tests/test_pyclad_tape.py runs it).
+    config = pc.TapeConfig(blocks=2) if backend == "tape" else None
+    f = pc.BatchFunction(fn, params=(N_INPUTS,), backend=backend, device=device, config=config)
     values, (jac,) = f.values_and_jacobians([x], np.arange(len(x)))
     np.testing.assert_allclose(values, reference(x), rtol=1e-12, atol=1e-12)
     for j in range(N_INPUTS):

@@ -189,6 +189,13 @@ def test_bad_configurations_name_the_field():
         pc.BatchFunction(snavely_residual, params=(9, 3), data=2, backend="tape", config={"lanes": 4})
 
 
+def test_a_joint_sweep_of_more_than_31_outputs_is_refused(device):
+    f = pc.BatchFunction(lambda x: [x[0] * (i + 1) for i in range(32)], params=(1,), backend="tape",
+                         config=C(sweep="joint"), device=device)
+    with pytest.raises(ValueError, match="serves at most 31 outputs"):
+        f.values_and_jacobians([np.ones((2, 1))], [0, 1])
+
+
 def test_local_layout_is_refused_on_a_cpu_and_when_it_does_not_fit(device):
     f = pc.BatchFunction(snavely_residual, params=(9, 3), data=2, backend="tape",
                          config=C(layout="local", wg=1024), device=device)
