@@ -18,7 +18,8 @@ show what each bought):
 - **Scratch per work-item.** A persistent grid: a fixed set of work-items strides over the
   tuples, each with its own scratch, so the scratch is small, cached and reused by every call
   (``layout="item"``: a work-item's slots contiguous, for CPUs; ``"node"``: slot-major across
-  work-items, coalesced, for GPUs; ``"local"``: in local memory, GPUs).
+  work-items, coalesced, for GPUs; ``"local"``: in local memory, for GPUs; it runs anywhere,
+  but on a CPU local memory is ordinary memory).
 - **Tables in constant memory** (``tables="constant"``), where the device caches them for
   uniform reads.
 """
@@ -120,8 +121,6 @@ def default_config(info, real: str, tables: "Tables", n_outputs: int,
     if d["sweep"] == "joint" and n_outputs > MAX_JOINT_OUTPUTS:
         raise ValueError(f"TapeConfig.sweep='joint' serves at most {MAX_JOINT_OUTPUTS} outputs (a bit each), the function has "
                          f"{n_outputs}; use sweep='each'")
-    if d["layout"] == "local" and info.is_cpu:
-        raise ValueError("TapeConfig.layout='local' is for GPUs; on a CPU local memory is ordinary memory")
     d["work_items"] = -(-d["work_items"] // d["wg"]) * d["wg"]
     return TapeConfig(**d)
 
