@@ -27,6 +27,7 @@ import ceres_peer
 from bench_jacobian import synthetic
 
 import pyclad as pc  # noqa: E402
+from clkernels import arrays  # noqa: E402
 from solvers.bal import read_bal  # noqa: E402
 from solvers.snavely import snavely_residual  # noqa: E402
 
@@ -35,7 +36,7 @@ def ladder(info, n, dtype):
     """(name, TapeConfig) rungs for a device: each adds one technique to the previous."""
     C = pc.TapeConfig
     original = dict(lanes=1, blocks=1, slots=False, fuse=False, layout="node", sweep="each", tables="global",
-                    wg=64, work_items=harness_round(n, 64))
+                    wg=64, work_items=arrays.round_up(n, 64))
     rungs = [("original design", C(**original))]
     if info.is_cpu:
         width = info.native_vector_width_double if dtype == np.float64 else info.native_vector_width_float
@@ -67,10 +68,6 @@ def ladder(info, n, dtype):
         rungs.append((name, C(**r)))
     rungs.append(("default (pyclad.TapeConfig())", None))
     return rungs
-
-
-def harness_round(n, wg):
-    return -(-n // wg) * wg
 
 
 def main():
@@ -125,7 +122,7 @@ def main():
         for key in fs:
             t = harness.Timing(walls[key])
             config = fs[key]._impl.config_for(rt) if key != "codegen" else None
-            row = report.add(case=f"{problem.name} {name}", variant=key if key == "codegen" else f"tape: {key}",
+            report.add(case=f"{problem.name} {name}", variant=key if key == "codegen" else f"tape: {key}",
                              timing=t, items=n, kernel_ms=events[key].median * 1e3,
                              x_codegen=float(np.median(base / np.array(walls[key]))), max_rel_err=errs[key],
                              config="" if config is None else
@@ -134,7 +131,6 @@ def main():
                              f"items {config.work_items}")
             if name == "float64" and errs[key] > 1e-12:
                 print(f"  !! {key}: results differ from codegen by {errs[key]:.2e}", flush=True)
-            del row
     report.write(["case", "variant", "median_s", "spread", "items_per_s", "kernel_ms", "x_codegen",
                   "max_rel_err", "config"])
 

@@ -54,10 +54,6 @@ class Backend:
     def work_group(self, runtime, kernel, jacobians: bool) -> int:
         return arrays.work_group_size(runtime, kernel, 64)
 
-    def scratch_bytes_per_tuple(self) -> int:
-        """Device scratch a tuple needs beyond its inputs and outputs."""
-        return 0
-
     def enqueue(self, runtime, plan, args: List, n: int, stride: int) -> List[cl.Event]:
         """Launch the kernel over n tuples with its buffer arguments; ``stride``: tuples per
         launch (the chunk that fits the device)."""
@@ -89,18 +85,17 @@ class Codegen(Backend):
         stage, _ = self.variant(runtime, jacobians)
         return stage or super().work_group(runtime, kernel, jacobians)
 
+    @staticmethod
+    def _grid(plan, n) -> int:
+        return arrays.round_up(-(-n // plan.lanes), plan.wg)
+
     def launch_step(self, runtime, kernel, plan, io, n):
-        items = -(-n // plan.lanes)
-        return launch.step(kernel, (arrays.round_up(items, plan.wg),), (plan.wg,), [*io, np.int32(n)])
+        return launch.step(kernel, (self._grid(plan, n),), (plan.wg,), [*io, np.int32(n)])
 
     def enqueue(self, runtime, plan, args, n, stride):
         kernel = plan.kernel
-        for i, a in enumerate(args):
-            kernel.set_arg(i, a)
-        kernel.set_arg(len(args), np.int32(n))
-        items = -(-n // plan.lanes)
-        return [cl.enqueue_nd_range_kernel(runtime.queue, kernel, (arrays.round_up(items, plan.wg),),
-                                           (plan.wg,))]
+        kernel.set_args(*args, np.int32(n))
+        return [cl.enqueue_nd_range_kernel(runtime.queue, kernel, (self._grid(plan, n),), (plan.wg,))]
 
 
 class Tape(Backend):
@@ -114,8 +109,8 @@ class Tape(Backend):
             raise TypeError(f"config must be a pyclad.TapeConfig for the tape backend, not {type(config).__name__}")
         super().__init__(traced, dtype, config)
         self._tables = {}          # (liveness, fused) -> Tables
+        self._configs = {}         # device -> its TapeConfig
         self._device_tables = {}   # (context, liveness, fused, joint) -> the tables as kernel arguments
-        self._scratch = {}         # (queue, config) -> (values, adjoints) buffers
         self._launches = {}        # queue -> (config, the kernel's table and scratch arguments)
 
     def tables(self, liveness: bool = True, fused: bool = True) -> tape.Tables:
@@ -124,26 +119,31 @@ class Tape(Backend):
         return self._tables[liveness, fused]
 
     def config_for(self, runtime) -> tape.TapeConfig:
-        c = self.config or tape.TapeConfig()
-        tables = self.tables(c.slots is not False, c.fuse is not False)
-        return tape.default_config(runtime.info, self.real, tables, self.traced.n_outputs, self.config)
+        key = runtime.device.int_ptr
+        if key not in self._configs:
+            c = self.config or tape.TapeConfig()
+            tables = self.tables(c.slots is not False, c.fuse is not False)
+            self._configs[key] = tape.default_config(runtime.info, self.real, tables, self.traced.n_outputs,
+                                                     self.config)
+        return self._configs[key]
+
+    def _planes(self, config) -> int:
+        """Adjoint planes per slot: one per output in a joint sweep."""
+        return self.traced.n_outputs if config.joint else 1
 
     def variant(self, runtime, jacobians):
         config = self.config_for(runtime)
+        tb = self.tables(config.slots, config.fuse)
         local = (0, 0)
         if config.layout == "local":
-            tb = self.tables(config.slots, config.fuse)
-            joint = config.sweep == "joint"
-            planes = self.traced.n_outputs if joint else 1
-            local = (arrays.round_up(tb.value_slots, 8), arrays.round_up(tb.adjoint_slots[joint], 8))
-            need = (local[0] + local[1] * planes) * config.blocks * config.lanes * config.wg * self.dtype.itemsize
+            local = (arrays.round_up(tb.value_slots, 8), arrays.round_up(tb.adjoint_slots[config.joint], 8))
+            need = ((local[0] + local[1] * self._planes(config)) * config.blocks * config.lanes * config.wg
+                    * self.dtype.itemsize)
             if need > runtime.info.local_mem_bytes:
                 raise ValueError(f"TapeConfig(layout='local', wg={config.wg}): {need} bytes of local memory "
                                  f"needed, the device has {runtime.info.local_mem_bytes}; use a smaller wg "
                                  "or layout='node'")
-        used = None
-        if config.cases == "used":
-            used = self.tables(config.slots, config.fuse).instructions(config.sweep == "joint")
+        used = tb.instructions(config.joint) if config.cases == "used" else None
         return config, local, used
 
     def source(self, jacobians, variant):
@@ -159,36 +159,26 @@ class Tape(Backend):
         return self.config_for(runtime).wg
 
     def device_tables(self, runtime, config) -> list:
-        joint = config.sweep == "joint"
-        key = (runtime.context.int_ptr, config.slots, config.fuse, joint)   # buffers belong to a context
+        key = (runtime.context.int_ptr, config.slots, config.fuse, config.joint)   # buffers belong to a context
         if key not in self._device_tables:
             up = lambda a: cla.to_device(runtime.queue, np.ascontiguousarray(a)).data  # noqa: E731
             self._device_tables[key] = [up(a) if isinstance(a, np.ndarray) else a
-                                        for a in self.tables(config.slots, config.fuse).arrays(joint)]
+                                        for a in self.tables(config.slots, config.fuse).arrays(config.joint)]
         return self._device_tables[key]
 
-    def scratch(self, runtime, config, tb) -> list:
-        if config.layout == "local":
-            return []
-        key = (runtime.queue.int_ptr, config)
-        if key not in self._scratch:
-            per_item = config.blocks * config.lanes * self.dtype.itemsize
-            joint = config.sweep == "joint"
-            planes = self.traced.n_outputs if joint else 1
-            self._scratch[key] = [cl.Buffer(runtime.context, cl.mem_flags.READ_WRITE,
-                                            max(1, slots) * per_item * config.work_items)
-                                  for slots in (tb.value_slots, tb.adjoint_slots[joint] * planes)]
-        return self._scratch[key]
-
     def _launch_args(self, runtime):
-        """The config and the kernel's table and scratch arguments on a queue, found once."""
+        """The config and the kernel's table and scratch arguments on a queue, found once: the
+        grid's scratch (values, adjoints) is the queue's, reused by every call."""
         key = runtime.queue.int_ptr
         if key not in self._launches:
             config = self.config_for(runtime)
             tb = self.tables(config.slots, config.fuse)
-            joint = config.sweep == "joint"
-            self._launches[key] = (config, [*self.device_tables(runtime, config), *self.scratch(runtime, config, tb),
-                                            np.int32(tb.value_slots), np.int32(tb.adjoint_slots[joint])])
+            per_item = config.blocks * config.lanes * self.dtype.itemsize * config.work_items
+            scratch = [] if config.layout == "local" else \
+                [cl.Buffer(runtime.context, cl.mem_flags.READ_WRITE, max(1, slots) * per_item)
+                 for slots in (tb.value_slots, tb.adjoint_slots[config.joint] * self._planes(config))]
+            self._launches[key] = (config, [*self.device_tables(runtime, config), *scratch,
+                                            np.int32(tb.value_slots), np.int32(tb.adjoint_slots[config.joint])])
         return self._launches[key]
 
     def _grid(self, config, n) -> int:

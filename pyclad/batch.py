@@ -302,7 +302,7 @@ class BatchFunction:
         b = 4 * len(t.group_sizes) + item * (t.data_size + t.n_outputs)
         if jacobians:
             b += item * t.n_outputs * sum(t.group_sizes)
-        return b + self._impl.scratch_bytes_per_tuple()
+        return b
 
     def _chunk(self, runtime: Runtime, n, jacobians) -> int:
         if self.chunk_size:

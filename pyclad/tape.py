@@ -31,7 +31,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from clkernels import templates
+from clkernels import arrays, templates
 
 from .ops import FUSED, LEAVES, OPS, to_c
 from .trace import Traced
@@ -86,6 +86,10 @@ class TapeConfig:
         if self.tables is not None and self.tables not in ("global", "constant"):
             raise ValueError(f"TapeConfig.tables must be 'global' or 'constant', not {self.tables!r}")
 
+    @property
+    def joint(self) -> bool:
+        return self.sweep == "joint"
+
 
 CPU_SCRATCH_BYTES = 24 << 10   # a CPU work-item's slots: within a core's L1 data cache
 MAX_JOINT_OUTPUTS = 31   # a joint sweep's instructions carry a bit per output in an int
@@ -121,7 +125,7 @@ def default_config(info, real: str, tables: "Tables", n_outputs: int,
     if d["sweep"] == "joint" and n_outputs > MAX_JOINT_OUTPUTS:
         raise ValueError(f"TapeConfig.sweep='joint' serves at most {MAX_JOINT_OUTPUTS} outputs (a bit each), the function has "
                          f"{n_outputs}; use sweep='each'")
-    d["work_items"] = -(-d["work_items"] // d["wg"]) * d["wg"]
+    d["work_items"] = arrays.round_up(d["work_items"], d["wg"])
     return TapeConfig(**d)
 
 
@@ -205,8 +209,8 @@ def render(group_sizes, data_size: int, n_outputs: int, real: str, jacobians: bo
         "pyclad/tape.cl.mako", real=real, opcodes=opcodes, n_groups=len(group_sizes),
         group_sizes=tuple(group_sizes), data_size=data_size, n_outputs=n_outputs,
         jacobians=jacobians, forward_cases=forward_cases(real, codes),
-        reverse_cases=reverse_cases(real, n_outputs if config.sweep == "joint" else 0, labels),
-        joint=config.sweep == "joint",
+        reverse_cases=reverse_cases(real, n_outputs if config.joint else 0, labels),
+        joint=config.joint,
         guard_bit=GUARDED, lanes=config.lanes, blocks=config.blocks, layout=config.layout,
         tables=config.tables, wg=config.wg, local_slots=local_slots)
 
@@ -228,10 +232,18 @@ class _Slots:
         self.free.append(slot)
 
 
+def instructions(traced: Traced):
+    """A graph's instructions, one per node: ``(order, ops, args)``, ``ops[node]`` an op-table
+    row or a leaf name, ``args[node]`` its operands (non-leaves only)."""
+    graph = traced.graph
+    ops = {n: (graph.ops[n] if graph.ops[n] in LEAVES else OPS[graph.ops[n]]) for n in traced.order}
+    args = {n: tuple(graph.args[n]) for n in traced.order if graph.ops[n] not in LEAVES}
+    return list(traced.order), ops, args
+
+
 def fuse(traced: Traced):
-    """The instructions of a graph with each product whose only use is a sum or a difference
-    fused into it (pyclad.ops.FUSED): ``(order, ops, args)``, ``ops[node]`` an op-table row or a
-    leaf name. The product is then never stored."""
+    """:func:`instructions` with each product whose only use is a sum or a difference fused into
+    it (pyclad.ops.FUSED). The product is then never stored."""
     graph = traced.graph
     uses: Dict[int, int] = {}
     for node in traced.order:
@@ -239,8 +251,7 @@ def fuse(traced: Traced):
             for arg in graph.args[node]:
                 uses[arg] = uses.get(arg, 0) + 1
     outputs = set(traced.outputs)
-    ops = {n: (graph.ops[n] if graph.ops[n] in LEAVES else OPS[graph.ops[n]]) for n in traced.order}
-    args = {n: tuple(graph.args[n]) for n in traced.order if graph.ops[n] not in LEAVES}
+    _, ops, args = instructions(traced)
     absorbed = set()
     for node in traced.order:
         op = graph.ops[node]
@@ -270,13 +281,7 @@ class Tables:
     ``liveness``: slots by liveness (else one per node); ``fused``: superinstructions."""
 
     def __init__(self, traced: Traced, dtype, liveness: bool = True, fused: bool = True):
-        if fused:
-            order, self.ops, self.args = fuse(traced)
-        else:
-            graph = traced.graph
-            order = list(traced.order)
-            self.ops = {n: (graph.ops[n] if graph.ops[n] in LEAVES else OPS[graph.ops[n]]) for n in order}
-            self.args = {n: tuple(graph.args[n]) for n in order if graph.ops[n] not in LEAVES}
+        order, self.ops, self.args = (fuse if fused else instructions)(traced)
         self.order = order
         pos = {node: i for i, node in enumerate(order)}
         self.n_nodes = len(order)
@@ -332,8 +337,8 @@ class Tables:
         # the Jacobian store). Slot 0 is the sink. Each sweep ("each") or the one joint sweep
         # ("joint": a slot holds every output's adjoint of its node) allocates its own.
         D = sum(traced.group_sizes)
-        self.leaf_columns = {node: sum(traced.group_sizes[:g]) + j
-                             for g, comps in enumerate(traced.inputs) for j, node in enumerate(comps) if node >= 0}
+        leaf_columns = {node: sum(traced.group_sizes[:g]) + j
+                        for g, comps in enumerate(traced.inputs) for j, node in enumerate(comps) if node >= 0}
         self.seeds = {}
         for joint in (False, True) if traced.n_outputs <= MAX_JOINT_OUTPUTS else (False,):
             self.seeds[joint] = np.full(traced.n_outputs, -1, np.int32)
@@ -345,7 +350,7 @@ class Tables:
                 for o in outs:
                     if traced.outputs[o] in traced.active:
                         self.seeds[joint][o] = aslot[traced.outputs[o]]
-                    for node, col in self.leaf_columns.items():
+                    for node, col in leaf_columns.items():
                         if (node, o - outs[0]) in written:   # else its column is zero
                             self.leaf_slots[joint][o, col] = aslot[node]
                 count = max(count, 1 + max(aslot.values(), default=0))

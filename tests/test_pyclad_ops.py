@@ -174,7 +174,7 @@ ALL_OPS = [
 @pytest.mark.oclgrind
 @pytest.mark.parametrize("backend", ["codegen", "tape"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_every_op_in_one_kernel_tiny(device, backend, dtype):
+def test_every_op_in_one_kernel_tiny(device, backend, dtype, keep_on_simulator):
     """All ops in one graph on a few tuples (the Oclgrind job's check of both kernels),
     against numpy values and central differences."""
     if dtype == np.float64 and not device.info.fp64:
@@ -190,6 +190,7 @@ def test_every_op_in_one_kernel_tiny(device, backend, dtype):
     x = np.array([[0.3, 1.7], [-0.6, 0.4], [0.9, 2.5]])
     d = np.array([[0.5], [-1.0], [2.0]])
     values, (jac,) = f.values_and_jacobians([x.astype(dtype)], np.array([[0], [1], [2]]), data=d.astype(dtype))
+    keep_on_simulator(f)   # its tables and scratch (see conftest: Oclgrind's shadow memory)
     tol = 1e-12 if dtype == np.float64 else 2e-6
     np.testing.assert_allclose(values, fn_np(x[:, 0], x[:, 1], d[:, 0]), rtol=tol, atol=tol)
     h = 1e-6
