@@ -33,6 +33,7 @@ import numpy as np
 
 from clkernels import arrays, templates
 
+from . import codegen
 from .ops import FUSED, LEAVES, OPS, to_c
 from .trace import Traced
 
@@ -106,8 +107,7 @@ def default_config(info, real: str, tables: "Tables", n_outputs: int,
     work-groups per compute unit."""
     c = config or TapeConfig()
     if info.is_cpu:
-        width = info.native_vector_width_double if real == "double" else info.native_vector_width_float
-        lanes = c.lanes or max(1, min(8, width))
+        lanes = c.lanes or codegen.lanes(info, real)   # the native SIMD width, as codegen's
         # As many vectors per work-item as keep its slots within L1 (the dispatch is paid once
         # per instruction for all of them); wg 1: PoCL then adds no work-item loop.
         per_block = (tables.value_slots + tables.adjoint_slots[False]) * lanes * (8 if real == "double" else 4)
