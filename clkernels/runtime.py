@@ -180,9 +180,35 @@ class DeviceInfo:
             int64_atomics="cl_khr_int64_base_atomics" in ext,
             is_simulator=_is_simulator(device),
             is_cpu=bool(device.type & cl.device_type.CPU),
-            native_vector_width_float=max(1, device.native_vector_width_float),
-            native_vector_width_double=max(1, device.native_vector_width_double),
+            native_vector_width_float=_compiled_vector_width(device, device.native_vector_width_float, 4),
+            native_vector_width_double=_compiled_vector_width(device, device.native_vector_width_double, 8),
             max_constant_bytes=device.max_constant_buffer_size)
+
+
+# LLVM CPU names whose instruction set has 512-bit vectors (AVX-512).
+_AVX512_CPUS = frozenset((
+    "knl", "knm", "skylake-avx512", "skx", "cascadelake", "cooperlake", "cannonlake", "icelake-client",
+    "icelake-server", "tigerlake", "rocketlake", "sapphirerapids", "emeraldrapids", "graniterapids",
+    "graniterapids-d", "diamondrapids", "znver4", "znver5", "x86-64-v4"))
+
+
+def _compiled_vector_width(device: cl.Device, width: int, item_bytes: int) -> int:
+    """The native vector width of the code a device's compiler emits, not of the hardware.
+
+    PoCL reports the host's hardware width, but compiles for the CPU it names in its version
+    string ("... HSTR: pthread-x86_64-unknown-linux-gnu-znver3"). On a Zen 4 host inside a VM,
+    PoCL 3.0 reports 8 doubles (AVX-512) yet compiles for znver3 (256 bits), and LLVM then
+    aborts the whole process on a double8 sqrt ("Cannot select: fsqrt"). So a PoCL x86 CPU
+    device whose target has no AVX-512 gets at most 256-bit vectors."""
+    width = max(1, int(width))
+    version = device.version or ""
+    if "HSTR:" not in version or not device.type & cl.device_type.CPU:
+        return width
+    target = version.split("HSTR:", 1)[1].strip().split()[0]        # pthread-x86_64-...-znver3
+    if "x86_64" not in target:
+        return width
+    cpu = target.rsplit("-gnu-", 1)[-1] if "-gnu-" in target else ""
+    return width if cpu in _AVX512_CPUS else min(width, 32 // item_bytes)
 
 
 _chosen_in_code: contextvars.ContextVar = contextvars.ContextVar("pyclad_device", default=None)
