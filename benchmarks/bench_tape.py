@@ -14,6 +14,7 @@ them alike. Every rung's results are checked against codegen (float64: to 1e-12)
     python benchmarks/bench_tape.py                       # both dtypes where the device has them
     python benchmarks/bench_tape.py --problem FILE.bz2 --dtype float64
     python benchmarks/bench_tape.py --synthetic 5000000
+    PYCLAD_DEVICE=nvidia python benchmarks/bench_tape.py --sweep   # GPU: layouts x work-group x grid x blocks
 """
 import os
 import sys
@@ -70,12 +71,33 @@ def ladder(info, n, dtype):
     return rungs
 
 
+def sweep(info, n, dtype):
+    """(name, TapeConfig) for the GPU tuning sweep: slot layout, sweep, work-group size, grid
+    (work-items per compute unit, or one per tuple) and tuples per work-item; the variants a
+    device's local memory cannot hold are left out when they are built."""
+    C, cu = pc.TapeConfig, info.compute_units
+    out = []
+    for layout, sweeps, wgs in (("node", ("each",), (64, 128, 256)), ("local", ("each", "joint"), (32, 64, 128))):
+        for sw in sweeps:
+            for wg in wgs:
+                for per_cu in (None, 2048, 1024, 512):
+                    for blocks in (1, 2):
+                        items = arrays.round_up(-(-n // blocks), wg) if per_cu is None else per_cu * cu
+                        name = (f"{layout}, {sw}, wg {wg}, {'one per tuple' if per_cu is None else f'{per_cu}/CU'}, "
+                                f"{blocks} per item")
+                        out.append((name, C(lanes=1, blocks=blocks, slots=True, fuse=True, layout=layout, sweep=sw,
+                                            tables="constant", wg=wg, work_items=items)))
+    out.append(("default (pyclad.TapeConfig())", None))
+    return out
+
+
 def main():
     p = harness.parser(__doc__)
     p.add_argument("--problem", default=None, help="a BAL file (default: dubrovnik-16 on CPUs)")
     p.add_argument("--synthetic", type=int, default=None, help="observations of a synthetic problem "
                    "(default on GPUs: 5,000,000)")
     p.add_argument("--dtype", choices=["float64", "float32"], nargs="*", default=None)
+    p.add_argument("--sweep", action="store_true", help="time the GPU tuning grid instead of the ladder")
     args = p.parse_args()
     report = harness.Report("bench_tape", args)
     rt = report.runtime
@@ -96,18 +118,26 @@ def main():
         dev_index, dev_obs = cla.to_device(q, index), cla.to_device(q, problem.observations.astype(dtype))
         fs = {"codegen": pc.BatchFunction(snavely_residual, params=(9, 3), data=2, dtype=dtype,
                                           backend="codegen", device=rt)}
-        for rung, config in ladder(rt.info, n, dtype):
+        for rung, config in (sweep if args.sweep else ladder)(rt.info, n, dtype):
             fs[rung] = pc.BatchFunction(snavely_residual, params=(9, 3), data=2, dtype=dtype, backend="tape",
                                         config=config, device=rt)
         ref = None
-        events, walls, errs = {}, {k: [] for k in fs}, {}
-        for key, f in fs.items():
-            r, jacs = f.values_and_jacobians(dev, dev_index, data=dev_obs)
+        events, errs = {}, {}
+        for key, f in list(fs.items()):
+            try:
+                r, jacs = f.values_and_jacobians(dev, dev_index, data=dev_obs)
+            except ValueError as e:    # a sweep's variant that the device's local memory cannot hold
+                if not args.sweep:
+                    raise
+                print(f"  {key}: skipped ({e})", flush=True)
+                del fs[key]
+                continue
             got = [r.get(), *(j.get() for j in jacs)]
             ref = ref or got
             errs[key] = max(harness.rel_err(a, b) for a, b in zip(got, ref))
             events[key] = harness.time_events(lambda: list(f.values_and_jacobians(dev, dev_index, data=dev_obs)[0].events),
                                               warmup=1, repeat=max(3, repeat // 2))
+        walls = {k: [] for k in fs}
         for _ in range(args.warmup):
             for f in fs.values():
                 f.values_and_jacobians(dev, dev_index, data=dev_obs)
