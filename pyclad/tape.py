@@ -94,7 +94,6 @@ class TapeConfig:
 
 CPU_SCRATCH_BYTES = 24 << 10   # a CPU work-item's slots: within a core's L1 data cache
 MAX_JOINT_OUTPUTS = 31   # a joint sweep's instructions carry a bit per output in an int
-JOINT_MAX = 7   # outputs up to which one joint reverse sweep is the GPUs' default (its cases unroll per output)
 
 
 def default_config(info, real: str, tables: "Tables", n_outputs: int,
@@ -102,9 +101,12 @@ def default_config(info, real: str, tables: "Tables", n_outputs: int,
     """The device's variant, with ``config``'s fields where given.
 
     CPUs: vectors of the native width, as many per work-item as fit L1, slots contiguous per
-    work-item, a sweep per output, 64 work-items per core. GPUs: one tuple per work-item (work-items are the SIMD lanes), slots
-    slot-major across work-items, tables in constant memory when they fit, a grid of a few
-    work-groups per compute unit."""
+    work-item, a sweep per output, 64 work-items per core. GPUs: one tuple per work-item
+    (work-items are the SIMD lanes), slots slot-major across work-items, tables in constant
+    memory when they fit, a sweep per output, 1,024 work-items per compute unit. The GPU choices
+    are the H200's fastest in ``benchmarks/bench_tape.py --sweep`` that keep the scratch bounded:
+    there a joint sweep, local-memory slots and two tuples per work-item were no faster, and a
+    work-item per tuple only 2-8 % faster than this grid (for a scratch growing with the batch)."""
     c = config or TapeConfig()
     if info.is_cpu:
         lanes = c.lanes or codegen.lanes(info, real)   # the native SIMD width, as codegen's
@@ -117,11 +119,16 @@ def default_config(info, real: str, tables: "Tables", n_outputs: int,
         d = dict(lanes=lanes, blocks=blocks, slots=True, fuse=True, cases="used", layout="item", tables="global", sweep="each",
                  wg=1, work_items=64 * max(1, info.compute_units))
     else:
-        d = dict(lanes=1, blocks=1, slots=True, fuse=True, cases="used", layout="node",
+        d = dict(lanes=1, blocks=1, slots=True, fuse=True, cases="used", layout="node", sweep="each",
                  tables="constant" if tables.nbytes() <= info.max_constant_bytes // 2 else "global",
-                 wg=128, work_items=128 * 16 * max(1, info.compute_units))
-        d["sweep"] = "joint" if n_outputs <= JOINT_MAX else "each"
+                 wg=128, work_items=1024 * max(1, info.compute_units))
     d.update({k: v for k, v in dataclasses.asdict(c).items() if v is not None})
+    if info.is_cpu and d["lanes"] > codegen.lanes(info, real):
+        # A CPU compiler's vectors wider than its target's registers can fail to build (PoCL 3.0
+        # on an AVX-2 target aborts on a double8 sqrt), so they are refused up front.
+        raise ValueError(f"TapeConfig.lanes={d['lanes']}: this CPU device compiles vectors of at most "
+                         f"{codegen.lanes(info, real)} {real} values; give lanes <= {codegen.lanes(info, real)} "
+                         "or leave lanes=None for the native width")
     if d["sweep"] == "joint" and n_outputs > MAX_JOINT_OUTPUTS:
         raise ValueError(f"TapeConfig.sweep='joint' serves at most {MAX_JOINT_OUTPUTS} outputs (a bit each), the function has "
                          f"{n_outputs}; use sweep='each'")

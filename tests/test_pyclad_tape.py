@@ -1,6 +1,8 @@
 """The tape interpreter's variants (pyclad.TapeConfig): each against independent references
 (the complex step, numpy) and against codegen, on every device; the superinstructions; the
 slot tables; bad configurations."""
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -27,10 +29,13 @@ VARIANTS = {
 IDS = list(VARIANTS)
 
 
-def _config(device, name):
+def _config(device, name, real="double"):
     config = VARIANTS[name]
     if config is not None and config.layout == "item" and not device.info.is_cpu:
         pytest.skip("the 'item' layout is chosen for CPUs")   # every other variant still runs
+    if config is not None and device.info.is_cpu and config.lanes > pc.codegen.lanes(device.info, real):
+        # The widest vectors this CPU's compiler takes (wider ones are refused: test below).
+        config = dataclasses.replace(config, lanes=pc.codegen.lanes(device.info, real))
     return config
 
 
@@ -204,6 +209,15 @@ def test_local_layout_is_refused_when_it_does_not_fit(device):
     with pytest.raises(ValueError, match="bytes of local memory needed"):
         f.values_and_jacobians(params, index, data=obs)
 
+
+def test_cpu_vectors_wider_than_the_compiler_takes_are_refused(device):
+    if not device.info.is_cpu:
+        pytest.skip("GPUs run any vector width (a work-item per lane group)")
+    widest = pc.codegen.lanes(device.info, "double")
+    wider = next(w for w in (2, 4, 8, 16) if w > widest)
+    f = pc.BatchFunction(lambda x: [x[0] * x[0]], params=(1,), backend="tape", config=C(lanes=wider), device=device)
+    with pytest.raises(ValueError, match=f"TapeConfig.lanes={wider}: this CPU device compiles vectors of at most {widest}"):
+        f.values_and_jacobians([np.ones((2, 1))], [0, 1])
 
 
 # -- backend="auto" ---------------------------------------------------------------------------
