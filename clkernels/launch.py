@@ -448,5 +448,5 @@ def accumulator(rt: Runtime, dtype, spec: Buffer, out_index: int, temps: list, s
 
 
 def program(rt: Runtime, template: str, options=(), **params) -> cl.Program:
-    """Render and build a template for a plan (both cached), with the simulator's options."""
-    return get_program(template, rt, tuple(options) + simulator.build_options(rt, template), **params)
+    """Render and build a template for a plan (both cached; get_program adds the simulator's options)."""
+    return get_program(template, rt, tuple(options), **params)

@@ -16,6 +16,7 @@ import numpy as np
 import pyopencl as cl
 from mako.lookup import TemplateLookup
 
+from . import simulator
 from .runtime import Runtime, get_runtime
 
 __all__ = ["render", "render_string", "build", "get_program", "kernel", "BuildError", "ctype", "storage",
@@ -114,8 +115,10 @@ _rendered: Dict[tuple, str] = {}
 
 def get_program(template: str, runtime: Runtime = None, options: Iterable[str] = (),
                 **params) -> cl.Program:
-    """Render ``template`` with ``params`` (hashable values) and build it, both cached."""
+    """Render ``template`` with ``params`` (hashable values) and build it, both cached (with the
+    simulator's build options for the template, clkernels.simulator.build_options)."""
     runtime = get_runtime(runtime)
+    options = tuple(options) + simulator.build_options(runtime, template)
     key = (template, tuple(sorted(params.items())))
     try:
         source = _rendered.get(key)

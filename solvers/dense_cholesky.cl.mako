@@ -9,7 +9,8 @@
 ##             arithmetic in every group, so the same result); group 0 writes it to diag[], the
 ##             others each solve NB rows of the panel below it, X L_kk^T = A_ik, in place
 ##   update    the trailing lower triangle A_ij -= P_i P_j^T, one NB x NB tile per work-group,
-##             RT x RT entries per work-item, the two panel tiles in local memory
+##             RT x RT entries per work-item, the two panel tiles in local memory; deferred
+##             over several block columns, it subtracts all their panels at once
 ##
 ## and per block row for the solves (b is overwritten):
 ##
@@ -25,7 +26,8 @@
 ## flag[0] (int): bit 1 (value 2) is set when a pivot is not positive and finite, as LAPACK's
 ## dpotrf fails; the factorisation then goes on with NaN, which the caller discards.
 ## Parameters: NB (block size, a power of two), RT (update entries per work-item and dimension,
-## a divisor of NB).
+## a divisor of NB). The host may defer the trailing update over several block columns (see
+## update): the panel then also updates the rest of its deferred block's columns.
 <%namespace name="common" file="/clkernels/common.cl.mako"/>
 ${common.fp64_pragma()}
 <% TT = NB // RT %>
@@ -107,20 +109,33 @@ int2 lower_tile(const int q)
     return (int2)(ti, q - ti * (ti + 1) / 2);
 }
 
+// A_ij -= sum over s < ksub of P_i(s) P_j(s)^T, P(s) the factored block column k / NB + s, for
+// tile (ti, tj) of A per work-group. ncols == 0: every tile of the lower triangle from block
+// (c0, c0) on (the trailing update; q = get_group_id(0) as in lower_tile); ncols > 0: the tiles
+// of block columns c0 .. c0 + ncols - 1 from the diagonal down (the columns left in a deferred
+// block; group q = column * rows + offset, rows = np / NB - c0, past the last row it returns).
+// Deferring the trailing update over several block columns reads and writes the trailing
+// matrix once per ksub panels instead of once per panel: on GPUs that read-modify-write, not the
+// arithmetic, bounds the factorisation.
 __kernel __attribute__((reqd_work_group_size(${TT}, ${TT}, 1)))
-void update(__global double *restrict A, const int np, const int k)
+void update(__global double *restrict A, const int np, const int k, const int ksub, const int c0,
+            const int ncols)
 {
     __local double Pi[NB][NB + 1];
     __local double Pj[NB][NB + 1];
-    const int2 t = lower_tile(get_group_id(0));
-    const int lx = get_local_id(0), ly = get_local_id(1), lid = ly * ${TT} + lx;
-    const int row0 = k + NB + t.x * NB, col0 = k + NB + t.y * NB;
-    for (int e = lid; e < NB * NB; e += ${TT * TT}) {
-        const int i = e / NB, m = e - i * NB;
-        Pi[i][m] = A[(size_t)(row0 + i) * np + k + m];
-        Pj[i][m] = A[(size_t)(col0 + i) * np + k + m];
+    int ti, tj;
+    if (ncols == 0) {
+        const int2 t = lower_tile(get_group_id(0));
+        ti = c0 + t.x;
+        tj = c0 + t.y;
+    } else {
+        const int rows = np / NB - c0, q = get_group_id(0);
+        tj = c0 + q / rows;
+        ti = tj + q % rows;
+        if (ti >= np / NB) return;       // the whole group: no barrier is left waiting
     }
-    barrier(CLK_LOCAL_MEM_FENCE);
+    const int lx = get_local_id(0), ly = get_local_id(1), lid = ly * ${TT} + lx;
+    const int row0 = ti * NB, col0 = tj * NB;
     // Item (lx, ly) owns rows ly + u TT and columns lx + v TT: neighbours in x write neighbouring
     // columns (coalesced) and read rows of Pj NB + 1 apart (no bank conflicts).
 %for u in range(RT):
@@ -128,18 +143,28 @@ void update(__global double *restrict A, const int np, const int k)
     double acc${u}_${v} = 0.0;
 %endfor
 %endfor
-    for (int m = 0; m < NB; ++m) {
+    for (int s = 0; s < ksub; ++s) {
+        const int kc = k + s * NB;
+        for (int e = lid; e < NB * NB; e += ${TT * TT}) {
+            const int i = e / NB, m = e - i * NB;
+            Pi[i][m] = A[(size_t)(row0 + i) * np + kc + m];
+            Pj[i][m] = A[(size_t)(col0 + i) * np + kc + m];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int m = 0; m < NB; ++m) {
 %for u in range(RT):
-        const double a${u} = Pi[ly + ${u * TT}][m];
+            const double a${u} = Pi[ly + ${u * TT}][m];
 %endfor
 %for v in range(RT):
-        const double b${v} = Pj[lx + ${v * TT}][m];
+            const double b${v} = Pj[lx + ${v * TT}][m];
 %endfor
 %for u in range(RT):
 %for v in range(RT):
-        acc${u}_${v} += a${u} * b${v};
+            acc${u}_${v} += a${u} * b${v};
 %endfor
 %endfor
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);    // before the next panel's tiles overwrite Pi and Pj
     }
 %for u in range(RT):
 %for v in range(RT):

@@ -17,6 +17,8 @@ from clkernels.templates import get_program
 
 TEMPLATE = "solvers/dense_cholesky.cl.mako"
 NOT_POSITIVE_DEFINITE = 2        # the flag bit the template sets
+# Block columns over which the trailing update is deferred (DenseCholesky.factor).
+DEFER = 4
 
 
 def block_sizes(info):
@@ -52,7 +54,7 @@ def dense_bytes(n: int, nb: int = 32) -> int:
 class DenseCholesky:
     """The buffers and kernels of one ``n x n`` dense Cholesky on the device (see the module)."""
 
-    def __init__(self, runtime, n: int, block: tuple = None):
+    def __init__(self, runtime, n: int, block: tuple = None, defer: int = DEFER):
         self.rt = rt = runtime
         if not rt.info.fp64:
             raise ValueError(f"the dense Cholesky needs fp64; {rt.info.name!r} has none")
@@ -62,6 +64,9 @@ class DenseCholesky:
         if self.m * self.m >= 2 ** 31:
             raise ValueError(f"a {self.n} x {self.n} dense matrix is too large to index with 32-bit ints")
         self.nblocks = self.m // self.NB
+        if int(defer) < 1:
+            raise ValueError(f"defer must be a positive number of block columns, not {defer!r}")
+        self.defer = int(defer)
         f64 = lambda size: arrays.scratch(rt, size, np.float64)  # noqa: E731
         self.A = f64(self.m * self.m)
         self.b, self.z = f64(self.m), f64(self.m)
@@ -88,16 +93,28 @@ class DenseCholesky:
                      np.int32(self.n), self._m)
 
     def factor(self):
-        """Enqueue ``A = L L^T`` (L in A's strictly lower blocks and in ``diag``)."""
-        NB, TT = self.NB, self.NB // self.RT
-        for kb in range(self.nblocks):
-            k = np.int32(kb * NB)
-            below = self.nblocks - kb - 1
-            self._launch("panel", ((below + 1) * NB,), (NB,), self.A.data, self._m, k,
-                         self.diag.data, self.flag.data)
+        """Enqueue ``A = L L^T`` (L in A's strictly lower blocks and in ``diag``).
+
+        Right-looking with the trailing update deferred over ``self.defer`` block columns: each
+        panel updates only the rest of its deferred block's columns, and one update then
+        subtracts all of the block's panels from the trailing matrix (one read and write of it
+        per ``defer`` panels: the same launches, a quarter of the traffic at 4)."""
+        NB, TT, nb, i32 = self.NB, self.NB // self.RT, self.nblocks, np.int32
+        for ko in range(0, nb, self.defer):
+            kend = min(ko + self.defer, nb)
+            for kb in range(ko, kend):
+                self._launch("panel", ((nb - kb) * NB,), (NB,), self.A.data, self._m, i32(kb * NB),
+                             self.diag.data, self.flag.data)
+                ncols = kend - kb - 1            # the deferred block's columns right of kb
+                if ncols:
+                    groups = ncols * (nb - kb - 1)
+                    self._launch("update", (groups * TT, TT), (TT, TT), self.A.data, self._m, i32(kb * NB),
+                                 i32(1), i32(kb + 1), i32(ncols))
+            below = nb - kend
             if below:
                 tiles = below * (below + 1) // 2
-                self._launch("update", (tiles * TT, TT), (TT, TT), self.A.data, self._m, k)
+                self._launch("update", (tiles * TT, TT), (TT, TT), self.A.data, self._m, i32(ko * NB),
+                             i32(kend - ko), i32(kend), i32(0))
 
     def solve(self, x):
         """Enqueue ``x = A^-1 b`` from the factor: ``x`` a float64 device array of at least ``n``

@@ -38,12 +38,15 @@ def spd(n, seed, cond=1e3):
 # -- the dense device Cholesky -------------------------------------------------------------------
 
 @pytest.mark.oclgrind
+@pytest.mark.parametrize("defer", [1, 2])
 @pytest.mark.parametrize("n", [1, 3, 4, 13])
-def test_dense_cholesky_tiny(device, n, keep_on_simulator):
-    """4 x 4 blocks: several panels, updates and solve blocks even at n = 13 (Oclgrind's size)."""
+def test_dense_cholesky_tiny(device, n, defer, keep_on_simulator):
+    """4 x 4 blocks: several panels, updates and solve blocks even at n = 13 (Oclgrind's size);
+    with the trailing update after every panel, and deferred over two (a panel then also
+    updates its deferred neighbour)."""
     needs_fp64(device)
     S, b = spd(n, n), np.random.default_rng(n).standard_normal(n)
-    chol = DenseCholesky(device, n, block=(4, 2))
+    chol = DenseCholesky(device, n, block=(4, 2), defer=defer)
     keep_on_simulator(chol)
     x, ok = chol.solve_host(S, b)
     assert ok
@@ -52,12 +55,14 @@ def test_dense_cholesky_tiny(device, n, keep_on_simulator):
 
 
 @pytest.mark.parametrize("n", [1, 31, 32, 33, 100, 257])
-@pytest.mark.parametrize("block", [None, (8, 1), (16, 4)], ids=["device-default", "8x1", "16x4"])
-def test_dense_cholesky_against_numpy(device, n, block):
-    """Sizes below, at and above the block size, on the device's own blocks and others."""
+@pytest.mark.parametrize("block,defer", [(None, 4), ((8, 1), 1), ((8, 1), 3), ((16, 4), 4)],
+                         ids=["device-default", "8x1-each", "8x1-defer3", "16x4"])
+def test_dense_cholesky_against_numpy(device, n, block, defer):
+    """Sizes below, at and above the block size, on the device's own blocks and others; the
+    trailing update after every panel or deferred (by 3: a last deferred block cut short)."""
     needs_fp64(device)
     S, b = spd(n, 7 + n), np.random.default_rng(n).standard_normal(n)
-    chol = DenseCholesky(device, n, block=block)
+    chol = DenseCholesky(device, n, block=block, defer=defer)
     x, ok = chol.solve_host(S, b)
     assert ok
     L = np.linalg.cholesky(S)
@@ -83,6 +88,12 @@ def test_dense_cholesky_flags_a_matrix_that_is_not_positive_definite(device, bro
     assert not ok
     _, ok = chol.solve_host(spd(n, 2), np.ones(n))        # a good matrix clears the flag again
     assert ok
+
+
+def test_dense_cholesky_refuses_a_bad_defer(device):
+    needs_fp64(device)
+    with pytest.raises(ValueError, match="defer must be a positive number of block columns"):
+        DenseCholesky(device, 8, block=(4, 2), defer=0)
 
 
 def test_dense_cholesky_block_sizes_respect_the_device(device):
