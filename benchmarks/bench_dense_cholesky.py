@@ -1,0 +1,101 @@
+"""The device's dense Cholesky (solvers.dense_cholesky), as sparse_schur uses it: factorisation and
+solve of one symmetric positive definite float64 matrix already on the device.
+
+Per size and variant (``defer``: block columns over which the trailing update is deferred, 1 =
+after every panel; ``RT``: update entries per work-item and dimension): the wall clock of
+``factor(); solve(x); queue.finish()`` (median after warm-up, the variants taken in turns), the
+kernels' event span, the factorisation's rate (n^3 / 3 multiply-adds, 2 flops each) and the
+relative residual ``|S x - b| / |b|`` checked on the host. The matrix is diagonally dominant
+(random symmetric entries in [-0.5, 0.5] plus n on the diagonal), so it is positive definite.
+
+    PYCLAD_DEVICE=nvidia python benchmarks/bench_dense_cholesky.py              # 657, 4,096, 16,002
+    python benchmarks/bench_dense_cholesky.py --sizes 657,2000 --defer 1,4
+"""
+import time
+
+import numpy as np
+import pyopencl.array as cla
+
+import harness
+
+from solvers.dense_cholesky import DenseCholesky, block_sizes
+
+
+def spd(n, seed=0):
+    rng = np.random.default_rng(seed)
+    S = rng.uniform(-0.5, 0.5, (n, n))
+    S = np.tril(S) + np.tril(S, -1).T
+    S[np.arange(n), np.arange(n)] += n
+    return S
+
+
+def main():
+    p = harness.parser(__doc__)
+    p.add_argument("--sizes", default="657,4096,16002", help="comma-separated matrix sizes")
+    p.add_argument("--defer", default="1,2,4,8", help="comma-separated deferrals to compare")
+    p.add_argument("--rt", default="", help="comma-separated RT values (default: the device's)")
+    p.set_defaults(repeat=5)
+    args = p.parse_args()
+    report = harness.Report("bench_dense_cholesky", args)
+    rt = report.runtime
+    q = rt.queue
+    nb, rt0 = block_sizes(rt.info)
+    rts = [int(v) for v in args.rt.split(",") if v] or [rt0]
+    defers = [int(v) for v in args.defer.split(",") if v]
+    for n in (int(v) for v in args.sizes.split(",") if v):
+        S = spd(n, n)
+        b = np.random.default_rng(1).standard_normal(n)
+        variants = {}
+        for r in rts:
+            if nb % r or (nb // r) ** 2 > rt.info.max_work_group_size:
+                continue
+            for d in defers:
+                variants[f"defer {d}, RT {r}"] = DenseCholesky(rt, n, block=(nb, r), defer=d)
+        x = cla.empty(q, n, np.float64)
+        residual = {}
+        saved = {}
+        for key, chol in variants.items():   # upload once; factor() overwrites A, so keep a copy
+            chol.write_host(S, b)
+            saved[key] = (chol.A.copy(), chol.b.copy())
+            chol.factor()
+            chol.solve(x)
+            xs = x.get()
+            residual[key] = float(np.linalg.norm(S @ xs - b) / np.linalg.norm(b))
+            if chol.failed():
+                raise SystemExit(f"{key}: the factorisation failed on a positive definite matrix")
+
+        def run(key, events=False):
+            chol = variants[key]
+            chol.A[:], chol.b[:] = saved[key]        # S and b again (device copies, not timed)
+            q.finish()
+            chol.events = [] if events else None
+            t0 = time.perf_counter()
+            chol.factor()
+            chol.solve(x)
+            q.finish()
+            wall = time.perf_counter() - t0
+            ev = chol.events
+            chol.events = None
+            return wall, ev
+
+        walls = {k: [] for k in variants}
+        spans = {}
+        for key in variants:
+            run(key)
+            _, ev = run(key, events=True)
+            spans[key] = (max(e.profile.end for _, e in ev) - min(e.profile.start for _, e in ev)) * 1e-9
+        for _ in range(args.repeat):
+            for key in variants:
+                walls[key].append(run(key)[0])
+        base = float(np.median(walls[next(iter(variants))]))
+        for key in variants:
+            t = harness.Timing(walls[key])
+            report.add(case=f"n={n}", variant=key, timing=t, kernel_span_s=spans[key],
+                       tflops=n ** 3 / 3 * 2 / t.median * 1e-12, x_first=base / t.median,
+                       launches=len(run(key, events=True)[1]), rel_residual=residual[key])
+    report.write(["case", "variant", "median_s", "spread", "kernel_span_s", "tflops", "x_first", "launches",
+                  "rel_residual"])
+
+
+if __name__ == "__main__":
+    main()
