@@ -33,8 +33,10 @@ def _lanes(runtime, dst_w: int) -> int:
     """Destination pixels per work-item: explicit SIMD on CPUs (PoCL does not vectorise
     this gather-heavy kernel across work-items by itself; with word loads 16 measured 7%
     faster than 8 on the 2-core EPYC, 8 faster than 16 with byte loads); two on GPUs (on an
-    H200, 1.23x faster than one for a batch of 1080p images, and faster than four)."""
-    want = 16 if runtime.info.is_cpu else 2
+    H200, 1.23x faster than one for a batch of 1080p images, and faster than four). A CPU gets
+    at most its compiler's native float vector width (16 needs AVX-512: PoCL 3.0 on an AVX-2
+    target aborts on 16-wide half conversions)."""
+    want = min(16, runtime.info.native_vector_width_float) if runtime.info.is_cpu else 2
     while dst_w % want:
         want //= 2
     return want
