@@ -28,7 +28,8 @@
 ## type) and ACC (the type of sums and of the CG state: double where the device has it); L (the
 ## work-group size of the cg_* kernels, a power of two); SPLIT (GPUs: camera_rows before
 ## project_points, and camera_partials with one work-item per run and camera parameter instead of
-## per run, so that neighbouring work-items read neighbouring memory).
+## per run, so that neighbouring work-items read neighbouring memory); STAGE (SPLIT only: 0, or
+## the observations per work-group of LP points that project_points stages in local memory).
 <%namespace name="common" file="/clkernels/common.cl.mako"/>
 ${common.fp64_pragma()}
 // No fused multiply-adds: the host reference (numpy) rounds every product, and CG's termination
@@ -104,6 +105,69 @@ __kernel void camera_rows(__global const real *restrict Jc,      // (n, R, C)
     t[i] = ${camera_row(0)};
 }
 
+%if STAGE:
+// A work-group's ${LP} points have contiguous observations (sorted by point): the group copies
+// their t and E rows into local memory side by side (coalesced), each work-item then works on
+// its own point there, w replaces t in place, and the group writes w back side by side. Read
+// one point's rows per work-item straight from global memory, neighbouring work-items are
+// observations apart and a GPU's loads serve them poorly. A group whose points have more than
+// ${STAGE} observations reads them directly (the same arithmetic, so the same bits).
+__kernel __attribute__((reqd_work_group_size(${LP}, 1, 1)))
+void project_points(__global const real *restrict Jp,      // (n, R, P)
+                    __global const int *restrict pt_start, // (npt + 1)
+                    __global const real *restrict Vinv,    // (npt, P, P)
+                    __global const real *restrict t,       // (n, R): F v, or f
+                    __global real *restrict w,             // (n, R)
+                    __global const acc *restrict state,
+                    const int npt)
+{
+    __local real lt[${STAGE * R}];
+    __local real lE[${STAGE * R * P}];
+    if (state[S_STATUS] != RUNNING) return;         // the same for every work-item
+    const int p = get_global_id(0), lid = get_local_id(0);
+    const int p0 = get_group_id(0) * ${LP}, p1 = min(p0 + ${LP}, npt);
+    const int s0 = pt_start[p0], count = pt_start[p1] - s0;
+    if (count > ${STAGE}) {                         // the whole group: no barrier waits
+        if (p >= npt) return;
+        const int s = pt_start[p], e = pt_start[p + 1];
+%for k in range(P):
+        acc u${k} = 0.0;
+%endfor
+        for (int o = s; o < e; ++o) {
+${accumulate_u(lambda j: f't[{R} * o + {j}]')}
+        }
+${subtract_projection('t')}
+        return;
+    }
+    for (int i = lid; i < count * ${R}; i += ${LP}) lt[i] = t[(size_t)s0 * ${R} + i];
+    for (int i = lid; i < count * ${R * P}; i += ${LP}) lE[i] = Jp[(size_t)s0 * ${R * P} + i];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (p < npt) {
+        const int s = pt_start[p] - s0, e = pt_start[p + 1] - s0;
+%for k in range(P):
+        acc u${k} = 0.0;
+%endfor
+        for (int o = s; o < e; ++o) {
+            __local const real *E = lE + o * ${R * P};
+%for k in range(P):
+            u${k} += ${' + '.join(f'(acc)E[{P * j + k}] * lt[{R} * o + {j}]' for j in range(R))};
+%endfor
+        }
+        __global const real *M = Vinv + (size_t)p * ${P * P};
+%for k in range(P):
+        const acc v${k} = ${' + '.join(f'M[{P * k + i}] * u{i}' for i in range(P))};
+%endfor
+        for (int o = s; o < e; ++o) {
+            __local const real *E = lE + o * ${R * P};
+%for j in range(R):
+            lt[${R} * o + ${j}] = lt[${R} * o + ${j}] - (${' + '.join(f'E[{P * j + k}] * v{k}' for k in range(P))});
+%endfor
+        }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int i = lid; i < count * ${R}; i += ${LP}) w[(size_t)s0 * ${R} + i] = lt[i];
+}
+%else:
 __kernel void project_points(__global const real *restrict Jp,      // (n, R, P)
                              __global const int *restrict pt_start, // (npt + 1)
                              __global const real *restrict Vinv,    // (npt, P, P)
@@ -123,6 +187,7 @@ ${accumulate_u(lambda j: f't[{R} * o + {j}]')}
     }
 ${subtract_projection('t')}
 }
+%endif
 %else:
 __kernel void project_points(__global const real *restrict Jc,      // (n, R, C)
                              __global const real *restrict Jp,      // (n, R, P)

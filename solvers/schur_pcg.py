@@ -35,6 +35,13 @@ MAX_SEGMENT_GPU = 16
 # True or False forces it (the tests run both layouts on every device).
 SPLIT_LAYOUT = None
 SPLIT_MIN_OBSERVATIONS = 200_000
+# The GPU layout's project_points stages each work-group's observations in local memory (see the
+# template): True on in that layout, False off; STAGE_POINTS points per work-group, at most
+# STAGE_MAX_OBSERVATIONS of their observations staged (local memory for them capped at half the
+# device's), groups with more read theirs directly.
+STAGED_PROJECTION = True
+STAGE_POINTS = 64
+STAGE_MAX_OBSERVATIONS = 512
 # Iterations enqueued between two reads of the state (the reads overlap the next batch).
 CHECK_EVERY = 4
 RESIDUAL_RESET_PERIOD = 10
@@ -45,6 +52,13 @@ RUNNING, B_ZERO, R_SMALL, ZETA, MAX_ITER, INDEFINITE = 0, 1, 2, 3, 4, 5
 FAIL_RHO, FAIL_BETA, FAIL_ALPHA = -1, -2, -3
 # cg_advance's modes
 STEP, STEP_NO_R, RESET = 1, 2, 3
+
+
+def stage_capacity(runtime, R, P, dtype) -> int:
+    """Observations per work-group that project_points stages (its t and E rows in local memory):
+    STAGE_MAX_OBSERVATIONS, or fewer where they would take over half the device's local memory."""
+    per_observation = R * (1 + P) * np.dtype(dtype).itemsize
+    return max(1, min(STAGE_MAX_OBSERVATIONS, runtime.info.local_mem_bytes // 2 // per_observation))
 
 
 def accumulator_dtype(runtime) -> np.dtype:
@@ -133,7 +147,8 @@ class DevicePCG:
         # The CG state, double-buffered (see the template's header): iteration i reads
         # states[i % 2] and writes states[(i + 1) % 2].
         self.states = (sums(8), sums(8))
-        prg = get_program(TEMPLATE, rt, C=C, P=P, R=R, L=L, SPLIT=split,
+        self.stage = stage_capacity(rt, R, P, dtype) if split and STAGED_PROJECTION else 0
+        prg = get_program(TEMPLATE, rt, C=C, P=P, R=R, L=L, SPLIT=split, STAGE=self.stage, LP=STAGE_POINTS,
                           REAL=ctype(dtype), ACC=ctype(self.acc))
         # Kernel objects of this instance alone, one per use and state parity, their arguments
         # set once (here and in bind_jacobian): an iteration is then five enqueues and nothing
@@ -153,7 +168,7 @@ class DevicePCG:
         # Small groups on CPUs: PoCL runs a group per core at a time, and a few hundred segments
         # in groups of 64 leave one core idle at the end (8 was a third faster for the partials).
         ls = 8 if rt.info.is_cpu else 64
-        self.ls_points = arrays.work_group_size(rt, self.k_project["p", 0], ls)
+        self.ls_points = STAGE_POINTS if self.stage else arrays.work_group_size(rt, self.k_project["p", 0], ls)
         self.ls_partials = arrays.work_group_size(rt, self.k_partials[0], ls)
         self.gs_points = arrays.round_up(max(1, npt), self.ls_points)
         self.gs_rows = arrays.round_up(max(1, R * n), self.ls_points)

@@ -50,14 +50,28 @@ CASES = {
 }
 
 
+# The products' layouts: fused (CPUs); the GPU layout with project_points staging its groups'
+# observations in local memory, with groups of 2 points of which those with more than 4
+# observations read theirs directly, and without staging.
+LAYOUTS = {"fused": dict(SPLIT_LAYOUT=False),
+           "gpu-layout": dict(SPLIT_LAYOUT=True),
+           "gpu-layout-some-unstaged": dict(SPLIT_LAYOUT=True, STAGE_POINTS=2, STAGE_MAX_OBSERVATIONS=4),
+           "gpu-layout-unstaged": dict(SPLIT_LAYOUT=True, STAGED_PROJECTION=False)}
+
+
+def _layout(monkeypatch, name):
+    for key, value in LAYOUTS[name].items():
+        monkeypatch.setattr(schur_pcg, key, value)
+
+
 @pytest.mark.oclgrind
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("max_segment", [256, 2], ids=["whole-cameras", "split-cameras"])
-@pytest.mark.parametrize("layout", [False, True], ids=["fused", "gpu-layout"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_device_cg_matches_host_cg(device, case, max_segment, layout, monkeypatch, keep_on_simulator):
     if not device.info.fp64:
         pytest.skip("the device CG needs fp64")
-    monkeypatch.setattr(schur_pcg, "SPLIT_LAYOUT", layout)
+    _layout(monkeypatch, layout)
     monkeypatch.setattr(schur_pcg, "MAX_SEGMENT_CPU", max_segment)
     monkeypatch.setattr(schur_pcg, "MAX_SEGMENT_GPU", max_segment)
     system, kw, ending = CASES[case]
@@ -75,6 +89,9 @@ def test_device_cg_matches_host_cg(device, case, max_segment, layout, monkeypatc
     cl_neq = NormalEquationsCL(st, r, jc, jp, cs)
     pcg = cs.device_pcg()
     assert (pcg.nseg > st.nc) == (max_segment == 2)
+    if layout == "gpu-layout-some-unstaged":      # both kinds of group are there
+        counts = np.diff(np.asarray(st.pt).searchsorted(np.arange(0, st.npt + 2, 2).clip(max=st.npt)))
+        assert pcg.stage == 4 and (counts > 4).any() and (counts <= 4).any()
     pcg.bind_jacobian(cl_neq.Jc_dev, cl_neq.Jp_dev, cl_neq.r_dev)
     x_d, ok_d, its_d, msg_d = pcg.solve(Vinv, Dc2, Pinv, **kw)
     assert (ok_d, its_d) == (ok_h, its_h), (msg_d, msg_h)
@@ -94,12 +111,13 @@ def test_device_cg_matches_host_cg(device, case, max_segment, layout, monkeypatc
 
 @pytest.mark.oclgrind
 @pytest.mark.parametrize("max_segment", [256, 2], ids=["whole-cameras", "split-cameras"])
-@pytest.mark.parametrize("layout", [False, True], ids=["fused", "gpu-layout"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_preconditioner_blocks_and_back_substitution(device, max_segment, layout, monkeypatch, keep_on_simulator):
     """jacobi_sums and back_substitute (from Jc and Jp) against the numpy pair sums and W^T y
     (from W), on a system where a camera sees a point three times."""
     monkeypatch.setattr(schur_pcg, "MAX_SEGMENT_CPU", max_segment)
     monkeypatch.setattr(schur_pcg, "MAX_SEGMENT_GPU", max_segment)
+    _layout(monkeypatch, layout)
     st, r, jc, jp, neq, Vinv, Dc2 = _system(seed=3)
     assert np.any((st.cam[1:] == st.cam[:-1]) & (st.pt[1:] == st.pt[:-1]))
     cs = ClStructure(st, device)
@@ -113,6 +131,29 @@ def test_preconditioner_blocks_and_back_substitution(device, max_segment, layout
     np.testing.assert_allclose(pcg.back_substitute(Vinv, neq.gp, yc), want, rtol=1e-11,
                                atol=1e-11 * np.abs(want).max())
     keep_on_simulator(cs, cl_neq)
+
+
+def test_staged_projection_gives_the_unstaged_bits(device, monkeypatch):
+    """project_points staged in local memory (every group, or some) does the same arithmetic in
+    the same order as reading global memory directly: the same CG iterates, bit for bit."""
+    if not device.info.fp64:
+        pytest.skip("the device CG needs fp64")
+    st, r, jc, jp, neq, Vinv, Dc2 = _system(seed=7)
+    Pinv = neq._schur_jacobi(Vinv, Dc2)
+    got = {}
+    for layout in ("gpu-layout", "gpu-layout-some-unstaged", "gpu-layout-unstaged"):
+        with monkeypatch.context() as m:
+            _layout(m, layout)
+            cs = ClStructure(st, device)
+            cl_neq = NormalEquationsCL(st, r, jc, jp, cs)
+            pcg = cs.device_pcg()
+            pcg.bind_jacobian(cl_neq.Jc_dev, cl_neq.Jp_dev, cl_neq.r_dev)
+            got[layout] = pcg.solve(Vinv, Dc2, Pinv, q_tolerance=-np.inf, max_iterations=15)
+    want = got.pop("gpu-layout-unstaged")
+    assert want[2] == 15
+    for layout, (x, ok, its, msg) in got.items():
+        assert (ok, its, msg) == want[1:], layout
+        np.testing.assert_array_equal(x, want[0], err_msg=layout)
 
 
 def test_device_cg_needs_a_jacobian(device):
