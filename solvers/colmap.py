@@ -1,0 +1,487 @@
+"""COLMAP sparse reconstructions: read and write the models COLMAP 4 (and pycolmap 4.2) writes,
+in text (``cameras.txt``, ``images.txt``, ``points3D.txt``, with ``rigs.txt`` and ``frames.txt``
+when present) and binary (the same names, ``.bin``), and the classic three-file models.
+
+:func:`read_model` returns a :class:`Reconstruction` of numpy arrays, a row per camera, image,
+point, rig and frame; the variable-length parts (each image's 2-D points, each point's track)
+are concatenated with offsets (``image_points_start``, ``track_start``: n + 1 entries each).
+Poses are stored as COLMAP stores them: ``cam_from_world`` (images) and ``rig_from_world``
+(frames) as quaternions ``(qw, qx, qy, qz)`` and translations. A 2-D point observes no 3-D point
+where its id is -1 (COLMAP's invalid id; ``2**64 - 1`` in the binary files).
+
+A malformed file raises :class:`ColmapFormatError` naming the file and the line (text) or the
+record and byte offset (binary); nothing half-read is returned. Rigs with more than one sensor
+are refused with that error (one camera per rig is what this reader supports).
+
+    from solvers import colmap
+    rec = colmap.read_model("sparse/0")          # text or binary, found by the files there
+    colmap.write_model(rec, "out", binary=True)
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import struct
+from typing import Dict, Tuple
+
+import numpy as np
+
+# COLMAP's camera models: name -> (model id, number of parameters).
+CAMERA_MODELS: Dict[str, Tuple[int, int]] = {
+    "SIMPLE_PINHOLE": (0, 3), "PINHOLE": (1, 4), "SIMPLE_RADIAL": (2, 4), "RADIAL": (3, 5),
+    "OPENCV": (4, 8), "OPENCV_FISHEYE": (5, 8), "FULL_OPENCV": (6, 12), "FOV": (7, 5),
+    "SIMPLE_RADIAL_FISHEYE": (8, 4), "RADIAL_FISHEYE": (9, 5), "THIN_PRISM_FISHEYE": (10, 12),
+    "RAD_TAN_THIN_PRISM_FISHEYE": (11, 16), "SIMPLE_DIVISION": (12, 4), "DIVISION": (13, 5),
+    "SIMPLE_FISHEYE": (14, 3), "FISHEYE": (15, 4), "EUCM": (16, 6), "EQUIRECTANGULAR": (17, 2),
+}
+_MODEL_NAMES = {mid: name for name, (mid, _) in CAMERA_MODELS.items()}
+_INVALID_U64 = np.uint64(2 ** 64 - 1)
+_SENSOR_TYPES = {"CAMERA": 0, "IMU": 1}
+_SENSOR_NAMES = {v: k for k, v in _SENSOR_TYPES.items()}
+
+
+class ColmapFormatError(ValueError):
+    """A COLMAP model file that cannot be read; the message names the file and where."""
+
+
+@dataclasses.dataclass
+class Reconstruction:
+    """A COLMAP sparse model as arrays (see the module docstring)."""
+    camera_ids: np.ndarray          # (nc,) int64
+    camera_models: np.ndarray       # (nc,) int64, COLMAP model ids
+    camera_sizes: np.ndarray        # (nc, 2) int64: width, height
+    camera_params: list             # nc float64 arrays (their lengths follow the models)
+    image_ids: np.ndarray           # (ni,) int64
+    image_qvec: np.ndarray          # (ni, 4) cam_from_world rotation (qw, qx, qy, qz)
+    image_tvec: np.ndarray          # (ni, 3) cam_from_world translation
+    image_camera_ids: np.ndarray    # (ni,) int64
+    image_names: list               # ni str
+    image_points_start: np.ndarray  # (ni + 1,) int64
+    points2d_xy: np.ndarray         # (n2d, 2) float64
+    points2d_point3d_ids: np.ndarray  # (n2d,) int64, -1 where none
+    point_ids: np.ndarray           # (np,) int64
+    point_xyz: np.ndarray           # (np, 3)
+    point_rgb: np.ndarray           # (np, 3) uint8
+    point_error: np.ndarray         # (np,)
+    track_start: np.ndarray         # (np + 1,) int64
+    track_image_ids: np.ndarray     # (nt,) int64
+    track_point2d_idx: np.ndarray   # (nt,) int64
+    rig_ids: np.ndarray = None      # (nr,) int64; None: a classic three-file model
+    rig_ref_sensors: np.ndarray = None   # (nr, 2) int64: sensor type (0 camera), sensor id
+    frame_ids: np.ndarray = None    # (nf,) int64
+    frame_rig_ids: np.ndarray = None
+    frame_qvec: np.ndarray = None   # (nf, 4) rig_from_world
+    frame_tvec: np.ndarray = None   # (nf, 3)
+    frame_data_start: np.ndarray = None  # (nf + 1,) int64
+    frame_data: np.ndarray = None   # (nd, 3) int64: sensor type, sensor id, data id (image id)
+
+    @property
+    def num_observations(self) -> int:
+        return int(self.track_image_ids.size)
+
+    @property
+    def has_rigs(self) -> bool:
+        return self.rig_ids is not None
+
+
+# ---------------------------------------------------------------------------------- reading
+
+def read_model(path: str) -> Reconstruction:
+    """Read the model in folder ``path``: binary if ``cameras.bin`` is there, else text."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"{path!r} is not a folder holding a COLMAP model")
+    for ext, reader in ((".bin", _read_binary), (".txt", _read_text)):
+        if os.path.isfile(os.path.join(path, "cameras" + ext)):
+            return reader(path)
+    raise FileNotFoundError(f"{path!r} holds neither cameras.bin nor cameras.txt: not a COLMAP model folder")
+
+
+def _data_lines(file):
+    """(line number, line) of a text file's data lines (no comments, no blank lines)."""
+    with open(file, "r", encoding="utf-8") as fh:
+        for number, line in enumerate(fh, 1):
+            s = line.strip()
+            if s and not s.startswith("#"):
+                yield number, s
+
+
+def _fail(file, where, what):
+    raise ColmapFormatError(f"{file}: {where}: {what}")
+
+
+def _read_text(path) -> Reconstruction:
+    f = os.path.join(path, "cameras.txt")
+    cams = []
+    for no, line in _data_lines(f):
+        parts = line.split()
+        try:
+            cid, model, w, h = int(parts[0]), parts[1], int(parts[2]), int(parts[3])
+            params = np.array(parts[4:], np.float64)
+        except (IndexError, ValueError) as e:
+            _fail(f, f"line {no}", f"expected CAMERA_ID MODEL WIDTH HEIGHT PARAMS[] ({e})")
+        if model not in CAMERA_MODELS:
+            _fail(f, f"line {no}", f"unknown camera model {model!r}")
+        if params.size != CAMERA_MODELS[model][1]:
+            _fail(f, f"line {no}", f"{model} takes {CAMERA_MODELS[model][1]} parameters, not {params.size}")
+        cams.append((cid, CAMERA_MODELS[model][0], w, h, params))
+
+    f = os.path.join(path, "images.txt")
+    images, xy, ids = [], [], []
+    # Two lines per image, the second empty for an image without 2-D points: so blank lines
+    # count here (comments do not), and a trailing blank line does not.
+    with open(f, "r", encoding="utf-8") as fh:
+        raw = fh.read().split("\n")
+    body = [(n + 1, s) for n, s in enumerate(raw) if not s.lstrip().startswith("#")]
+    while body and not body[-1][1].strip():
+        body.pop()
+    i = 0
+    while i < len(body):
+        no, line = body[i]
+        parts = line.split()
+        try:
+            iid = int(parts[0])
+            q, t = np.array(parts[1:5], np.float64), np.array(parts[5:8], np.float64)
+            cid, name = int(parts[8]), " ".join(parts[9:])
+            if q.size != 4 or t.size != 3 or not name:
+                raise ValueError("too few fields")
+        except (IndexError, ValueError) as e:
+            _fail(f, f"line {no}", f"expected IMAGE_ID QW QX QY QZ TX TY TZ CAMERA_ID NAME ({e})")
+        pts = body[i + 1][1].split() if i + 1 < len(body) else []
+        if len(pts) % 3:
+            _fail(f, f"line {body[i + 1][0]}", "POINTS2D must be triples X Y POINT3D_ID")
+        try:
+            arr = np.array(pts, np.float64).reshape(-1, 3)
+        except ValueError as e:
+            _fail(f, f"line {body[i + 1][0]}", f"POINTS2D: {e}")
+        images.append((iid, q, t, cid, name, len(arr)))
+        xy.append(arr[:, :2])
+        ids.append(arr[:, 2].astype(np.int64))
+        i += 2
+
+    f = os.path.join(path, "points3D.txt")
+    pts3 = []
+    for no, line in _data_lines(f):
+        parts = line.split()
+        try:
+            pid = int(parts[0])
+            xyz, rgb, err = np.array(parts[1:4], np.float64), np.array(parts[4:7], np.int64), float(parts[7])
+            track = np.array(parts[8:], np.int64)
+            if xyz.size != 3 or rgb.size != 3 or track.size % 2:
+                raise ValueError("wrong number of fields")
+        except (IndexError, ValueError) as e:
+            _fail(f, f"line {no}", f"expected POINT3D_ID X Y Z R G B ERROR TRACK[] as pairs ({e})")
+        if rgb.min(initial=0) < 0 or rgb.max(initial=0) > 255:
+            _fail(f, f"line {no}", "R G B must be in 0..255")
+        pts3.append((pid, xyz, rgb, err, track.reshape(-1, 2)))
+
+    rigs = frames = None
+    f = os.path.join(path, "rigs.txt")
+    if os.path.isfile(f):
+        rigs = []
+        for no, line in _data_lines(f):
+            parts = line.split()
+            try:
+                rid, ns, stype, sid = int(parts[0]), int(parts[1]), parts[2], int(parts[3])
+            except (IndexError, ValueError) as e:
+                _fail(f, f"line {no}", f"expected RIG_ID NUM_SENSORS REF_SENSOR_TYPE REF_SENSOR_ID ({e})")
+            if ns != 1 or len(parts) != 4:
+                _fail(f, f"line {no}", "rigs of more than one sensor are not supported (one camera per rig)")
+            if stype not in _SENSOR_TYPES:
+                _fail(f, f"line {no}", f"unknown sensor type {stype!r}")
+            rigs.append((rid, _SENSOR_TYPES[stype], sid))
+        f = os.path.join(path, "frames.txt")
+        frames = []
+        for no, line in _data_lines(f):
+            parts = line.split()
+            try:
+                fid, rid = int(parts[0]), int(parts[1])
+                q, t = np.array(parts[2:6], np.float64), np.array(parts[6:9], np.float64)
+                nd = int(parts[9])
+                data = parts[10:]
+                if len(data) != 3 * nd or q.size != 4 or t.size != 3:
+                    raise ValueError("wrong number of fields")
+                data = np.array([(_SENSOR_TYPES[data[3 * k]], int(data[3 * k + 1]), int(data[3 * k + 2]))
+                                 for k in range(nd)], np.int64).reshape(-1, 3)
+            except (IndexError, ValueError, KeyError) as e:
+                _fail(f, f"line {no}", f"expected FRAME_ID RIG_ID QW QX QY QZ TX TY TZ NUM_DATA_IDS "
+                                       f"(SENSOR_TYPE SENSOR_ID DATA_ID)[] ({e})")
+            frames.append((fid, rid, q, t, data))
+    return _assemble(cams, images, xy, ids, pts3, rigs, frames)
+
+
+def _assemble(cams, images, xy, ids, pts3, rigs, frames) -> Reconstruction:
+    i64 = lambda v: np.array(v, np.int64)  # noqa: E731
+    starts = lambda counts: np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)  # noqa: E731
+    rec = Reconstruction(
+        camera_ids=i64([c[0] for c in cams]), camera_models=i64([c[1] for c in cams]),
+        camera_sizes=i64([(c[2], c[3]) for c in cams]).reshape(-1, 2), camera_params=[c[4] for c in cams],
+        image_ids=i64([m[0] for m in images]), image_qvec=np.array([m[1] for m in images]).reshape(-1, 4),
+        image_tvec=np.array([m[2] for m in images]).reshape(-1, 3), image_camera_ids=i64([m[3] for m in images]),
+        image_names=[m[4] for m in images], image_points_start=starts([m[5] for m in images]),
+        points2d_xy=np.concatenate(xy).reshape(-1, 2) if xy else np.zeros((0, 2)),
+        points2d_point3d_ids=np.concatenate(ids) if ids else np.zeros(0, np.int64),
+        point_ids=i64([p[0] for p in pts3]), point_xyz=np.array([p[1] for p in pts3]).reshape(-1, 3),
+        point_rgb=np.array([p[2] for p in pts3], np.uint8).reshape(-1, 3),
+        point_error=np.array([p[3] for p in pts3], np.float64), track_start=starts([len(p[4]) for p in pts3]),
+        track_image_ids=np.concatenate([p[4][:, 0] for p in pts3]) if pts3 else np.zeros(0, np.int64),
+        track_point2d_idx=np.concatenate([p[4][:, 1] for p in pts3]) if pts3 else np.zeros(0, np.int64))
+    if rigs is not None:
+        rec.rig_ids = i64([r[0] for r in rigs])
+        rec.rig_ref_sensors = i64([(r[1], r[2]) for r in rigs]).reshape(-1, 2)
+        rec.frame_ids = i64([fr[0] for fr in frames])
+        rec.frame_rig_ids = i64([fr[1] for fr in frames])
+        rec.frame_qvec = np.array([fr[2] for fr in frames]).reshape(-1, 4)
+        rec.frame_tvec = np.array([fr[3] for fr in frames]).reshape(-1, 3)
+        rec.frame_data_start = starts([len(fr[4]) for fr in frames])
+        rec.frame_data = np.concatenate([fr[4] for fr in frames]).reshape(-1, 3) if frames else np.zeros((0, 3), np.int64)
+    return rec
+
+
+class _Reader:
+    """Sequential reads from a binary file's bytes, each failure naming the file, the record
+    and the byte offset."""
+
+    def __init__(self, file):
+        self.file = file
+        with open(file, "rb") as fh:
+            self.buf = fh.read()
+        self.pos = 0
+        self.record = "the header"
+
+    def take(self, fmt):
+        size = struct.calcsize(fmt)
+        if self.pos + size > len(self.buf):
+            _fail(self.file, f"{self.record} at byte {self.pos}", f"the file ends ({len(self.buf)} bytes) "
+                  f"before the {size} bytes expected")
+        out = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += size
+        return out
+
+    def array(self, dtype, count):
+        dtype = np.dtype(dtype)
+        size = dtype.itemsize * count
+        if self.pos + size > len(self.buf):
+            _fail(self.file, f"{self.record} at byte {self.pos}", f"the file ends before {count} values")
+        out = np.frombuffer(self.buf, dtype, count, self.pos).copy()
+        self.pos += size
+        return out
+
+    def name(self):
+        end = self.buf.find(b"\0", self.pos)
+        if end < 0:
+            _fail(self.file, f"{self.record} at byte {self.pos}", "an image name has no terminating NUL")
+        out = self.buf[self.pos:end].decode("utf-8")
+        self.pos = end + 1
+        return out
+
+    def done(self):
+        if self.pos != len(self.buf):
+            _fail(self.file, f"byte {self.pos}", f"{len(self.buf) - self.pos} bytes left after the last record")
+
+
+def _u64_ids(a):
+    a = np.asarray(a, np.uint64)
+    return np.where(a == _INVALID_U64, -1, a.astype(np.int64))
+
+
+def _read_binary(path) -> Reconstruction:
+    r = _Reader(os.path.join(path, "cameras.bin"))
+    cams = []
+    (n,) = r.take("<Q")
+    for k in range(n):
+        r.record = f"camera record {k}"
+        cid, mid, w, h = r.take("<IiQQ")
+        if mid not in _MODEL_NAMES:
+            _fail(r.file, r.record, f"unknown camera model id {mid}")
+        cams.append((cid, mid, w, h, r.array("<f8", CAMERA_MODELS[_MODEL_NAMES[mid]][1])))
+    r.done()
+
+    r = _Reader(os.path.join(path, "images.bin"))
+    images, xy, ids = [], [], []
+    (n,) = r.take("<Q")
+    for k in range(n):
+        r.record = f"image record {k}"
+        iid, qw, qx, qy, qz, tx, ty, tz, cid = r.take("<I7dI")
+        name = r.name()
+        (npts,) = r.take("<Q")
+        rec = r.array(np.dtype([("x", "<f8"), ("y", "<f8"), ("id", "<u8")]), npts)
+        images.append((iid, np.array([qw, qx, qy, qz]), np.array([tx, ty, tz]), cid, name, npts))
+        xy.append(np.stack([rec["x"], rec["y"]], 1))
+        ids.append(_u64_ids(rec["id"]))
+    r.done()
+
+    r = _Reader(os.path.join(path, "points3D.bin"))
+    pts3 = []
+    (n,) = r.take("<Q")
+    for k in range(n):
+        r.record = f"point record {k}"
+        pid, x, y, z, cr, cg, cb, err, length = r.take("<Q3d3BdQ")
+        track = r.array("<u4", 2 * length).astype(np.int64).reshape(-1, 2)
+        pts3.append((pid, np.array([x, y, z]), np.array([cr, cg, cb]), err, track))
+    r.done()
+
+    rigs = frames = None
+    if os.path.isfile(os.path.join(path, "rigs.bin")):
+        r = _Reader(os.path.join(path, "rigs.bin"))
+        rigs = []
+        (n,) = r.take("<Q")
+        for k in range(n):
+            r.record = f"rig record {k}"
+            rid, ns = r.take("<II")
+            if ns != 1:
+                _fail(r.file, r.record, "rigs of more than one sensor are not supported (one camera per rig)")
+            stype, sid = r.take("<iI")
+            rigs.append((rid, stype, sid))
+        r.done()
+        r = _Reader(os.path.join(path, "frames.bin"))
+        frames = []
+        (n,) = r.take("<Q")
+        for k in range(n):
+            r.record = f"frame record {k}"
+            fid, rid, qw, qx, qy, qz, tx, ty, tz, nd = r.take("<II7dI")
+            rec = r.array(np.dtype([("type", "<i4"), ("id", "<u4"), ("data", "<u8")]), nd)
+            data = np.stack([rec["type"], rec["id"], rec["data"]], 1).astype(np.int64).reshape(-1, 3)
+            frames.append((fid, rid, np.array([qw, qx, qy, qz]), np.array([tx, ty, tz]), data))
+        r.done()
+    return _assemble(cams, images, xy, ids, pts3, rigs, frames)
+
+
+# ---------------------------------------------------------------------------------- writing
+
+def write_model(rec: Reconstruction, path: str, binary: bool = False) -> None:
+    """Write ``rec`` into folder ``path`` (made if missing), binary or text; rigs and frames too
+    when ``rec`` has them. Each file is written to a temporary name and renamed, so a failed
+    write leaves no half-written file under the final name."""
+    for k, (cid, mid) in enumerate(zip(rec.camera_ids, rec.camera_models)):
+        if int(mid) not in _MODEL_NAMES:
+            raise ValueError(f"camera {cid}: unknown COLMAP camera model id {mid}")
+        if len(rec.camera_params[k]) != CAMERA_MODELS[_MODEL_NAMES[int(mid)]][1]:
+            raise ValueError(f"camera {cid}: {_MODEL_NAMES[int(mid)]} takes "
+                             f"{CAMERA_MODELS[_MODEL_NAMES[int(mid)]][1]} parameters, not {len(rec.camera_params[k])}")
+    os.makedirs(path, exist_ok=True)
+    names = ["cameras", "images", "points3D"] + (["rigs", "frames"] if rec.has_rigs else [])
+    ext = ".bin" if binary else ".txt"
+    for name in names:
+        final = os.path.join(path, name + ext)
+        tmp = final + ".partial"
+        try:
+            with open(tmp, "wb") as fh:
+                (_BINARY_WRITERS if binary else _TEXT_WRITERS)[name](rec, fh)
+            os.replace(tmp, final)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
+
+def _g(v) -> str:
+    return repr(float(v))           # shortest text that reads back to the same double
+
+
+def _text_cameras(rec, fh):
+    lines = ["# Camera list with one line of data per camera:", "#   CAMERA_ID, MODEL, WIDTH, HEIGHT, PARAMS[]",
+             f"# Number of cameras: {rec.camera_ids.size}"]
+    for cid, mid, (w, h), params in zip(rec.camera_ids, rec.camera_models, rec.camera_sizes, rec.camera_params):
+        lines.append(" ".join([str(cid), _MODEL_NAMES[int(mid)], str(w), str(h)] + [_g(p) for p in params]))
+    fh.write(("\n".join(lines) + "\n").encode())
+
+
+def _text_images(rec, fh):
+    out = ["# Image list with two lines of data per image:",
+           "#   IMAGE_ID, QW, QX, QY, QZ, TX, TY, TZ, CAMERA_ID, NAME", "#   POINTS2D[] as (X, Y, POINT3D_ID)",
+           f"# Number of images: {rec.image_ids.size}"]
+    s = rec.image_points_start
+    for k, iid in enumerate(rec.image_ids):
+        out.append(" ".join([str(iid), *map(_g, rec.image_qvec[k]), *map(_g, rec.image_tvec[k]),
+                             str(rec.image_camera_ids[k]), rec.image_names[k]]))
+        a, b = s[k], s[k + 1]
+        out.append(" ".join(f"{_g(x)} {_g(y)} {pid}" for (x, y), pid in
+                            zip(rec.points2d_xy[a:b], rec.points2d_point3d_ids[a:b])))
+    fh.write(("\n".join(out) + "\n").encode())
+
+
+def _text_points(rec, fh):
+    out = ["# 3D point list with one line of data per point:",
+           "#   POINT3D_ID, X, Y, Z, R, G, B, ERROR, TRACK[] as (IMAGE_ID, POINT2D_IDX)",
+           f"# Number of points: {rec.point_ids.size}"]
+    s = rec.track_start
+    for k, pid in enumerate(rec.point_ids):
+        a, b = s[k], s[k + 1]
+        track = " ".join(f"{i} {j}" for i, j in zip(rec.track_image_ids[a:b], rec.track_point2d_idx[a:b]))
+        out.append(" ".join([str(pid), *map(_g, rec.point_xyz[k]), *map(str, rec.point_rgb[k]),
+                             _g(rec.point_error[k]), track]).rstrip())
+    fh.write(("\n".join(out) + "\n").encode())
+
+
+def _text_rigs(rec, fh):
+    out = ["# Rig calib list with one line of data per calib:",
+           "#   RIG_ID, NUM_SENSORS, REF_SENSOR_TYPE, REF_SENSOR_ID, SENSORS[] as (SENSOR_TYPE, SENSOR_ID, "
+           "HAS_POSE, [QW, QX, QY, QZ, TX, TY, TZ])", f"# Number of rigs: {rec.rig_ids.size}"]
+    for rid, (stype, sid) in zip(rec.rig_ids, rec.rig_ref_sensors):
+        out.append(f"{rid} 1 {_SENSOR_NAMES[int(stype)]} {sid}")
+    fh.write(("\n".join(out) + "\n").encode())
+
+
+def _text_frames(rec, fh):
+    out = ["# Frame list with one line of data per frame:",
+           "#   FRAME_ID, RIG_ID, RIG_FROM_WORLD[QW, QX, QY, QZ, TX, TY, TZ], NUM_DATA_IDS, DATA_IDS[] as "
+           "(SENSOR_TYPE, SENSOR_ID, DATA_ID)", f"# Number of frames: {rec.frame_ids.size}"]
+    s = rec.frame_data_start
+    for k, fid in enumerate(rec.frame_ids):
+        data = rec.frame_data[s[k]:s[k + 1]]
+        out.append(" ".join([str(fid), str(rec.frame_rig_ids[k]), *map(_g, rec.frame_qvec[k]),
+                             *map(_g, rec.frame_tvec[k]), str(len(data))]
+                            + [f"{_SENSOR_NAMES[int(t)]} {i} {d}" for t, i, d in data]))
+    fh.write(("\n".join(out) + "\n").encode())
+
+
+def _bin_cameras(rec, fh):
+    fh.write(struct.pack("<Q", rec.camera_ids.size))
+    for cid, mid, (w, h), params in zip(rec.camera_ids, rec.camera_models, rec.camera_sizes, rec.camera_params):
+        fh.write(struct.pack("<IiQQ", cid, mid, w, h))
+        fh.write(np.asarray(params, "<f8").tobytes())
+
+
+def _bin_images(rec, fh):
+    fh.write(struct.pack("<Q", rec.image_ids.size))
+    s = rec.image_points_start
+    for k, iid in enumerate(rec.image_ids):
+        fh.write(struct.pack("<I7dI", iid, *rec.image_qvec[k], *rec.image_tvec[k], rec.image_camera_ids[k]))
+        fh.write(rec.image_names[k].encode("utf-8") + b"\0")
+        a, b = s[k], s[k + 1]
+        pts = np.empty(b - a, np.dtype([("x", "<f8"), ("y", "<f8"), ("id", "<u8")]))
+        pts["x"], pts["y"] = rec.points2d_xy[a:b, 0], rec.points2d_xy[a:b, 1]
+        ids = rec.points2d_point3d_ids[a:b]
+        pts["id"] = np.where(ids < 0, _INVALID_U64, ids.astype(np.uint64))
+        fh.write(struct.pack("<Q", b - a) + pts.tobytes())
+
+
+def _bin_points(rec, fh):
+    fh.write(struct.pack("<Q", rec.point_ids.size))
+    s = rec.track_start
+    for k, pid in enumerate(rec.point_ids):
+        a, b = s[k], s[k + 1]
+        fh.write(struct.pack("<Q3d3BdQ", pid, *rec.point_xyz[k], *rec.point_rgb[k], rec.point_error[k], b - a))
+        fh.write(np.stack([rec.track_image_ids[a:b], rec.track_point2d_idx[a:b]], 1).astype("<u4").tobytes())
+
+
+def _bin_rigs(rec, fh):
+    fh.write(struct.pack("<Q", rec.rig_ids.size))
+    for rid, (stype, sid) in zip(rec.rig_ids, rec.rig_ref_sensors):
+        fh.write(struct.pack("<IIiI", rid, 1, stype, sid))
+
+
+def _bin_frames(rec, fh):
+    fh.write(struct.pack("<Q", rec.frame_ids.size))
+    s = rec.frame_data_start
+    for k, fid in enumerate(rec.frame_ids):
+        data = rec.frame_data[s[k]:s[k + 1]]
+        fh.write(struct.pack("<II7dI", fid, rec.frame_rig_ids[k], *rec.frame_qvec[k], *rec.frame_tvec[k], len(data)))
+        d = np.empty(len(data), np.dtype([("type", "<i4"), ("id", "<u4"), ("data", "<u8")]))
+        d["type"], d["id"], d["data"] = data[:, 0], data[:, 1], data[:, 2]
+        fh.write(d.tobytes())
+
+
+_TEXT_WRITERS = {"cameras": _text_cameras, "images": _text_images, "points3D": _text_points,
+                 "rigs": _text_rigs, "frames": _text_frames}
+_BINARY_WRITERS = {"cameras": _bin_cameras, "images": _bin_images, "points3D": _bin_points,
+                   "rigs": _bin_rigs, "frames": _bin_frames}

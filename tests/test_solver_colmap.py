@@ -1,0 +1,188 @@
+"""COLMAP models (solvers.colmap) against pycolmap: what pycolmap writes we read with pycolmap's
+values, what we write pycolmap reads back with equal values, in text and binary, with rigs and
+frames and as the classic three files; malformed files name the file and where."""
+import os
+import shutil
+
+import numpy as np
+import pycolmap  # a test dependency: pip install ".[test]"
+import pytest
+
+from solvers import colmap
+
+
+def _synthetic(shared_camera: bool, seed: int = 0):
+    opts = pycolmap.SyntheticDatasetOptions()
+    opts.num_rigs = 1 if shared_camera else 4
+    opts.num_cameras_per_rig = 1
+    opts.num_frames_per_rig = 8 if shared_camera else 2
+    opts.num_points3D = 60
+    pycolmap.set_random_seed(seed)
+    rec = pycolmap.synthesize_dataset(opts)
+    noise = pycolmap.SyntheticNoiseOptions()
+    noise.point2D_stddev, noise.point3D_stddev = 0.7, 0.05
+    pycolmap.synthesize_noise(noise, rec)
+    for pid in list(rec.points3D)[:5]:                  # colours and errors that are not all zero
+        p = rec.points3D[pid]
+        p.color, p.error = np.array([pid % 256, 7, 200], np.uint8), 0.25 * pid
+    return rec
+
+
+def _assert_matches_pycolmap(ours: colmap.Reconstruction, rec):
+    assert sorted(rec.cameras) == list(np.sort(ours.camera_ids))
+    for k, cid in enumerate(ours.camera_ids):
+        cam = rec.cameras[int(cid)]
+        assert int(cam.model.value) == ours.camera_models[k]
+        assert (cam.width, cam.height) == tuple(ours.camera_sizes[k])
+        np.testing.assert_array_equal(cam.params, ours.camera_params[k])
+    assert sorted(rec.images) == sorted(ours.image_ids.tolist())
+    for k, iid in enumerate(ours.image_ids):
+        im = rec.images[int(iid)]
+        pose = im.cam_from_world()
+        xyzw = pose.rotation.quat
+        np.testing.assert_array_equal(ours.image_qvec[k], [xyzw[3], *xyzw[:3]])
+        np.testing.assert_array_equal(ours.image_tvec[k], pose.translation)
+        assert ours.image_names[k] == im.name and ours.image_camera_ids[k] == im.camera_id
+        a, b = ours.image_points_start[k], ours.image_points_start[k + 1]
+        np.testing.assert_array_equal(ours.points2d_xy[a:b], np.array([p.xy for p in im.points2D]).reshape(-1, 2))
+        want_ids = [p.point3D_id if p.has_point3D() else -1 for p in im.points2D]
+        np.testing.assert_array_equal(ours.points2d_point3d_ids[a:b], want_ids)
+    assert sorted(rec.points3D) == sorted(ours.point_ids.tolist())
+    for k, pid in enumerate(ours.point_ids):
+        p = rec.points3D[int(pid)]
+        np.testing.assert_array_equal(ours.point_xyz[k], p.xyz)
+        np.testing.assert_array_equal(ours.point_rgb[k], p.color)
+        assert ours.point_error[k] == p.error
+        a, b = ours.track_start[k], ours.track_start[k + 1]
+        track = [(e.image_id, e.point2D_idx) for e in p.track.elements]
+        np.testing.assert_array_equal(np.stack([ours.track_image_ids[a:b], ours.track_point2d_idx[a:b]], 1),
+                                      np.array(track).reshape(-1, 2))
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["text", "binary"])
+@pytest.mark.parametrize("shared_camera", [True, False], ids=["shared-camera", "camera-per-image"])
+def test_round_trip_with_pycolmap(tmp_path, binary, shared_camera):
+    rec = _synthetic(shared_camera)
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    (rec.write_binary if binary else rec.write_text)(str(src))
+    ours = colmap.read_model(str(src))
+    assert ours.has_rigs and ours.num_observations == rec.compute_num_observations()
+    assert any((ours.points2d_point3d_ids == -1)) and ours.camera_ids.size == (1 if shared_camera else 4)
+    _assert_matches_pycolmap(ours, rec)
+    colmap.write_model(ours, str(out), binary=binary)
+    assert not [f for f in os.listdir(out) if f.endswith(".partial")]
+    _assert_matches_pycolmap(colmap.read_model(str(out)), rec)
+    _assert_matches_pycolmap(ours, pycolmap.Reconstruction(str(out)))      # pycolmap reads ours
+
+
+def test_text_and_binary_hold_the_same_model(tmp_path):
+    rec = _synthetic(False, seed=2)
+    rec.write_text(str(tmp_path))
+    text = colmap.read_model(str(tmp_path))
+    colmap.write_model(text, str(tmp_path / "bin"), binary=True)
+    binary = colmap.read_model(str(tmp_path / "bin"))
+    for field in ("image_qvec", "image_tvec", "points2d_xy", "points2d_point3d_ids", "point_xyz", "track_start",
+                  "track_image_ids", "frame_qvec", "frame_data"):
+        np.testing.assert_array_equal(getattr(text, field), getattr(binary, field), err_msg=field)
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["text", "binary"])
+def test_classic_three_file_model(tmp_path, binary):
+    rec = _synthetic(False, seed=3)
+    rec.write_text(str(tmp_path))
+    ours = colmap.read_model(str(tmp_path))
+    ours.rig_ids = None                   # what an older COLMAP writes: no rigs, no frames
+    classic = tmp_path / "classic"
+    colmap.write_model(ours, str(classic), binary=binary)
+    assert sorted(os.listdir(classic)) == sorted(f"{n}.{'bin' if binary else 'txt'}" for n in ("cameras", "images", "points3D"))
+    again = colmap.read_model(str(classic))
+    assert not again.has_rigs
+    _assert_matches_pycolmap(again, rec)
+    _assert_matches_pycolmap(again, pycolmap.Reconstruction(str(classic)))
+
+
+def _text_model(tmp_path):
+    rec = _synthetic(True, seed=4)
+    rec.write_text(str(tmp_path))
+    return tmp_path
+
+
+def _edit_line(path, match, new):
+    lines = open(path).read().split("\n")
+    k = next(i for i, s in enumerate(lines) if s and not s.startswith("#") and match(s))
+    lines[k] = new(lines[k])
+    open(path, "w").write("\n".join(lines))
+    return k + 1
+
+
+@pytest.mark.parametrize("case", ["param-count", "model", "points2d", "point-fields", "rig-sensors"])
+def test_malformed_text_names_file_and_line(tmp_path, case):
+    d = _text_model(tmp_path)
+    if case == "param-count":
+        f, no = "cameras.txt", _edit_line(d / "cameras.txt", lambda s: True, lambda s: s + " 0.5")
+        msg = "SIMPLE_RADIAL takes 4 parameters, not 5"
+    elif case == "model":
+        f, no = "cameras.txt", _edit_line(d / "cameras.txt", lambda s: True, lambda s: s.replace("SIMPLE_RADIAL", "SIMPLE_RADIALX"))
+        msg = "unknown camera model 'SIMPLE_RADIALX'"
+    elif case == "points2d":
+        f, no = "images.txt", _edit_line(d / "images.txt", lambda s: s.count(" ") > 20, lambda s: s + " 3.5")
+        msg = "POINTS2D must be triples"
+    elif case == "point-fields":
+        f, no = "points3D.txt", _edit_line(d / "points3D.txt", lambda s: True, lambda s: s + " 7")
+        msg = "expected POINT3D_ID X Y Z R G B ERROR TRACK"
+    else:
+        f, no = "rigs.txt", _edit_line(d / "rigs.txt", lambda s: True, lambda s: s.replace(" 1 CAMERA", " 2 CAMERA"))
+        msg = "rigs of more than one sensor are not supported"
+    with pytest.raises(colmap.ColmapFormatError, match=rf"{f}: line {no}: .*{msg}"):
+        colmap.read_model(str(d))
+
+
+@pytest.mark.parametrize("case", ["truncated", "trailing", "model-id"])
+def test_malformed_binary_names_file_and_record(tmp_path, case):
+    rec = _synthetic(True, seed=5)
+    rec.write_binary(str(tmp_path))
+    if case == "truncated":
+        data = open(tmp_path / "points3D.bin", "rb").read()
+        open(tmp_path / "points3D.bin", "wb").write(data[:len(data) - 5])
+        pattern = r"points3D\.bin: point record 59 at byte \d+: the file ends"
+    elif case == "trailing":
+        with open(tmp_path / "images.bin", "ab") as fh:
+            fh.write(b"\0\0\0")
+        pattern = r"images\.bin: byte \d+: 3 bytes left after the last record"
+    else:
+        data = bytearray(open(tmp_path / "cameras.bin", "rb").read())
+        data[12:16] = (99).to_bytes(4, "little")        # camera 0's model id
+        open(tmp_path / "cameras.bin", "wb").write(bytes(data))
+        pattern = r"cameras\.bin: camera record 0: unknown camera model id 99"
+    with pytest.raises(colmap.ColmapFormatError, match=pattern):
+        colmap.read_model(str(tmp_path))
+
+
+def test_a_folder_without_a_model_is_refused(tmp_path):
+    with pytest.raises(FileNotFoundError, match="holds neither cameras.bin nor cameras.txt"):
+        colmap.read_model(str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="is not a folder"):
+        colmap.read_model(str(tmp_path / "missing"))
+
+
+def test_camera_model_table_is_colmaps():
+    for name, (mid, nparams) in colmap.CAMERA_MODELS.items():
+        cam = pycolmap.Camera.create_from_model_name(1, name, 100.0, 10, 10)
+        assert (int(cam.model.value), len(cam.params)) == (mid, nparams), name
+
+
+def test_write_model_refuses_a_bad_camera_and_leaves_no_partial_file(tmp_path):
+    rec = _synthetic(True, seed=6)
+    rec.write_text(str(tmp_path))
+    ours = colmap.read_model(str(tmp_path))
+    out = tmp_path / "out"
+    bad = colmap.Reconstruction(**{**ours.__dict__, "camera_params": [p[:2] for p in ours.camera_params]})
+    with pytest.raises(ValueError, match=r"camera 1: SIMPLE_RADIAL takes 4 parameters, not 2"):
+        colmap.write_model(bad, str(out))
+    assert not out.exists()
+    broken = colmap.Reconstruction(**{**ours.__dict__, "point_rgb": None})    # fails inside points3D
+    with pytest.raises(TypeError):
+        colmap.write_model(broken, str(out), binary=True)
+    assert sorted(os.listdir(out)) == ["cameras.bin", "images.bin"]           # no points3D.bin.partial
+    shutil.rmtree(out)
