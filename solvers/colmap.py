@@ -26,6 +26,8 @@ from typing import Dict, Tuple
 
 import numpy as np
 
+from . import progress
+
 # COLMAP's camera models: name -> (model id, number of parameters).
 CAMERA_MODELS: Dict[str, Tuple[int, int]] = {
     "SIMPLE_PINHOLE": (0, 3), "PINHOLE": (1, 4), "SIMPLE_RADIAL": (2, 4), "RADIAL": (3, 5),
@@ -97,9 +99,12 @@ def read_model(path: str) -> Reconstruction:
 
 
 def _data_lines(file):
-    """(line number, line) of a text file's data lines (no comments, no blank lines)."""
-    with open(file, "r", encoding="utf-8") as fh:
+    """(line number, line) of a text file's data lines (no comments, no blank lines), with a
+    progress bar on a terminal when the read takes over a second."""
+    with open(file, "r", encoding="utf-8") as fh, \
+            progress.bar(os.path.getsize(file), f"reading {os.path.basename(file)}") as bar:
         for number, line in enumerate(fh, 1):
+            bar.update(len(line))
             s = line.strip()
             if s and not s.startswith("#"):
                 yield number, s
@@ -293,7 +298,10 @@ def _read_points_binary(r: "_Reader"):
     offsets = np.empty(n, np.int64)
     lengths = np.empty(n, np.int64)
     pos, end, unpack = r.pos, len(buf), struct.Struct("<Q").unpack_from
+    bar = progress.bar(n, f"reading {os.path.basename(r.file)}", unit="points")
     for k in range(n):
+        if not k & 0xFFFF and k:
+            bar.update(0x10000)
         if pos + head > end:
             _fail(r.file, f"point record {k} at byte {pos}", f"the file ends ({end} bytes) before the "
                   f"{head} bytes expected")
@@ -303,6 +311,7 @@ def _read_points_binary(r: "_Reader"):
         if pos > end:
             _fail(r.file, f"point record {k} at byte {offsets[k]}", f"the file ends ({end} bytes) before "
                   f"its track of {length} elements")
+    bar.close()
     r.pos = pos
     r.done()
     raw = np.frombuffer(buf, np.uint8)

@@ -22,6 +22,8 @@ from typing import Iterator, Optional, Tuple
 
 import numpy as np
 
+from .. import progress
+
 __all__ = ["BALProblem", "BALFormatError", "read_bal", "write_bal", "open_text", "problem_name"]
 
 CHUNK_BYTES = 64 << 20
@@ -165,25 +167,34 @@ def _first_bad_token(chunk: bytes) -> Tuple[int, bytes]:
 
 
 def _scan(stream, path, chunk_bytes) -> Tuple[np.ndarray, np.ndarray]:
-    """All values (float64) and the token count of every line, chunk by chunk."""
+    """All values (float64) and the token count of every line, chunk by chunk (a progress bar
+    on a terminal for a read of over a second: solvers.progress)."""
     counts, values, line0 = [], [], 0
-    for chunk in _chunks(stream, chunk_bytes):
-        c = _tokens_per_line(chunk)
-        try:
-            v = np.fromstring(chunk, dtype=np.float64, sep=" ")
-        except ValueError:
-            v = None
-        if v is None or v.size != c.sum():
-            k, tok = _first_bad_token(chunk)
-            line = line0 + int(np.searchsorted(np.cumsum(c), k, side="right")) + 1
-            shown = tok.decode("utf-8", "replace")[:40]
-            raise BALFormatError(path, line, f"{shown!r} is not a number")
-        counts.append(c)
-        values.append(v)
-        line0 += c.size
+    compressed = path.endswith((".bz2", ".gz"))
+    with progress.bar(None if compressed else os.path.getsize(path), f"reading {os.path.basename(path)}") as bar:
+        for chunk in _chunks(stream, chunk_bytes):
+            _scan_chunk(chunk, path, counts, values, line0)
+            line0 += counts[-1].size
+            bar.update(len(chunk))
     if not counts:
         return np.zeros(0), np.zeros(0, dtype=np.int64)
     return np.concatenate(values), np.concatenate(counts)
+
+
+def _scan_chunk(chunk, path, counts, values, line0):
+    """Append a chunk's values and its lines' token counts (line0: lines before the chunk)."""
+    c = _tokens_per_line(chunk)
+    try:
+        v = np.fromstring(chunk, dtype=np.float64, sep=" ")
+    except ValueError:
+        v = None
+    if v is None or v.size != c.sum():
+        k, tok = _first_bad_token(chunk)
+        line = line0 + int(np.searchsorted(np.cumsum(c), k, side="right")) + 1
+        shown = tok.decode("utf-8", "replace")[:40]
+        raise BALFormatError(path, line, f"{shown!r} is not a number")
+    counts.append(c)
+    values.append(v)
 
 
 def read_bal(path, name: Optional[str] = None, chunk_bytes: int = CHUNK_BYTES) -> BALProblem:
