@@ -123,7 +123,7 @@ def default_config(info, real: str, tables: "Tables", n_outputs: int,
                  tables="constant" if tables.nbytes() <= info.max_constant_bytes // 2 else "global",
                  wg=128, work_items=1024 * max(1, info.compute_units))
     d.update({k: v for k, v in dataclasses.asdict(c).items() if v is not None})
-    if info.is_cpu and d["lanes"] > codegen.lanes(info, real):
+    if info.is_cpu and not info.is_simulator and d["lanes"] > codegen.lanes(info, real):
         # A CPU compiler's vectors wider than its target's registers can fail to build (PoCL 3.0
         # on an AVX-2 target aborts on a double8 sqrt), so they are refused up front.
         raise ValueError(f"TapeConfig.lanes={d['lanes']}: this CPU device compiles vectors of at most "
