@@ -151,33 +151,20 @@ def _read_text(path) -> Reconstruction:
                 raise ValueError("too few fields")
         except (IndexError, ValueError) as e:
             _fail(f, f"line {no}", f"expected IMAGE_ID QW QX QY QZ TX TY TZ CAMERA_ID NAME ({e})")
-        pts = body[i + 1][1].split() if i + 1 < len(body) else []
-        if len(pts) % 3:
-            _fail(f, f"line {body[i + 1][0]}", "POINTS2D must be triples X Y POINT3D_ID")
-        try:
-            arr = np.array(pts, np.float64).reshape(-1, 3)
+        pts = body[i + 1][1] if i + 1 < len(body) else ""
+        try:      # the whole line at once (sep=" " parses any whitespace)
+            arr = np.fromstring(pts, dtype=np.float64, sep=" ") if pts.strip() else np.zeros(0)
         except ValueError as e:
-            _fail(f, f"line {body[i + 1][0]}", f"POINTS2D: {e}")
+            _fail(f, f"line {body[i + 1][0]}", f"POINTS2D: a token that is not a number ({e})")
+        if arr.size % 3:
+            _fail(f, f"line {body[i + 1][0]}", "POINTS2D must be triples X Y POINT3D_ID")
+        arr = arr.reshape(-1, 3)
         images.append((iid, q, t, cid, name, len(arr)))
         xy.append(arr[:, :2])
         ids.append(arr[:, 2].astype(np.int64))
         i += 2
 
-    f = os.path.join(path, "points3D.txt")
-    pts3 = []
-    for no, line in _data_lines(f):
-        parts = line.split()
-        try:
-            pid = int(parts[0])
-            xyz, rgb, err = np.array(parts[1:4], np.float64), np.array(parts[4:7], np.int64), float(parts[7])
-            track = np.array(parts[8:], np.int64)
-            if xyz.size != 3 or rgb.size != 3 or track.size % 2:
-                raise ValueError("wrong number of fields")
-        except (IndexError, ValueError) as e:
-            _fail(f, f"line {no}", f"expected POINT3D_ID X Y Z R G B ERROR TRACK[] as pairs ({e})")
-        if rgb.min(initial=0) < 0 or rgb.max(initial=0) > 255:
-            _fail(f, f"line {no}", "R G B must be in 0..255")
-        pts3.append((pid, xyz, rgb, err, track.reshape(-1, 2)))
+    pts3 = _read_points_text(os.path.join(path, "points3D.txt"))
 
     rigs = frames = None
     f = os.path.join(path, "rigs.txt")
@@ -211,7 +198,58 @@ def _read_text(path) -> Reconstruction:
                 _fail(f, f"line {no}", f"expected FRAME_ID RIG_ID QW QX QY QZ TX TY TZ NUM_DATA_IDS "
                                        f"(SENSOR_TYPE SENSOR_ID DATA_ID)[] ({e})")
             frames.append((fid, rid, q, t, data))
-    return _assemble(cams, images, xy, ids, _Points.from_rows(pts3), rigs, frames)
+    return _assemble(cams, images, xy, ids, pts3, rigs, frames)
+
+
+def _read_points_text(f) -> "_Points":
+    """points3D.txt as arrays: every number of the file parsed at once, the fields gathered by
+    each line's offset. Anything that does not fit (a short line, a token that is not a number,
+    a colour out of range) goes to the line-by-line reader, which names the line."""
+    with open(f, "rb") as fh, progress.bar(os.path.getsize(f), f"reading {os.path.basename(f)}") as bar:
+        text = fh.read()
+        lines = [ln for ln in text.split(b"\n") if ln.strip() and not ln.lstrip().startswith(b"#")]
+        n = len(lines)
+        counts = np.fromiter((len(ln.split()) for ln in lines), np.int64, n)
+        bar.update(len(text) // 2)
+        if n and (counts.min() < 8 or ((counts - 8) % 2).any()):
+            return _read_points_text_lines(f)
+        try:
+            values = np.fromstring(b" ".join(lines), dtype=np.float64, sep=" ") if n else np.zeros(0)
+        except ValueError:          # a token that is not a number
+            return _read_points_text_lines(f)
+        bar.update(len(text) - len(text) // 2)
+    if values.size != counts.sum():
+        return _read_points_text_lines(f)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    head = values[starts[:, None] + np.arange(8)].reshape(-1, 8)
+    lengths = (counts - 8) // 2
+    track_start = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    k = np.arange(2 * track_start[-1]) - np.repeat(2 * track_start[:-1], 2 * lengths)
+    pairs = values[np.repeat(starts + 8, 2 * lengths) + k]
+    ints = np.concatenate([head[:, 0], head[:, 4:7].ravel(), pairs])
+    rgb = head[:, 4:7]
+    if not np.array_equal(ints, np.round(ints)) or (rgb < 0).any() or (rgb > 255).any():
+        return _read_points_text_lines(f)
+    return _Points(head[:, 0].astype(np.int64), head[:, 1:4], rgb.astype(np.uint8), head[:, 7].copy(),
+                   track_start, pairs.astype(np.int64).reshape(-1, 2))
+
+
+def _read_points_text_lines(f) -> "_Points":
+    pts3 = []
+    for no, line in _data_lines(f):
+        parts = line.split()
+        try:
+            pid = int(parts[0])
+            xyz, rgb, err = np.array(parts[1:4], np.float64), np.array(parts[4:7], np.int64), float(parts[7])
+            track = np.array(parts[8:], np.int64)
+            if xyz.size != 3 or rgb.size != 3 or track.size % 2:
+                raise ValueError("wrong number of fields")
+        except (IndexError, ValueError) as e:
+            _fail(f, f"line {no}", f"expected POINT3D_ID X Y Z R G B ERROR TRACK[] as pairs ({e})")
+        if rgb.min(initial=0) < 0 or rgb.max(initial=0) > 255:
+            _fail(f, f"line {no}", "R G B must be in 0..255")
+        pts3.append((pid, xyz, rgb, err, track.reshape(-1, 2)))
+    return _Points.from_rows(pts3)
 
 
 def _assemble(cams, images, xy, ids, pts3, rigs, frames) -> Reconstruction:

@@ -116,7 +116,8 @@ def _edit_line(path, match, new):
     return k + 1
 
 
-@pytest.mark.parametrize("case", ["param-count", "model", "points2d", "point-fields", "rig-sensors"])
+@pytest.mark.parametrize("case", ["param-count", "model", "points2d", "point-fields", "point-token", "point-colour",
+                                  "rig-sensors"])
 def test_malformed_text_names_file_and_line(tmp_path, case):
     d = _text_model(tmp_path)
     if case == "param-count":
@@ -131,6 +132,14 @@ def test_malformed_text_names_file_and_line(tmp_path, case):
     elif case == "point-fields":
         f, no = "points3D.txt", _edit_line(d / "points3D.txt", lambda s: True, lambda s: s + " 7")
         msg = "expected POINT3D_ID X Y Z R G B ERROR TRACK"
+    elif case == "point-token":
+        f, no = "points3D.txt", _edit_line(d / "points3D.txt", lambda s: s.startswith("7 "),
+                                           lambda s: " ".join(["7", "abc"] + s.split()[2:]))
+        msg = "expected POINT3D_ID X Y Z R G B ERROR TRACK"
+    elif case == "point-colour":
+        f, no = "points3D.txt", _edit_line(d / "points3D.txt", lambda s: s.startswith("9 "),
+                                           lambda s: " ".join(s.split()[:4] + ["300"] + s.split()[5:]))
+        msg = "R G B must be in 0..255"
     else:
         f, no = "rigs.txt", _edit_line(d / "rigs.txt", lambda s: True, lambda s: s.replace(" 1 CAMERA", " 2 CAMERA"))
         msg = "rigs of more than one sensor are not supported"
