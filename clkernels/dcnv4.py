@@ -206,11 +206,12 @@ def _check_config(cfg: KernelConfig, opts: Options, dtype, runtime) -> KernelCon
     if vw not in (1, 2, 4, 8, 16) or cpw % vw:
         raise ValueError(f"config.vector_width={vw} must be 1, 2, 4, 8 or 16 and divide "
                          f"channels_per_item={cpw}")
-    if runtime.info.is_cpu and not runtime.info.is_simulator and vw > runtime.info.native_vector_width_float:
-        # Wider than the CPU compiler's target registers: PoCL 3.0 on an AVX-2 target aborts the
-        # process on a 16-wide half conversion, so such vectors are refused up front.
+    widest = runtime.info.widest_vector("float")
+    if widest is not None and vw > widest:
+        # Wider than the CPU compiler's target: PoCL 3.0 on an AVX-2 target aborts the process on
+        # a 16-wide half conversion, so such vectors are refused up front.
         raise ValueError(f"config.vector_width={vw}: this CPU device compiles vectors of at most "
-                         f"{runtime.info.native_vector_width_float} floats; use a vector_width up to that")
+                         f"{widest} floats; use a vector_width up to that")
     if vw * np.dtype(dtype).itemsize * 8 > runtime.device.mem_base_addr_align:
         raise ValueError(f"config.vector_width={vw} exceeds the buffer alignment of "
                          f"{runtime.info.name}; use a smaller vector_width")

@@ -158,6 +158,15 @@ class DeviceInfo:
     native_vector_width_double: int = 1
     max_constant_bytes: int = 64 << 10
 
+    def widest_vector(self, real: str) -> Optional[int]:
+        """The widest OpenCL vector of ``real`` ("double" or "float", also for half storage
+        computed in float) that a kernel configuration may ask for: on CPU compilers their
+        target's native width (wider ones can abort the build, see _compiled_vector_width);
+        None, any width, on GPUs and on the simulator."""
+        if not self.is_cpu or self.is_simulator:
+            return None
+        return self.native_vector_width_double if real == "double" else self.native_vector_width_float
+
     @classmethod
     def of(cls, device: cl.Device) -> "DeviceInfo":
         text = f"{device.platform.name} {device.platform.vendor} {device.vendor}".lower()

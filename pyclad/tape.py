@@ -123,12 +123,12 @@ def default_config(info, real: str, tables: "Tables", n_outputs: int,
                  tables="constant" if tables.nbytes() <= info.max_constant_bytes // 2 else "global",
                  wg=128, work_items=1024 * max(1, info.compute_units))
     d.update({k: v for k, v in dataclasses.asdict(c).items() if v is not None})
-    if info.is_cpu and not info.is_simulator and d["lanes"] > codegen.lanes(info, real):
-        # A CPU compiler's vectors wider than its target's registers can fail to build (PoCL 3.0
-        # on an AVX-2 target aborts on a double8 sqrt), so they are refused up front.
+    widest = info.widest_vector(real)
+    if widest is not None and d["lanes"] > widest:
+        # Vectors wider than the CPU compiler's target can abort the build (PoCL 3.0 on an
+        # AVX-2 target aborts on a double8 sqrt), so they are refused up front.
         raise ValueError(f"TapeConfig.lanes={d['lanes']}: this CPU device compiles vectors of at most "
-                         f"{codegen.lanes(info, real)} {real} values; give lanes <= {codegen.lanes(info, real)} "
-                         "or leave lanes=None for the native width")
+                         f"{widest} {real} values; give lanes <= {widest} or leave lanes=None for the native width")
     if d["sweep"] == "joint" and n_outputs > MAX_JOINT_OUTPUTS:
         raise ValueError(f"TapeConfig.sweep='joint' serves at most {MAX_JOINT_OUTPUTS} outputs (a bit each), the function has "
                          f"{n_outputs}; use sweep='each'")

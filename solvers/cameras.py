@@ -95,14 +95,20 @@ class CameraModel:
     def batch_function(self, dtype=np.float64, backend: str = "auto", device=None) -> pc.BatchFunction:
         """The batched residual: ``params=(6, num_params, 3)``, ``data=2`` (traced once per
         model, dtype, backend and device)."""
-        key = (self.name, np.dtype(dtype), backend, device if isinstance(device, (str, type(None))) else id(device))
-        if key not in _functions:
-            _functions[key] = pc.BatchFunction(self.residual, params=(POSE_SIZE, self.num_params, POINT_SIZE),
-                                               data=2, dtype=dtype, backend=backend, device=device)
-        return _functions[key]
+        return cached_batch_function(self.name, self.residual, (POSE_SIZE, self.num_params, POINT_SIZE), 2,
+                                     dtype, backend, device)
 
 
 _functions: Dict[tuple, pc.BatchFunction] = {}
+
+
+def cached_batch_function(name: str, fn, params, data: int, dtype, backend: str, device) -> pc.BatchFunction:
+    """One ``pyclad.BatchFunction`` of ``fn`` per (name, dtype, backend, device), so a residual
+    is traced, and its kernels built, once per process."""
+    key = (name, np.dtype(dtype), backend, device if isinstance(device, (str, type(None))) else id(device))
+    if key not in _functions:
+        _functions[key] = pc.BatchFunction(fn, params=params, data=data, dtype=dtype, backend=backend, device=device)
+    return _functions[key]
 
 MODELS: Dict[str, CameraModel] = {m.name: m for m in (
     CameraModel("SIMPLE_PINHOLE", 0, ("f", "cx", "cy"), _pinhole),

@@ -43,25 +43,37 @@ typedef ${REAL} real;
 typedef ${ACC} acc;
 ## camera_row(j): row j of the observation's camera block F_o (at f) times the camera vector at x
 <%def name="camera_row(row)">${' + '.join(f'(acc)f[{C * row + k}] * x[{k}]' for k in range(C))}</%def>
-## project_points' two halves, the same in both layouts: u += E_o^T t_o (t_at(j): row j of
-## observation o's t), and after the loop v = V_p^-1 u with w_o = t_o - E_o v (t_buf: where t is).
-<%def name="accumulate_u(t_at)">
-        __global const real *E = Jp + (size_t)o * ${R * P};
+## project_points' two halves, the same in every layout: u += E_o^T t_o (t_at(j): row j of
+## observation o's t), and after the loop v = V_p^-1 u with w_o = t_o - E_o v (t_buf: where t is,
+## w_buf: where w goes). E rows are read from E_base in address space `space` (global memory, or
+## the staged copy in local memory), so every layout does the same arithmetic in the same order.
+<%def name="accumulate_u(t_at, space='__global', E_base='Jp')">
+        ${space} const real *E = ${E_base} + (size_t)o * ${R * P};
 %for k in range(P):
         u${k} += ${' + '.join(f'(acc)E[{P * j + k}] * {t_at(j)}' for j in range(R))};
 %endfor
 </%def>
-<%def name="subtract_projection(t_buf)">
+<%def name="subtract_projection(t_buf, w_buf='w', space='__global', E_base='Jp')">
     __global const real *M = Vinv + (size_t)p * ${P * P};
 %for k in range(P):
     const acc v${k} = ${' + '.join(f'M[{P * k + i}] * u{i}' for i in range(P))};
 %endfor
     for (int o = s; o < e; ++o) {
-        __global const real *E = Jp + (size_t)o * ${R * P};
+        ${space} const real *E = ${E_base} + (size_t)o * ${R * P};
 %for j in range(R):
-        w[${R} * o + ${j}] = ${t_buf}[${R} * o + ${j}] - (${' + '.join(f'E[{P * j + k}] * v{k}' for k in range(P))});
+        ${w_buf}[${R} * o + ${j}] = ${t_buf}[${R} * o + ${j}] - (${' + '.join(f'E[{P * j + k}] * v{k}' for k in range(P))});
 %endfor
     }
+</%def>
+## Point p's whole projection, its observations s .. e - 1 of t_buf (the GPU layout).
+<%def name="project_point(t_buf, w_buf='w', space='__global', E_base='Jp')">
+%for k in range(P):
+    acc u${k} = 0.0;
+%endfor
+    for (int o = s; o < e; ++o) {
+${accumulate_u(lambda j: f'{t_buf}[{R} * o + {j}]', space, E_base)}
+    }
+${subtract_projection(t_buf, w_buf, space, E_base)}
 </%def>
 
 // state[]: what the host reads back (kept in step with schur_pcg.py)
@@ -130,39 +142,15 @@ void project_points(__global const real *restrict Jp,      // (n, R, P)
     if (count > ${STAGE}) {                         // the whole group: no barrier waits
         if (p >= npt) return;
         const int s = pt_start[p], e = pt_start[p + 1];
-%for k in range(P):
-        acc u${k} = 0.0;
-%endfor
-        for (int o = s; o < e; ++o) {
-${accumulate_u(lambda j: f't[{R} * o + {j}]')}
-        }
-${subtract_projection('t')}
+${project_point('t')}
         return;
     }
     for (int i = lid; i < count * ${R}; i += ${LP}) lt[i] = t[(size_t)s0 * ${R} + i];
     for (int i = lid; i < count * ${R * P}; i += ${LP}) lE[i] = Jp[(size_t)s0 * ${R * P} + i];
     barrier(CLK_LOCAL_MEM_FENCE);
-    if (p < npt) {
+    if (p < npt) {                                  // w replaces t in place
         const int s = pt_start[p] - s0, e = pt_start[p + 1] - s0;
-%for k in range(P):
-        acc u${k} = 0.0;
-%endfor
-        for (int o = s; o < e; ++o) {
-            __local const real *E = lE + o * ${R * P};
-%for k in range(P):
-            u${k} += ${' + '.join(f'(acc)E[{P * j + k}] * lt[{R} * o + {j}]' for j in range(R))};
-%endfor
-        }
-        __global const real *M = Vinv + (size_t)p * ${P * P};
-%for k in range(P):
-        const acc v${k} = ${' + '.join(f'M[{P * k + i}] * u{i}' for i in range(P))};
-%endfor
-        for (int o = s; o < e; ++o) {
-            __local const real *E = lE + o * ${R * P};
-%for j in range(R):
-            lt[${R} * o + ${j}] = lt[${R} * o + ${j}] - (${' + '.join(f'E[{P * j + k}] * v{k}' for k in range(P))});
-%endfor
-        }
+${project_point('lt', 'lt', '__local', 'lE')}
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int i = lid; i < count * ${R}; i += ${LP}) w[(size_t)s0 * ${R} + i] = lt[i];
@@ -179,13 +167,7 @@ __kernel void project_points(__global const real *restrict Jp,      // (n, R, P)
     const int p = get_global_id(0);
     if (p >= npt || state[S_STATUS] != RUNNING) return;
     const int s = pt_start[p], e = pt_start[p + 1];
-%for k in range(P):
-    acc u${k} = 0.0;
-%endfor
-    for (int o = s; o < e; ++o) {
-${accumulate_u(lambda j: f't[{R} * o + {j}]')}
-    }
-${subtract_projection('t')}
+${project_point('t')}
 }
 %endif
 %else:

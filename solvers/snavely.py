@@ -14,6 +14,7 @@ import pyclad as pc
 from clkernels import get_runtime
 
 from . import host_memory, ordering
+from .cameras import cached_batch_function
 
 
 def snavely_residual(camera, point, observed):
@@ -27,16 +28,9 @@ def snavely_residual(camera, point, observed):
             camera[6] * distortion * yp - observed[1]]
 
 
-_functions = {}
-
-
 def snavely_function(dtype=np.float64, backend="codegen", device=None) -> pc.BatchFunction:
     """The batched residual of :func:`snavely_residual` (traced once per dtype/backend)."""
-    key = (np.dtype(dtype), backend, device if isinstance(device, (str, type(None))) else id(device))
-    if key not in _functions:
-        _functions[key] = pc.BatchFunction(snavely_residual, params=(9, 3), data=2, dtype=dtype,
-                                           backend=backend, device=device)
-    return _functions[key]
+    return cached_batch_function("snavely_residual", snavely_residual, (9, 3), 2, dtype, backend, device)
 
 
 class SnavelyModel:

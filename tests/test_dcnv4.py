@@ -149,7 +149,7 @@ CONFIGS = [cfg for _, cfg in LADDER] + [
 
 
 def test_cpu_vectors_wider_than_the_compiler_takes_are_refused(device):
-    if not device.info.is_cpu or device.info.is_simulator or device.info.native_vector_width_float >= 16:
+    if (device.info.widest_vector("float") or 16) >= 16:
         pytest.skip("needs a CPU device whose compiler takes fewer than 16 floats per vector")
     o = Options(group=2, group_channels=16)
     x, om = make_inputs(o, 1, 5, 5)
@@ -160,9 +160,10 @@ def test_cpu_vectors_wider_than_the_compiler_takes_are_refused(device):
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_every_kernel_variant_matches_reference(device, cfg, dtype):
-    if device.info.is_cpu and not device.info.is_simulator and cfg.vector_width > device.info.native_vector_width_float:
+    widest = device.info.widest_vector("float")
+    if widest is not None and cfg.vector_width > widest:
         # the widest vectors this CPU's compiler takes (wider ones are refused: test below)
-        cfg = dataclasses.replace(cfg, vector_width=device.info.native_vector_width_float)
+        cfg = dataclasses.replace(cfg, vector_width=widest)
     o = Options(kernel_h=3, kernel_w=3, stride_h=2, stride_w=1, dilation_h=2, group=2,
                 group_channels=16, offset_scale=0.75)
     x, om = make_inputs(o, 2, 7, 9, dtype=dtype)

@@ -33,10 +33,10 @@ def _config(device, name, real="double"):
     config = VARIANTS[name]
     if config is not None and config.layout == "item" and not device.info.is_cpu:
         pytest.skip("the 'item' layout is chosen for CPUs")   # every other variant still runs
-    if config is not None and device.info.is_cpu and not device.info.is_simulator \
-            and config.lanes > pc.codegen.lanes(device.info, real):
+    widest = device.info.widest_vector(real)
+    if config is not None and widest is not None and config.lanes > widest:
         # The widest vectors this CPU's compiler takes (wider ones are refused: test below).
-        config = dataclasses.replace(config, lanes=pc.codegen.lanes(device.info, real))
+        config = dataclasses.replace(config, lanes=widest)
     return config
 
 
@@ -212,9 +212,9 @@ def test_local_layout_is_refused_when_it_does_not_fit(device):
 
 
 def test_cpu_vectors_wider_than_the_compiler_takes_are_refused(device):
-    if not device.info.is_cpu or device.info.is_simulator:
+    widest = device.info.widest_vector("double")
+    if widest is None:
         pytest.skip("GPUs and the simulator run any vector width")
-    widest = pc.codegen.lanes(device.info, "double")
     wider = next(w for w in (2, 4, 8, 16) if w > widest)
     f = pc.BatchFunction(lambda x: [x[0] * x[0]], params=(1,), backend="tape", config=C(lanes=wider), device=device)
     with pytest.raises(ValueError, match=f"TapeConfig.lanes={wider}: this CPU device compiles vectors of at most {widest}"):
