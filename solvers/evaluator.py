@@ -1,7 +1,9 @@
 """Cost, residuals and Jacobians of a BAL problem through a camera model and a robust loss.
 
 The model sees the observations sorted by point (what the Schur solvers need); the state vector
-``x`` is the cameras (9 per camera) then the points (3 per point), as in a BAL file.
+``x`` is the cameras (C per camera: 9 in BAL) then the points (P per point: 3), as in a BAL file.
+``problem`` is a :class:`solvers.BALProblem` or anything with its index fields (``camera_index``,
+``point_index``, ``observations``, ``num_cameras``, ``num_points``, ``num_observations``).
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ class Evaluator:
             self.order = ordering.stable_order(problem.point_index, self.npt)
             self.cam = ordering.take(problem.camera_index, self.order, dtype=cam_type)
             self.pt = ordering.take(problem.point_index, self.order, dtype=pt_type)
-            observed = ordering.take(problem.observations, self.order)
+            observed = None if problem.observations is None else ordering.take(problem.observations, self.order)
         if model is None:
             model = default_model_class()
         if isinstance(model, type) or (callable(model) and not hasattr(model, "residuals_and_jacobians")):
@@ -61,6 +63,8 @@ class Evaluator:
                 raise ValueError("model= was built for a different number of observations than the problem")
             self.model = model
             self.permute = self.order
+        # Parameters per camera and per point: the model's (9 and 3 for BAL).
+        self.C, self.P = getattr(self.model, "sizes", (9, 3))
         self.num_residual_evaluations = 0
         self.num_jacobian_evaluations = 0
         self.residual_time = 0.0
@@ -82,7 +86,8 @@ class Evaluator:
         return self._camera_order
 
     def split(self, x):
-        return x[:9 * self.nc].reshape(self.nc, 9), x[9 * self.nc:].reshape(self.npt, 3)
+        C, P = self.C, self.P
+        return x[:C * self.nc].reshape(self.nc, C), x[C * self.nc:].reshape(self.npt, P)
 
     def cost(self, x) -> Optional[float]:
         """Cost at ``x``; None when a residual is not finite (Ceres: the evaluation failed)."""

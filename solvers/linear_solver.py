@@ -11,7 +11,8 @@ back-substitution, done by the caller (:class:`solvers.schur.NormalEquations` on
 - ``nbytes``: the device memory it holds; ``bytes_to_device``, ``bytes_to_host``: what it moved
   apart from the state's own counters.
 
-A new method is one more :class:`LinearSolver` in ``_SOLVERS``.
+A new method is one more :class:`LinearSolver` in ``_SOLVERS``. ``sparse_normal_cholesky`` has
+neither: it eliminates nothing, and only the general core (:mod:`solvers.sparse_state`) runs it.
 """
 from __future__ import annotations
 
@@ -121,6 +122,8 @@ _SOLVERS = {
                      host=lambda neq, Vinv, Dc2, eta, max_iterations, r_tolerance:
                          neq._solve_pcg(Vinv, Dc2, eta, max_iterations, r_tolerance),
                      device=DeviceIterativeSchur),
+        # Nothing eliminated: J^T J + D^2 factorised whole; only solvers.sparse_state runs it.
+        LinearSolver("sparse_normal_cholesky", host=None, device=None, dtypes=()),
     )
 }
 LINEAR_SOLVERS = tuple(_SOLVERS)

@@ -184,8 +184,9 @@ class Minimizer:
     """One Levenberg-Marquardt solve (use :func:`minimize`)."""
 
     def __init__(self, evaluator, options: Options, callback=None, stop: Optional[StopFlag] = None,
-                 runtime=None, iteration_offset: int = 0):
+                 runtime=None, iteration_offset: int = 0, make_state=None):
         self.ev, self.o, self.callback = evaluator, options, callback
+        self.make_state = make_state
         self.stop = stop or StopFlag()
         self.runtime = runtime
         self.strategy = _LMStrategy(options)
@@ -198,7 +199,11 @@ class Minimizer:
 
     def _make_state(self, x0):
         """Where the iterations run: on the device (:class:`solvers.lm_device.DeviceState`) when
-        the options, the model and the device allow it, else the host reference."""
+        the options, the model and the device allow it, else the host reference; or what the
+        caller's ``make_state(evaluator, options, runtime, x0)`` makes (solvers.solve's general
+        core)."""
+        if self.make_state is not None:
+            return self.make_state(self.ev, self.o, self.runtime, x0)
         from .lm_device import device_state_or_reason
         state, why = device_state_or_reason(self.ev, self.o, self.runtime, x0)
         if state is not None:
@@ -427,14 +432,14 @@ class Minimizer:
 
 def minimize(evaluator, x0, options: Options, callback: Optional[Callable] = None,
              stop: Optional[StopFlag] = None, handle_sigint: bool = True, runtime=None,
-             iteration_offset: int = 0) -> SolverSummary:
+             iteration_offset: int = 0, make_state=None) -> SolverSummary:
     """Run Levenberg-Marquardt from ``x0``; ``callback(iteration_summary)`` after each iteration.
     With ``handle_sigint`` (main thread only), Ctrl-C stops after the current iteration.
     ``iteration_offset``: the iterations done before ``x0`` (a solve resumed from a checkpoint);
     only the checkpoints count them, the log and the summary start at iteration 0."""
     options.check()
     stop = stop or StopFlag()
-    m = Minimizer(evaluator, options, callback, stop, runtime, iteration_offset)
+    m = Minimizer(evaluator, options, callback, stop, runtime, iteration_offset, make_state)
     if handle_sigint:
         with _SigintHandler(stop):
             return m.run(x0)

@@ -56,26 +56,37 @@ def device_bytes(n_obs: int, n_cameras: int, n_points: int, C: int = 9, P: int =
     return int(n_obs * per_obs + n_cameras * per_cam + n_points * per_pt + (1 << 20))
 
 
-def device_state_or_reason(evaluator, options, runtime, x0):
-    """A :class:`DeviceState` when the solve can run on the device, else ``(None, why not)``."""
+def device_unavailable_reason(evaluator, options, runtime):
+    """Why the solve cannot run on the device (None when it can)."""
     if options.device_resident is False:
-        return None, "device_resident=False"
+        return "device_resident=False"
     if options.schur_backend == "numpy":
-        return None, "schur_backend='numpy'"
+        return "schur_backend='numpy'"
     if runtime is None:
-        return None, "no OpenCL device"
+        return "no OpenCL device"
     model = evaluator.model
     fn = getattr(model, "function", None)
     if evaluator.permute is not None or fn is None or not hasattr(fn, "values_and_jacobians") \
             or getattr(fn, "backend", "numpy") == "numpy" or not hasattr(model, "device_inputs"):
-        return None, "the camera model is not a pyclad BatchFunction on an OpenCL device"
+        return "the camera model is not a pyclad BatchFunction on an OpenCL device"
     if fn.dtype not in (np.float32, np.float64):
-        return None, f"the camera model evaluates in {fn.dtype}"
+        return f"the camera model evaluates in {fn.dtype}"
     if fn.dtype == np.float64 and not runtime.info.fp64:
-        return None, f"the device {runtime.info.name!r} has no fp64 (dtype=np.float32 runs on it)"
-    if fn.dtype not in linear_solver(options.linear_solver).dtypes:
-        return None, (f"{options.linear_solver} on the device needs dtype=np.float64 "
-                      "(float32 runs iterative_schur)")
+        return f"the device {runtime.info.name!r} has no fp64 (dtype=np.float32 runs on it)"
+    solver = linear_solver(options.linear_solver)
+    if solver.device is None:
+        return f"{options.linear_solver} has no device-resident solver"
+    if fn.dtype not in solver.dtypes:
+        return (f"{options.linear_solver} on the device needs dtype=np.float64 "
+                "(float32 runs iterative_schur)")
+    return None
+
+
+def device_state_or_reason(evaluator, options, runtime, x0):
+    """A :class:`DeviceState` when the solve can run on the device, else ``(None, why not)``."""
+    why = device_unavailable_reason(evaluator, options, runtime)
+    if why is not None:
+        return None, why
     return DeviceState(evaluator, options, runtime, x0, profile=options.profile_kernels), None
 
 
@@ -145,7 +156,7 @@ class DeviceState:
         self.scalars = sums(N_SCALARS)
         self.failed = arrays.scratch(rt, max(1, nc), np.int32)
         self.index, self.observed = ev.model.device_inputs()
-        self.bytes_to_device += self.index.nbytes + self.observed.nbytes
+        self.bytes_to_device += self.index.nbytes + (self.observed.nbytes if self.observed is not None else 0)
         self.loss_a, self.loss_b = self.acc.type(ev.loss.scale), self.acc.type(ev.loss.b)
         self.r = self.jc = self.jp = None
         # What crossed before the first iteration (parameters, index, observations) and after the

@@ -8,12 +8,10 @@ is ``f r p - observed`` (as Ceres' ``SnavelyReprojectionError``).
 from __future__ import annotations
 
 import numpy as np
-import pyopencl.array as cla
 
 import pyclad as pc
-from clkernels import get_runtime
 
-from . import host_memory, ordering
+from .batch_model import BatchModel
 from .cameras import cached_batch_function
 
 
@@ -33,8 +31,9 @@ def snavely_function(dtype=np.float64, backend="codegen", device=None) -> pc.Bat
     return cached_batch_function("snavely_residual", snavely_residual, (9, 3), 2, dtype, backend, device)
 
 
-class SnavelyModel:
-    """Residuals and Jacobian blocks of every observation of a BAL problem.
+class SnavelyModel(BatchModel):
+    """Residuals and Jacobian blocks of every observation of a BAL problem (a
+    :class:`solvers.batch_model.BatchModel` of :func:`snavely_function`).
 
     The observation index and the observed points go to the device once; each call sends
     only the current cameras and points. Arrays in and out are float64 numpy arrays; with
@@ -43,59 +42,5 @@ class SnavelyModel:
 
     def __init__(self, cam_idx, pt_idx, observations, dtype=np.float64, device=None,
                  backend="codegen"):
-        self.dtype = np.dtype(dtype)
-        self.function = snavely_function(self.dtype, backend, device)
-        self.n_obs = len(observations)
-        # Written a chunk at a time: stacking first would make an int64 copy twice this size.
-        index = ordering.columns([cam_idx, pt_idx], np.int32)
-        observed = np.ascontiguousarray(observations, dtype=self.dtype)
-        self._host = (index, observed)
-        self._device = None
-        self._upload = False
-        if backend != "numpy":
-            runtime = get_runtime(device)
-            self.runtime = runtime
-            # Keep index and observations on the device when they fit comfortably; a CPU
-            # device instead works on the host arrays in place, and anything too large is
-            # evaluated from the host in chunks.
-            per_obs = 4 * 2 + self.dtype.itemsize * (2 + 2 + 2 * 12)
-            in_place = host_memory.shares_host_memory(runtime)
-            # Uploaded at the first call, not here (see device_inputs).
-            self._upload = not in_place and per_obs * self.n_obs < runtime.info.global_mem_bytes // 3 and \
-                self.dtype.itemsize * 2 * 9 * self.n_obs < runtime.info.max_alloc_bytes
-
-    def _params(self, cameras, points):
-        cameras = np.ascontiguousarray(cameras, dtype=self.dtype)
-        points = np.ascontiguousarray(points, dtype=self.dtype)
-        if self._device is None and self._upload:
-            self.device_inputs()
-        if self._device is None:
-            return [cameras, points], self._host
-        q = self.runtime.queue
-        return [cla.to_device(q, cameras), cla.to_device(q, points)], self._device
-
-    def device_inputs(self):
-        """The observation index (n, 2) int32 and the observations (n, 2) on the device, uploaded
-        once (on a CPU device: buffers over the host arrays): what this model's calls with device
-        parameters read (the device-resident solver, solvers.lm_device, passes them to
-        :attr:`function` itself)."""
-        if self._device is None:
-            # On a CPU device: buffers over the host arrays (kernels only read them), no copies.
-            self._device = tuple(host_memory.read_only(self.runtime, a) for a in self._host)
-        return self._device
-
-    @staticmethod
-    def _host_f64(a):
-        a = a.get() if isinstance(a, cla.Array) else a
-        return a.astype(np.float64, copy=False)
-
-    def residuals(self, cameras, points) -> np.ndarray:
-        """(n_obs, 2) residuals."""
-        params, (index, observed) = self._params(cameras, points)
-        return self._host_f64(self.function.values(params, index, data=observed))
-
-    def residuals_and_jacobians(self, cameras, points):
-        """(n_obs, 2) residuals, (n_obs, 2, 9) camera and (n_obs, 2, 3) point Jacobians."""
-        params, (index, observed) = self._params(cameras, points)
-        r, (jc, jp) = self.function.values_and_jacobians(params, index, data=observed)
-        return self._host_f64(r), self._host_f64(jc), self._host_f64(jp)
+        super().__init__(snavely_function(dtype, backend, device), cam_idx, pt_idx, observations,
+                         device=device)

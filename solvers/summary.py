@@ -75,10 +75,11 @@ class SolverSummary:
 
 def full_report(result) -> str:
     """A report in the spirit of Ceres' ``Solver::Summary::FullReport()`` for a
-    :class:`solvers.BundleAdjustResult`."""
+    :class:`solvers.SolveResult` (or :class:`solvers.BundleAdjustResult`)."""
     r = result
     o = r.options
-    lines = [f"Solver Summary (pyclad bundle adjuster; model {r.model_name}, {r.dtype}, device {r.device})", ""]
+    lines = [f"Solver Summary (pyclad {'bundle adjuster' if r.core == 'bundle-adjustment' else 'least squares'}; "
+             f"model {r.model_name}, {r.dtype}, device {r.device})", ""]
     w = 30
 
     def row(label, a, b=None):
@@ -88,12 +89,12 @@ def full_report(result) -> str:
             lines.append(f"{label:<{w}}{a:>20}{b:>25}")
 
     lines.append(" " * w + f"{'Original':>20}{'Reduced':>25}")
-    nblocks = r.num_cameras + r.num_points
-    nparams = 9 * r.num_cameras + 3 * r.num_points
-    row("Parameter blocks", nblocks, nblocks)
-    row("Parameters", nparams, nparams)
-    row("Residual blocks", r.num_observations, r.num_observations)
-    row("Residuals", 2 * r.num_observations, 2 * r.num_observations)
+    row("Parameter blocks", r.num_parameter_blocks, r.num_parameter_blocks_reduced)
+    row("Parameters", r.num_parameters, r.num_parameters_reduced)
+    if r.num_effective_parameters != r.num_parameters_reduced:
+        row("Effective parameters", r.num_parameters, r.num_effective_parameters)
+    row("Residual blocks", r.num_residual_blocks, r.num_residual_blocks)
+    row("Residuals", r.num_residuals, r.num_residuals)
     lines.append("")
     row("Minimizer", "TRUST_REGION")
     row("Iterations run on", r.state)
@@ -113,8 +114,9 @@ def full_report(result) -> str:
     if detail:
         label, _, how = detail.partition(": ")
         lines.append(f"{label:<{w}}{how}")
-    row("Linear solver ordering", "AUTOMATIC", f"{r.num_points},{r.num_cameras}")
-    row("Schur structure", "2,3,9", "2,3,9")
+    row("Linear solver ordering", "AUTOMATIC", r.ordering)
+    if r.schur_structure:
+        row("Schur structure", r.schur_structure, r.schur_structure)
     row("Loss", r.loss_name, r.loss_name)
     lines.append("")
     lines.append("Cost:")

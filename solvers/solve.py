@@ -1,0 +1,396 @@
+"""``solve(problem, ...)``: Levenberg-Marquardt with Ceres' semantics on a :class:`solvers.Problem`.
+
+Two cores run the iterations, chosen by the problem's shape (the log and the report say which):
+
+- **the bundle-adjustment core** (:class:`solvers.evaluator.Evaluator` with
+  :mod:`solvers.lm_device` or :mod:`solvers.host_state`): one residual kind over two groups, one
+  of them eliminated, nothing constant. Every iteration stays on the OpenCL device where it can,
+  for any block sizes; the host reference path takes 9-parameter cameras and 3-parameter points
+  (BAL's). :func:`solvers.bundle_adjust` is this case.
+- **the general core** (:mod:`solvers.sparse_state`, scipy on the host): any number of residual
+  kinds and groups, groups shared by many residuals (intrinsics), constant rows and entries.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from typing import Callable, List, Optional
+
+import numpy as np
+
+from .checkpoint import Checkpoint, load_checkpoint
+from .lm import Options, StopFlag, minimize
+from .loss import Loss
+from .summary import LOG_HEADER, IterationSummary, full_report
+
+SCHUR_METHODS = ("sparse_schur", "iterative_schur")
+
+
+@dataclasses.dataclass
+class SolveResult:
+    """The outcome of :func:`solve`.
+
+    ``parameters`` maps every group's name to its optimised table (the best state found; constant
+    rows and entries as given). ``history`` holds the per-iteration records (Ceres' log columns);
+    ``times`` splits the wall time into ``jacobian_evaluation``, ``residual_evaluation``,
+    ``linear_solver`` and ``other``, with ``preprocessor``, ``minimizer`` and ``total``.
+    ``termination_type`` is one of CONVERGENCE, NO_CONVERGENCE, FAILURE, USER_SUCCESS (Ctrl-C).
+    ``core`` says which iterations ran: ``"bundle-adjustment"`` or ``"general"`` (module docstring);
+    ``state`` whether they stayed on the device (``"device"``) or ran on the host.
+    """
+    parameters: dict
+    initial_cost: float
+    final_cost: float
+    termination_type: str
+    message: str
+    history: List[IterationSummary]
+    num_successful_steps: int
+    num_unsuccessful_steps: int
+    times: dict
+    options: Options
+    num_parameter_blocks: int = 0
+    num_parameters: int = 0
+    num_effective_parameters: int = 0     # in the tangent space: constant entries left out
+    num_parameter_blocks_reduced: int = 0
+    num_parameters_reduced: int = 0
+    num_residual_blocks: int = 0
+    num_residuals: int = 0
+    eliminated: Optional[str] = None
+    schur_structure: str = ""             # Ceres': residual rows, eliminated block, other blocks
+    ordering: str = ""                    # eliminated rows, other rows
+    core: str = "general"
+    num_jacobian_evaluations: int = 0
+    num_residual_evaluations: int = 0
+    num_linear_solves: int = 0
+    loss_name: str = "TRIVIAL"
+    model_name: str = ""
+    dtype: str = "float64"
+    device: str = ""
+    state: str = "host"
+    transfers: dict = dataclasses.field(default_factory=dict)
+    resumed_from: str = ""
+    resumed_iteration: int = 0
+    checkpoint_iteration: Optional[int] = None
+    linear_solver_detail: str = ""
+
+    @property
+    def iterations(self) -> int:
+        """Trust-region steps taken (iterations after iteration 0), accepted or not."""
+        return len(self.history) - 1 if self.history else 0
+
+    @property
+    def converged(self) -> bool:
+        return self.termination_type == "CONVERGENCE"
+
+    @property
+    def usable(self) -> bool:
+        """As Ceres' ``IsSolutionUsable``: anything but FAILURE."""
+        return self.termination_type != "FAILURE"
+
+    def full_report(self) -> str:
+        return full_report(self)
+
+    def brief_report(self) -> str:
+        return (f"Ceres-style report: Iterations: {self.iterations}, Initial cost: {self.initial_cost:e}, "
+                f"Final cost: {self.final_cost:e}, Termination: {self.termination_type}")
+
+
+def _loss_name(loss: Loss) -> str:
+    return "TRIVIAL" if loss.name == "trivial" else f"{loss.name.upper()}({loss.scale:g})"
+
+
+@dataclasses.dataclass
+class _Observations:
+    """The index fields of :class:`solvers.BALProblem` for the bundle-adjustment core (what
+    :class:`solvers.evaluator.Evaluator` and the checkpoints read)."""
+    camera_index: np.ndarray
+    point_index: np.ndarray
+    observations: Optional[np.ndarray]
+    num_cameras: int
+    num_points: int
+    name: str
+
+    @property
+    def num_observations(self) -> int:
+        return self.camera_index.size
+
+
+_swapped = {}
+
+
+def _camera_first(fn):
+    """``fn`` with its two groups' order swapped, one wrapper per function (so that its kernel is
+    cached like ``fn``'s)."""
+    if fn not in _swapped:
+        def swapped(point, camera, *data):
+            return fn(camera, point, *data)
+        swapped.__name__ = swapped.__qualname__ = f"{getattr(fn, '__qualname__', 'residual')}_camera_first"
+        swapped.__module__ = getattr(fn, "__module__", None)
+        _swapped[fn] = swapped
+    return _swapped[fn]
+
+
+def core_shape(problem, eliminated: Optional[str]):
+    """``(camera group, point group, residual kind, swapped)`` when the problem has the
+    bundle-adjustment core's shape (module docstring), else None."""
+    if eliminated is None or len(problem.residuals) != 1:
+        return None
+    block = problem.residuals[0]
+    if len(block.groups) != 2 or block.groups[0] is block.groups[1]:
+        return None
+    if any(g.constant_rows.any() or g.constant_columns.any() for g in block.groups):
+        return None
+    if any(g is not block.groups[0] and g is not block.groups[1] and not g.is_constant
+           for g in problem.groups.values()):
+        return None
+    names = [g.name for g in block.groups]
+    if eliminated not in names:
+        return None
+    swapped = names[0] == eliminated
+    cam, pt = (block.groups[1], block.groups[0]) if swapped else (block.groups[0], block.groups[1])
+    return cam, pt, block, swapped
+
+
+def solve(problem, linear_solver: str = "sparse_schur", eliminate="auto", max_iterations: int = 50,
+          function_tolerance: float = 1e-6, gradient_tolerance: float = 1e-10,
+          parameter_tolerance: float = 1e-8, callback: Optional[Callable] = None, verbose: bool = False,
+          stop: Optional[StopFlag] = None, handle_sigint: bool = True, out=None, model=None,
+          resume=None, **options) -> SolveResult:
+    """Minimise ``problem``'s cost with Levenberg-Marquardt (Ceres' semantics) -> :class:`SolveResult`.
+
+    - ``linear_solver``: ``"sparse_schur"``, ``"iterative_schur"`` or ``"sparse_normal_cholesky"``.
+      The first two eliminate a group by the Schur complement; when nothing can be eliminated
+      the step is solved by ``sparse_normal_cholesky`` (and the log says so).
+    - ``eliminate``: the group's name, ``"auto"`` (Ceres' choice: the largest group in which no
+      residual block touches two rows) or None.
+    - ``callback(iteration_summary)`` after every iteration; ``verbose`` prints Ceres' log to
+      ``out`` (default stdout). Ctrl-C (main thread, ``handle_sigint``) or ``stop.set()`` stops
+      after the current iteration with the best state found.
+    - ``model``: for the bundle-adjustment core only, a camera model (class or instance, as
+      :func:`solvers.bundle_adjust` takes) evaluating the residual instead of pyclad.
+    - ``resume`` / ``checkpoint=`` (see :func:`solvers.bundle_adjust`): bundle-adjustment core only.
+    - Other keyword options: fields of :class:`solvers.Options`.
+    """
+    from .problem import Problem
+    if not isinstance(problem, Problem):
+        raise TypeError(f"problem must be a solvers.Problem, got {type(problem).__name__}")
+    t_start = time.perf_counter()
+    unknown = set(options) - {f.name for f in dataclasses.fields(Options)}
+    if unknown:
+        raise TypeError(f"unknown option(s) {sorted(unknown)}; see solvers.Options")
+    problem.check()
+    if isinstance(problem.device, str):
+        from clkernels import select_device
+        select_device(problem.device)     # a device named but not found is an error at once
+    out = out or sys.stdout
+    notes = []
+    eliminated = None
+    if linear_solver != "sparse_normal_cholesky":
+        eliminated = problem.choose_eliminated(eliminate)
+        if eliminated is None and linear_solver in SCHUR_METHODS:
+            notes.append(f"No group can be eliminated (eliminate={eliminate!r}): "
+                         f"{linear_solver} falls back to sparse_normal_cholesky")
+            linear_solver = "sparse_normal_cholesky"
+    ck = None
+    if resume is not None:
+        ck = resume if isinstance(resume, Checkpoint) else load_checkpoint(resume)
+        options.setdefault("initial_trust_region_radius", ck.trust_region_radius)
+    opts = Options(max_iterations=max_iterations, function_tolerance=function_tolerance,
+                   gradient_tolerance=gradient_tolerance, parameter_tolerance=parameter_tolerance,
+                   linear_solver=linear_solver, **options)
+    opts.check()
+    shape = core_shape(problem, eliminated) if linear_solver in SCHUR_METHODS else None
+    core = None
+    if shape is not None:
+        core = _BACore(problem, shape, opts, model)
+        if not core.runs(opts):
+            core = None
+    if core is None:
+        if model is not None:
+            raise ValueError("model= is for a problem of one residual kind over a camera group and an "
+                             "eliminated group with nothing constant; this problem is evaluated with pyclad")
+        if ck is not None or opts.checkpoint is not None:
+            raise ValueError("resume= and checkpoint= need the bundle-adjustment core (one residual "
+                             "kind over two groups, nothing constant); this problem runs the general core")
+        core = _GeneralCore(problem, eliminated, opts)
+    if ck is not None:
+        ck.check_problem(core.checkpoint_problem)
+
+    def report(it: IterationSummary):
+        if verbose:
+            if it.iteration == 0:
+                print(LOG_HEADER, file=out)
+            print(it.log_line(), file=out, flush=True)
+        if callback is not None:
+            callback(it)
+
+    if verbose:
+        for n in notes:
+            print(n, file=out)
+        if ck is not None:
+            ended = f" (its solve had ended: {ck.termination_type})" if ck.finished else ""
+            print(f"Resuming from checkpoint {ck.path or '(given)'}: iteration {ck.iteration}, cost {ck.cost:e}, "
+                  f"trust region radius {opts.initial_trust_region_radius:e}{ended}", file=out)
+        if opts.checkpoint is not None:
+            print(f"Checkpoints: the best state to {opts.checkpoint} every {opts.checkpoint_every} "
+                  f"iteration{'s' if opts.checkpoint_every != 1 else ''} and at the end", file=out)
+    x0 = ck.x if ck is not None else core.x0()
+    t_pre = time.perf_counter() - t_start
+    s = minimize(core.evaluator, x0, opts, callback=report, stop=stop, handle_sigint=handle_sigint,
+                 runtime=core.runtime, iteration_offset=ck.iteration if ck is not None else 0,
+                 make_state=core.make_state)
+    if verbose and s.linear_solver_detail:
+        print(f"\n{s.linear_solver_detail}", file=out)      # apart from Ceres' log rows
+    if not np.isfinite(s.initial_cost):
+        c = core.evaluator.cost(x0)
+        s.initial_cost = s.final_cost = float("inf") if c is None else c
+    t_total = time.perf_counter() - t_start
+    other = max(0.0, s.total_time - s.jacobian_time - s.residual_time - s.linear_solver_time)
+    times = {"preprocessor": t_pre, "jacobian_evaluation": s.jacobian_time,
+             "residual_evaluation": s.residual_time, "linear_solver": s.linear_solver_time,
+             "other": other, "minimizer": s.total_time, "total": t_total}
+    if s.kernel_time is not None:
+        times["device_kernels"] = s.kernel_time
+    if s.checkpoint_time is not None:
+        times["checkpoint"] = s.checkpoint_time
+    return SolveResult(
+        parameters=core.parameters(s.x), initial_cost=float(s.initial_cost), final_cost=float(s.final_cost),
+        termination_type=s.termination_type, message=s.message, history=s.iterations,
+        num_successful_steps=s.num_successful_steps, num_unsuccessful_steps=s.num_unsuccessful_steps,
+        times=times, options=opts, eliminated=eliminated, core=core.name,
+        num_jacobian_evaluations=s.num_jacobian_evaluations, num_residual_evaluations=s.num_residual_evaluations,
+        num_linear_solves=s.num_linear_solves, loss_name=core.loss_name, model_name=core.model_name,
+        dtype=problem.dtype.name, device=core.device_name, state=s.state, transfers=s.transfers,
+        resumed_from=(ck.path if ck is not None else ""), resumed_iteration=(ck.iteration if ck is not None else 0),
+        checkpoint_iteration=s.checkpoint_iteration,
+        linear_solver_detail="; ".join(notes + ([s.linear_solver_detail] if s.linear_solver_detail else [])),
+        **core.counts(problem))
+
+
+def _counts(problem, layout_rows, layout_params, tangent, eliminated, schur):
+    blocks = sum(g.num_rows for g in problem.groups.values())
+    params = sum(g.values.size for g in problem.groups.values())
+    R = sum(r.num_blocks * r.num_residuals for r in problem.residuals)
+    e_rows = problem.groups[eliminated].num_rows if eliminated else 0
+    return dict(num_parameter_blocks=blocks, num_parameters=params, num_parameter_blocks_reduced=layout_rows,
+                num_parameters_reduced=layout_params, num_effective_parameters=tangent,
+                num_residual_blocks=problem.num_residual_blocks, num_residuals=R, schur_structure=schur,
+                ordering=(f"{e_rows},{layout_rows - e_rows}" if eliminated else f"{layout_rows}"))
+
+
+class _BACore:
+    """The bundle-adjustment core (module docstring)."""
+    name = "bundle-adjustment"
+
+    def __init__(self, problem, shape, opts, model):
+        from .evaluator import Evaluator
+        self.problem = problem
+        cam, pt, block, swapped = shape
+        self.cam, self.pt, self.block = cam, pt, block
+        ci, pi = (block.index[:, 1], block.index[:, 0]) if swapped else (block.index[:, 0], block.index[:, 1])
+        self.checkpoint_problem = _Observations(ci, pi, block.data, cam.num_rows, pt.num_rows, problem.name)
+        self.loss_name = _loss_name(block.loss)
+        if model is None:
+            from .batch_model import BatchModel
+            from .problem_evaluator import batch_function
+            f = batch_function(_camera_first(block.fn) if swapped else block.fn, (cam.size, pt.size),
+                               0 if block.data is None else block.data.shape[1], problem.dtype,
+                               problem.backend, problem.device)
+
+            def model(c, p, obs, dtype=None, device=None, backend=None):
+                return BatchModel(f, c, p, obs, device=device)
+        self.evaluator = Evaluator(self.checkpoint_problem, block.loss, model=model, dtype=problem.dtype,
+                                   device=problem.device,
+                                   backend=None if problem.backend == "auto" else problem.backend)
+        self.model_name = type(self.evaluator.model).__name__
+        self.runtime = None
+        if opts.schur_backend != "numpy":
+            self.runtime = getattr(self.evaluator.model, "runtime", None)
+            if self.runtime is None:
+                from clkernels import NoPlatformError, get_runtime
+                try:
+                    self.runtime = get_runtime(problem.device)
+                except NoPlatformError:   # no OpenCL at all: the numpy Schur complement still works
+                    if opts.schur_backend == "opencl" or problem.device is not None:
+                        raise
+        dev = getattr(getattr(self.evaluator.model, "runtime", None), "info", None)
+        self.device_name = dev.name if dev is not None else "host"
+
+    def runs(self, opts) -> bool:
+        """Whether this core can run the solve: on the device, or on the host for BAL's sizes."""
+        from .lm_device import device_unavailable_reason
+        why = device_unavailable_reason(self.evaluator, opts, self.runtime)
+        if why is None:
+            return True
+        bal_sizes = (self.evaluator.C, self.evaluator.P) == (9, 3) and self.block.num_residuals in (0, 2) \
+            and getattr(getattr(self.evaluator.model, "function", None), "n_outputs", 2) == 2
+        if opts.device_resident is True and not bal_sizes:
+            raise ValueError(f"device_resident=True, but {why}")
+        return bal_sizes
+
+    make_state = None           # solvers.lm.Minimizer's own choice: device, else the host reference
+
+    def x0(self):
+        return np.concatenate([self.cam.values.ravel(), self.pt.values.ravel()])
+
+    def parameters(self, x) -> dict:
+        out = self.problem.parameters()
+        cams, pts = self.evaluator.split(x)
+        out[self.cam.name], out[self.pt.name] = cams.copy(), pts.copy()
+        return out
+
+    def counts(self, problem) -> dict:
+        C, P = self.evaluator.C, self.evaluator.P
+        rows = self.cam.num_rows + self.pt.num_rows
+        params = C * self.cam.num_rows + P * self.pt.num_rows
+        R = getattr(getattr(self.evaluator.model, "function", None), "n_outputs", 2)
+        self.block.num_residuals = R
+        return _counts(problem, rows, params, params, self.pt.name, f"{R},{P},{C}")
+
+
+class _GeneralCore:
+    """The general core (module docstring)."""
+    name = "general"
+    runtime = None
+
+    def __init__(self, problem, eliminated, opts):
+        from .problem_evaluator import Layout, ProblemEvaluator
+        self.problem = problem
+        self.layout = Layout(problem, eliminated)
+        self.evaluator = ProblemEvaluator(problem, self.layout)
+        self.loss_name = ", ".join(sorted({_loss_name(r.loss) for r in problem.residuals}))
+        self.model_name = ", ".join(r.name for r in problem.residuals)
+        numpy_only = all(f.backend == "numpy" for f in self.evaluator.functions)
+        self.device_name = "host" if numpy_only else _device_name(problem.device)
+
+    def make_state(self, evaluator, options, runtime, x0):
+        from .sparse_state import SparseState
+        if options.device_resident is True:
+            raise ValueError("device_resident=True, but this problem runs the general core on the host "
+                             "(several groups per residual, several residual kinds or constant parameters)")
+        return SparseState(evaluator, options, x0)
+
+    def x0(self):
+        return self.layout.x0(self.problem)
+
+    def parameters(self, x) -> dict:
+        return {name: self.layout.values(self.problem, x, name).copy() for name in self.problem.groups}
+
+    def counts(self, problem) -> dict:
+        lay = self.layout
+        rows = sum(g.rows.size for g in lay.groups)
+        R = {r.num_residuals for r in problem.residuals}
+        e = lay.by_name.get(lay.eliminated) if lay.eliminated else None
+        f_sizes = {g.free.size for g in lay.groups if g is not e and g.rows.size}
+        schur = (f"{R.pop() if len(R) == 1 else 'd'},{e.free.size},"
+                 f"{f_sizes.pop() if len(f_sizes) == 1 else 'd'}") if e is not None else ""
+        return _counts(problem, rows, lay.x_size, lay.t_size, lay.eliminated, schur)
+
+
+def _device_name(device) -> str:
+    try:
+        from clkernels import get_runtime
+        return get_runtime(device).info.name
+    except Exception:  # noqa: BLE001 - only a label for the report
+        return "OpenCL device"

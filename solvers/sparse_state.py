@@ -1,0 +1,331 @@
+"""Levenberg-Marquardt's vectors and linear algebra on the host for any :class:`solvers.Problem`:
+several residual kinds, several groups per residual, constant rows and entries, any block sizes.
+
+It has the methods of :class:`solvers.host_state.HostState`, so :class:`solvers.lm.Minimizer`
+drives it with Ceres' semantics unchanged. The Jacobian is a scipy CSR matrix over the tangent
+columns, split as ``J = [F | E]`` with ``E`` the eliminated group's columns (block diagonal in
+``E^T E``, since no residual block touches two of its rows).
+
+- ``sparse_schur``: the reduced matrix ``S = F^T F + D_F^2 - F^T E V^-1 E^T F`` (``V = E^T E +
+  D_E^2``, inverted block by block) is formed and factorised (CHOLMOD where installed, a dense
+  LAPACK Cholesky while small, SuperLU otherwise); the eliminated step follows by
+  back-substitution.
+- ``iterative_schur``: CG on the same ``S``, preconditioned by the inverses of its diagonal blocks
+  (one per row of every group: Ceres' SCHUR_JACOBI).
+- ``sparse_normal_cholesky`` (nothing eliminated): ``J^T J + D^2`` factorised as above.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import scipy.linalg
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
+
+from .blas_threads import single_threaded_blas
+from .cg import _norm, conjugate_gradients
+from .host_cholesky import installed
+from .host_state import StepSolution
+from .schur import DENSE_MAX
+
+
+class _Kind:
+    """Where one residual kind's Jacobian entries go: per row of the kind, its F columns (from
+    every non-eliminated slot, inactive rows' entries zeroed onto column 0) and its E row."""
+
+    def __init__(self, block, layout):
+        n = block.num_blocks
+        self.n, self.R = n, block.num_residuals
+        self.f_slots, self.e_slot = [], None
+        cols, masks = [], []
+        for j, g in enumerate(block.groups):
+            gl = layout.by_name[g.name]
+            if g.name == layout.eliminated:
+                self.e_slot = j
+                self.e_rank = gl.rank[block.index[:, j]]
+                self.e_free = gl.free
+                continue
+            if gl.free.size == 0:
+                continue
+            rank = gl.rank[block.index[:, j]]
+            c = gl.t_offset + rank[:, None] * gl.free.size + np.arange(gl.free.size)[None, :]
+            active = rank >= 0
+            c[~active] = 0
+            cols.append(c)
+            masks.append(np.repeat(active[:, None], gl.free.size, axis=1))
+            self.f_slots.append((j, gl.free))
+        self.nnz = sum(c.shape[1] for c in cols)
+        if cols:
+            c = np.concatenate(cols, axis=1)
+            self.mask = np.concatenate(masks, axis=1).astype(np.float64)
+            self.all_active = bool(self.mask.all())
+            # Every residual row of an observation has the same columns.
+            self.f_indices = np.repeat(c[:, None, :], self.R, axis=1).ravel().astype(np.int32)
+        else:
+            self.mask, self.all_active, self.f_indices = None, True, np.zeros(0, np.int32)
+
+    def f_values(self, jacs):
+        if not self.f_slots:
+            return np.zeros(0)
+        v = np.concatenate([jacs[j][:, :, free] for j, free in self.f_slots], axis=2)
+        if not self.all_active:
+            v = v * self.mask[:, None, :]
+        return v.ravel()
+
+    def e_values(self, jacs):
+        """(n, R, kE) with inactive rows' entries zero."""
+        v = jacs[self.e_slot][:, :, self.e_free]
+        return v * (self.e_rank >= 0)[:, None, None]
+
+
+class SparseState:
+    """See the module docstring; same methods and results as ``HostState``."""
+
+    where = "host"
+
+    def __init__(self, evaluator, options, x0):
+        self.ev, self.o = evaluator, options
+        self.layout = lay = evaluator.layout
+        self.kinds = [_Kind(b, lay) for b in evaluator.problem.residuals]
+        self.nf = lay.num_f
+        e = lay.by_name.get(lay.eliminated) if lay.eliminated else None
+        self.ne_rows = e.rows.size if e is not None else 0
+        self.ke = e.free.size if e is not None else 0
+        self.ne = self.ne_rows * self.ke
+        # CSR structure of F (rows: every kind's residuals in turn) and of E.
+        indptr, offs = [np.zeros(1, np.int64)], 0
+        for k in self.kinds:
+            indptr.append(offs + k.nnz * np.arange(1, k.n * k.R + 1, dtype=np.int64))
+            offs += k.n * k.R * k.nnz
+        self.f_indptr = np.concatenate(indptr)
+        self.f_indices = np.concatenate([k.f_indices for k in self.kinds])
+        self.m = sum(k.n * k.R for k in self.kinds)
+        if self.ne:
+            e_ind, e_ptr, offs = [], [np.zeros(1, np.int64)], 0
+            for k in self.kinds:
+                per = self.ke if k.e_slot is not None else 0
+                if per:
+                    rank = np.maximum(k.e_rank, 0)
+                    c = rank[:, None] * self.ke + np.arange(self.ke)[None, :]
+                    e_ind.append(np.repeat(c[:, None, :], k.R, axis=1).ravel())
+                e_ptr.append(offs + per * np.arange(1, k.n * k.R + 1, dtype=np.int64))
+                offs += k.n * k.R * per
+                # Sums over each eliminated row's observations.
+                if per:
+                    ok = k.e_rank >= 0
+                    k.e_sum = sp.csr_matrix((np.ones(int(ok.sum())), (k.e_rank[ok], np.flatnonzero(ok))),
+                                            shape=(self.ne_rows, k.n))
+            self.e_indices = np.concatenate(e_ind).astype(np.int32) if e_ind else np.zeros(0, np.int32)
+            self.e_indptr = np.concatenate(e_ptr)
+        self.x = np.array(x0, dtype=np.float64)
+        self.best_x = self.x.copy()
+        self.linear_solver_time = 0.0
+        self.diagonal = None
+        self._symbolic = None
+        self.factorised_with = ""
+
+    # -- evaluation at x ---------------------------------------------------------------------
+    def evaluate_jacobian(self, first: bool):
+        res = self.ev.evaluate(self.x)
+        if res is None:
+            return None
+        cost, kinds = res
+        t0 = time.perf_counter()
+        self.r = np.concatenate([r.ravel() for r, _ in kinds]) if kinds else np.zeros(0)
+        self.F = sp.csr_matrix((np.concatenate([k.f_values(j) for k, (_, j) in zip(self.kinds, kinds)]),
+                                self.f_indices, self.f_indptr), shape=(self.m, self.nf))
+        col2 = np.bincount(self.f_indices, weights=self.F.data ** 2, minlength=self.nf)[:self.nf]
+        gf = self.F.T @ self.r
+        if self.ne:
+            ke = self.ke
+            E_blocks = [k.e_values(j) if k.e_slot is not None else None for k, (_, j) in zip(self.kinds, kinds)]
+            self.E = sp.csr_matrix((np.concatenate([b.ravel() for b in E_blocks if b is not None]),
+                                    self.e_indices, self.e_indptr), shape=(self.m, self.ne))
+            V = np.zeros((self.ne_rows, ke * ke))
+            ge = np.zeros((self.ne_rows, ke))
+            for k, b, (r, _) in zip(self.kinds, E_blocks, kinds):
+                if b is None:
+                    continue
+                V += k.e_sum @ np.matmul(b.transpose(0, 2, 1), b).reshape(k.n, ke * ke)
+                ge += k.e_sum @ np.einsum("nrk,nr->nk", b, r)
+            self.V = V.reshape(-1, ke, ke)
+            self.W = (self.F.T @ self.E).tocsr()
+            self.FtF = (self.F.T @ self.F).tocsr()
+            col2 = np.concatenate([col2, np.einsum("pii->pi", self.V).ravel()])
+            g = np.concatenate([gf, ge.ravel()])
+            self.ge = ge.ravel()
+        else:
+            self.FtF = (self.F.T @ self.F).tocsr()
+            g = gf
+        self.gf = gf
+        self.col2 = col2
+        if first:
+            self.scale = 1.0 / (1.0 + np.sqrt(col2)) if self.o.jacobi_scaling else np.ones(col2.size)
+        self.linear_solver_time += time.perf_counter() - t0
+        # Ceres' gradient norms, |x - Plus(x, -g)|, over the tangent entries.
+        xt = self.x[self.layout.t_in_x]
+        projected = xt - (xt + (-g))
+        gmax = float(np.max(np.abs(projected))) if projected.size else 0.0
+        return cost, gmax, _norm(projected)
+
+    # -- the step ----------------------------------------------------------------------------
+    def solve_step(self, radius: float, reuse_diagonal: bool) -> StepSolution:
+        """As :meth:`solvers.host_state.HostState.solve_step`: ``(J^T J + (D / scale)^2) u = J^T f``
+        with ``D = sqrt(diagonal / radius)``, the step ``-u``, and the model cost change."""
+        o, scale = self.o, self.scale
+        t0 = time.perf_counter()
+        try:
+            if not reuse_diagonal:
+                self.diagonal = np.clip(self.col2 * scale * scale, o.min_lm_diagonal, o.max_lm_diagonal)
+            d2 = self.diagonal / radius / (scale * scale)
+            u, ok, its, msg = self._solve(d2)
+        finally:
+            self.linear_solver_time += time.perf_counter() - t0
+        if not ok:
+            return StepSolution(False, its, msg)
+        if not np.all(np.isfinite(u)):
+            return StepSolution(False, its, "Linear solver failure. Failed to compute a finite step.")
+        self.delta_t = -u
+        m = self.F @ self.delta_t[:self.nf]
+        if self.ne:
+            m = m + self.E @ self.delta_t[self.nf:]
+        mcc = float(-np.sum(m * (self.r + m / 2.0)))
+        return StepSolution(True, its, msg, mcc)
+
+    def _solve(self, d2):
+        nf = self.nf
+        if not self.ne:
+            A = self.FtF + sp.diags(d2)
+            y, ok, msg = self._factor_solve(A, self.gf)
+            return y, ok, 1, msg
+        ke = self.ke
+        Vd = self.V.copy()
+        Vd[:, np.arange(ke), np.arange(ke)] += d2[nf:].reshape(-1, ke)
+        with np.errstate(all="ignore"):
+            try:
+                Vinv = np.linalg.inv(Vd)
+            except np.linalg.LinAlgError:
+                Vinv = np.linalg.pinv(Vd, hermitian=True)
+        Vi = sp.bsr_matrix((Vinv, np.arange(self.ne_rows), np.arange(self.ne_rows + 1)),
+                           shape=(self.ne, self.ne)).tocsr()
+        WVi = self.W @ Vi
+        S = (self.FtF - WVi @ self.W.T + sp.diags(d2[:nf])).tocsr()
+        b = self.gf - WVi @ self.ge
+        if self.o.linear_solver == "iterative_schur":
+            yf, ok, its, msg = self._pcg(S, b)
+        else:
+            yf, ok, msg = self._factor_solve(S, b)
+            its = 1
+        if not ok:
+            return None, False, its, msg
+        ye = Vi @ (self.ge - self.W.T @ yf)
+        return np.concatenate([yf, ye]), True, its, msg
+
+    def _factor_solve(self, A, b):
+        """Solve the symmetric positive definite ``A y = b``: ``(y, ok, message)``."""
+        n = A.shape[0]
+        if n == 0:
+            return np.zeros(0), True, "Success."
+        if not np.all(np.isfinite(A.data)) or not np.all(np.isfinite(b)):
+            return None, False, "Linear solver failure: non-finite matrix."
+        if n <= DENSE_MAX:
+            self.factorised_with = "dense Cholesky (LAPACK)"
+            try:
+                with single_threaded_blas():
+                    c = scipy.linalg.cho_factor(A.toarray(), lower=False, check_finite=False)
+                    return scipy.linalg.cho_solve(c, b, check_finite=False), True, "Success."
+            except np.linalg.LinAlgError:
+                return None, False, "Linear solver failure: the matrix is not positive definite."
+        if installed("cholmod"):
+            from sksparse.cholmod import CholmodNotPositiveDefiniteError, analyze
+            self.factorised_with = "sparse Cholesky (CHOLMOD)"
+            A = A.tocsc()
+            A.sort_indices()
+            key = (A.indptr.tobytes(), A.indices.tobytes())
+            if self._symbolic is None or self._symbolic[0] != key:
+                self._symbolic = (key, analyze(A))
+            try:
+                f = self._symbolic[1].cholesky(A)
+            except CholmodNotPositiveDefiniteError:
+                return None, False, "Linear solver failure: the matrix is not positive definite."
+            return f(b), True, "Success."
+        self.factorised_with = "sparse LDL^T (SuperLU)"
+        try:
+            lu = spla.splu(A.tocsc(), permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.0,
+                           options={"SymmetricMode": True})
+        except RuntimeError as e:
+            return None, False, f"Linear solver failure: {e}"
+        if not np.all(lu.U.diagonal() > 0):
+            return None, False, "Linear solver failure: the matrix is not positive definite."
+        return lu.solve(b), True, "Success."
+
+    def _pcg(self, S, b):
+        """CG on ``S`` with the inverses of its diagonal blocks (one per row of each group)."""
+        C = S.tocoo()
+        blk, pos = self._block_of_column()
+        same = blk[C.row] == blk[C.col]
+        r, c, v = C.row[same], C.col[same], C.data[same]
+        inverses = []
+        for g in self.layout.groups:
+            if g.name == self.layout.eliminated or g.t_size == 0:
+                continue
+            k, rows = g.free.size, g.rows.size
+            inside = (r >= g.t_offset) & (r < g.t_offset + g.t_size)
+            D = np.zeros((rows, k, k))
+            np.add.at(D, ((r[inside] - g.t_offset) // k, pos[r[inside]], pos[c[inside]]), v[inside])
+            with np.errstate(all="ignore"):
+                try:
+                    Li = np.linalg.inv(np.linalg.cholesky(D))
+                    inv = np.matmul(Li.transpose(0, 2, 1), Li)
+                except np.linalg.LinAlgError:
+                    inv = np.linalg.pinv(D, hermitian=True)
+            inverses.append(sp.bsr_matrix((inv, np.arange(rows), np.arange(rows + 1)), shape=(g.t_size, g.t_size)))
+        P = sp.block_diag(inverses, format="csr")
+        return conjugate_gradients(lambda x: S @ x, b, lambda x: P @ x, q_tolerance=self.o.eta,
+                                   max_iterations=self.o.max_linear_solver_iterations)
+
+    def _block_of_column(self):
+        """For every F column: the number of its diagonal block (one per active row of each
+        group) and its position in it."""
+        if getattr(self, "_blocks", None) is None:
+            blk, pos = np.zeros(self.nf, np.int64), np.zeros(self.nf, np.int64)
+            base = 0
+            for g in self.layout.groups:
+                if g.name == self.layout.eliminated or g.t_size == 0:
+                    continue
+                k, sl = g.free.size, slice(g.t_offset, g.t_offset + g.t_size)
+                blk[sl] = base + np.repeat(np.arange(g.rows.size), k)
+                pos[sl] = np.tile(np.arange(k), g.rows.size)
+                base += g.rows.size
+            self._blocks = (blk, pos)
+        return self._blocks
+
+    # -- the candidate -----------------------------------------------------------------------
+    def evaluate_candidate(self):
+        self.candidate_x = self.x + self.layout.tangent_to_x(self.delta_t)
+        return self.ev.cost(self.candidate_x), _norm(self.x - self.candidate_x)
+
+    def accept(self):
+        self.x = self.candidate_x
+
+    @property
+    def x_norm(self) -> float:
+        return _norm(self.x)
+
+    def remember_best(self):
+        self.best_x = self.x.copy()
+
+    def best(self, final: bool = True) -> np.ndarray:
+        return self.best_x
+
+    def transfers(self) -> dict:
+        return {}
+
+    @property
+    def linear_solver_detail(self) -> str:
+        n = self.nf
+        what = "Reduced matrix" if self.ne else "Normal equations"
+        if self.o.linear_solver == "iterative_schur":
+            return f"{what}: {n} x {n}, CG with block-Jacobi preconditioner on the host"
+        return f"{what}: {n} x {n}, {self.factorised_with or 'not factorised'} on the host"
