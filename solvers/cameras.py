@@ -103,9 +103,11 @@ _functions: Dict[tuple, pc.BatchFunction] = {}
 
 
 def cached_batch_function(name: str, fn, params, data: int, dtype, backend: str, device) -> pc.BatchFunction:
-    """One ``pyclad.BatchFunction`` of ``fn`` per (name, dtype, backend, device), so a residual
-    is traced, and its kernels built, once per process."""
-    key = (name, np.dtype(dtype), backend, device if isinstance(device, (str, type(None))) else id(device))
+    """One ``pyclad.BatchFunction`` of ``fn`` per (function, sizes, dtype, backend, device), so a
+    residual is traced, and its kernels built, once per process. The key holds ``fn`` itself (two
+    lambdas share a name, not an identity); ``name`` labels it."""
+    key = (name, fn, tuple(params), int(data), np.dtype(dtype), backend,
+           device if isinstance(device, (str, type(None))) else id(device))
     if key not in _functions:
         _functions[key] = pc.BatchFunction(fn, params=params, data=data, dtype=dtype, backend=backend, device=device)
     return _functions[key]

@@ -276,7 +276,9 @@ class Problem:
             return None
         candidates = self.eliminable()
         if eliminate == "auto":
-            if not candidates:
+            # Eliminating the only variable group would leave nothing to reduce to.
+            variable = [k for k, g in self.groups.items() if not g.is_constant]
+            if not candidates or len(variable) < 2:
                 return None
             return max(candidates, key=lambda k: (self.groups[k].free_rows.size, -list(self.groups).index(k)))
         name = _name_of(eliminate)
@@ -291,15 +293,10 @@ class Problem:
         return name
 
     def check(self) -> None:
-        """Refuse a problem the solver cannot run: no residuals, or a group no residual uses and
-        that is not constant (its step would be undetermined)."""
+        """Refuse a problem the solver cannot run: no residuals. (Rows no residual uses are
+        held where they are, as Ceres drops parameter blocks without residuals.)"""
         if not self.residuals:
             raise ValueError("the problem has no residual blocks; add some with add_residual_block")
-        used = {id(b) for r in self.residuals for b in r.groups}
-        for name, g in self.groups.items():
-            if id(g) not in used and not g.is_constant:
-                raise ValueError(f"parameter group {name!r} is used by no residual; set it constant "
-                                 f"(set_constant({name!r})) or remove it")
 
     def __repr__(self):
         gs = ", ".join(f"{k} {g.num_rows}x{g.size}" for k, g in self.groups.items())
