@@ -40,6 +40,8 @@ class ParameterBlock:
         self.values = values
         self.constant_rows = np.zeros(values.shape[0], bool)
         self.constant_columns = np.zeros(values.shape[1], bool)
+        # Entries constant in some rows only (set_constant with rows and columns), or None.
+        self.constant_entries = None
 
     @property
     def num_rows(self) -> int:
@@ -62,6 +64,14 @@ class ParameterBlock:
     def is_constant(self) -> bool:
         """No entry of any row takes a step."""
         return bool(self.constant_rows.all() or self.constant_columns.all())
+
+    def free_mask(self) -> np.ndarray:
+        """(num_rows, size) bool: the entries that take a step (rows set constant excluded)."""
+        m = np.repeat(~self.constant_columns[None, :], self.num_rows, axis=0)
+        if self.constant_entries is not None:
+            m &= ~self.constant_entries
+        m[self.constant_rows] = False
+        return m
 
     def __repr__(self):
         return f"ParameterBlock({self.name!r}, {self.num_rows} x {self.size})"
@@ -210,31 +220,47 @@ class Problem:
         return np.stack(out, axis=1) if out else np.zeros((0, G), np.int32)
 
     def set_constant(self, group, rows=None, columns=None) -> None:
-        """Hold parameters fixed: whole ``rows`` of ``group`` (Ceres' constant blocks), or the
-        entries ``columns`` of every row (Ceres' SubsetManifold). Neither: the whole group."""
+        """Hold parameters fixed: whole ``rows`` of ``group`` (Ceres' constant blocks), the
+        entries ``columns`` of every row (Ceres' SubsetManifold), or, given both, the entries
+        ``columns`` of the rows ``rows`` only (e.g. one coordinate of one pose, as a gauge).
+        Neither: the whole group."""
         b = self.group(group)
         if rows is None and columns is None:
             b.constant_rows[:] = True
             return
+        if rows is not None and columns is not None:
+            r, c = self._rows(b, rows), self._columns(b, columns)
+            if b.constant_entries is None:
+                b.constant_entries = np.zeros(b.values.shape, bool)
+            b.constant_entries[np.ix_(r, c)] = True
+            return
         if rows is not None:
-            r = np.atleast_1d(np.asarray(rows))
-            if r.dtype == bool:
-                if r.shape != (b.num_rows,):
-                    raise ValueError(f"set_constant({b.name!r}): a boolean rows mask needs {b.num_rows} "
-                                     f"entries, got {r.shape}")
-                r = np.flatnonzero(r)
-            if r.size and (not np.issubdtype(r.dtype, np.integer) or r.min() < -b.num_rows or r.max() >= b.num_rows):
-                raise IndexError(f"set_constant({b.name!r}): rows {r.tolist()[:8]} are not rows of a "
-                                 f"group with {b.num_rows} rows")
-            b.constant_rows[r] = True
+            b.constant_rows[self._rows(b, rows)] = True
         if columns is not None:
-            c = np.atleast_1d(np.asarray(columns))
-            if c.dtype == bool:
-                c = np.flatnonzero(c)
-            if c.size and (not np.issubdtype(c.dtype, np.integer) or c.min() < -b.size or c.max() >= b.size):
-                raise IndexError(f"set_constant({b.name!r}): columns {c.tolist()} are not entries of "
-                                 f"rows of size {b.size}")
-            b.constant_columns[c] = True
+            b.constant_columns[self._columns(b, columns)] = True
+
+    @staticmethod
+    def _rows(b, rows) -> np.ndarray:
+        r = np.atleast_1d(np.asarray(rows))
+        if r.dtype == bool:
+            if r.shape != (b.num_rows,):
+                raise ValueError(f"set_constant({b.name!r}): a boolean rows mask needs {b.num_rows} "
+                                 f"entries, got {r.shape}")
+            r = np.flatnonzero(r)
+        if r.size and (not np.issubdtype(r.dtype, np.integer) or r.min() < -b.num_rows or r.max() >= b.num_rows):
+            raise IndexError(f"set_constant({b.name!r}): rows {r.tolist()[:8]} are not rows of a "
+                             f"group with {b.num_rows} rows")
+        return r
+
+    @staticmethod
+    def _columns(b, columns) -> np.ndarray:
+        c = np.atleast_1d(np.asarray(columns))
+        if c.dtype == bool:
+            c = np.flatnonzero(c)
+        if c.size and (not np.issubdtype(c.dtype, np.integer) or c.min() < -b.size or c.max() >= b.size):
+            raise IndexError(f"set_constant({b.name!r}): columns {c.tolist()} are not entries of "
+                             f"rows of size {b.size}")
+        return c
 
     def set_variable(self, group, rows=None, columns=None) -> None:
         """Undo :meth:`set_constant` (neither ``rows`` nor ``columns``: the whole group)."""
@@ -242,6 +268,11 @@ class Problem:
         if rows is None and columns is None:
             b.constant_rows[:] = False
             b.constant_columns[:] = False
+            b.constant_entries = None
+            return
+        if rows is not None and columns is not None:
+            if b.constant_entries is not None:
+                b.constant_entries[np.ix_(self._rows(b, rows), self._columns(b, columns))] = False
             return
         if rows is not None:
             b.constant_rows[np.atleast_1d(rows)] = False
@@ -258,11 +289,12 @@ class Problem:
         return {k: g.values.copy() for k, g in self.groups.items()}
 
     def eliminable(self) -> List[str]:
-        """The groups the Schur complement may remove: not constant, and no residual block
-        touches two rows of them (a kind that takes the group twice disqualifies it)."""
+        """The groups the Schur complement may remove: not constant, the same entries free in
+        every row, and no residual block touches two rows of them (a kind that takes the group
+        twice disqualifies it)."""
         out = []
         for name, g in self.groups.items():
-            if g.is_constant:
+            if g.is_constant or (g.constant_entries is not None and g.constant_entries.any()):
                 continue
             uses = [sum(1 for b in r.groups if b is g) for r in self.residuals]
             if all(u <= 1 for u in uses) and any(uses):
@@ -286,6 +318,8 @@ class Problem:
         if name not in candidates:
             g = self.groups[name]
             why = ("all of it is constant" if g.is_constant else
+                   "some of its rows have their own constant entries"
+                   if g.constant_entries is not None and g.constant_entries.any() else
                    "no residual uses it" if not any(g in r.groups for r in self.residuals) else
                    "a residual block touches two of its rows")
             raise ValueError(f"eliminate={name!r} cannot be eliminated: {why}; eliminable groups: "

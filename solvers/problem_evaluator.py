@@ -28,17 +28,16 @@ class GroupLayout:
     size: int                   # parameters per row
     rows: np.ndarray            # the active rows
     rank: np.ndarray            # row -> its position among the active rows, -1 if inactive
-    free: np.ndarray            # the free columns
+    free: np.ndarray            # the free columns (of every row; see tangent for single rows)
     x_offset: int               # where its rows start in x
     t_offset: int               # where its free entries start in the tangent space
+    t_size: int                 # its free entries
+    tangent: np.ndarray         # (num_rows, size): each entry's tangent index, -1 if it takes no step
+    uniform: bool               # every active row has the same free entries
 
     @property
     def x_size(self) -> int:
         return self.rows.size * self.size
-
-    @property
-    def t_size(self) -> int:
-        return self.rows.size * self.free.size
 
 
 class Layout:
@@ -52,26 +51,31 @@ class Layout:
         names = [k for k in problem.groups if k != eliminated] + ([eliminated] if eliminated else [])
         self.groups: List[GroupLayout] = []
         xo = to = 0
+        t_in_x = []
         for name in names:
             g = problem.groups[name]
-            active = used[name] & ~g.constant_rows
-            free = g.free_columns
-            if free.size == 0:
-                active[:] = False
+            mask = g.free_mask()
+            mask[~used[name]] = False
+            active = mask.any(axis=1)
             rows = np.flatnonzero(active)
             rank = np.full(g.num_rows, -1, np.int64)
             rank[rows] = np.arange(rows.size)
-            gl = GroupLayout(name, g.size, rows, rank, free, xo, to)
+            m = mask[rows]
+            tangent = np.full(g.values.shape, -1, np.int64)
+            count = int(m.sum())
+            tangent[rows] = np.where(m, to + np.cumsum(m.ravel()).reshape(m.shape) - 1, -1)
+            uniform = bool((m == m[:1]).all()) if rows.size else True
+            free = np.flatnonzero(m[0]) if rows.size else g.free_columns
+            gl = GroupLayout(name, g.size, rows, rank, free, xo, to, count, tangent, uniform)
+            # Positions in x of the tangent entries, in tangent order (row-major).
+            t_in_x.append(xo + np.flatnonzero(m.ravel()))
             xo += gl.x_size
-            to += gl.t_size
+            to += count
             self.groups.append(gl)
         self.by_name = {g.name: g for g in self.groups}
         self.x_size, self.t_size = xo, to
         self.eliminated = eliminated
-        # Positions in x of the tangent entries, in tangent order.
-        self.t_in_x = np.concatenate([
-            (g.x_offset + np.arange(g.rows.size)[:, None] * g.size + g.free[None, :]).ravel()
-            for g in self.groups]).astype(np.int64) if self.groups else np.zeros(0, np.int64)
+        self.t_in_x = np.concatenate(t_in_x).astype(np.int64) if t_in_x else np.zeros(0, np.int64)
         self.num_f = sum(g.t_size for g in self.groups if g.name != eliminated)
 
     def x0(self, problem) -> np.ndarray:

@@ -139,7 +139,8 @@ def core_shape(problem, eliminated: Optional[str]):
     block = problem.residuals[0]
     if len(block.groups) != 2 or block.groups[0] is block.groups[1]:
         return None
-    if any(g.constant_rows.any() or g.constant_columns.any() for g in block.groups):
+    if any(g.constant_rows.any() or g.constant_columns.any() or
+           (g.constant_entries is not None and g.constant_entries.any()) for g in block.groups):
         return None
     if any(g is not block.groups[0] and g is not block.groups[1] and not g.is_constant
            for g in problem.groups.values()):

@@ -31,14 +31,14 @@ from .schur import DENSE_MAX
 
 
 class _Kind:
-    """Where one residual kind's Jacobian entries go: per row of the kind, its F columns (from
-    every non-eliminated slot, inactive rows' entries zeroed onto column 0) and its E row."""
+    """Where one residual kind's Jacobian entries go: per block, the F columns of its free
+    entries (from every non-eliminated slot; constant entries have none) and its E row."""
 
     def __init__(self, block, layout):
         n = block.num_blocks
         self.n, self.R = n, block.num_residuals
         self.f_slots, self.e_slot = [], None
-        cols, masks = [], []
+        cols = []
         for j, g in enumerate(block.groups):
             gl = layout.by_name[g.name]
             if g.name == layout.eliminated:
@@ -46,32 +46,32 @@ class _Kind:
                 self.e_rank = gl.rank[block.index[:, j]]
                 self.e_free = gl.free
                 continue
-            if gl.free.size == 0:
+            if gl.t_size == 0:
                 continue
-            rank = gl.rank[block.index[:, j]]
-            c = gl.t_offset + rank[:, None] * gl.free.size + np.arange(gl.free.size)[None, :]
-            active = rank >= 0
-            c[~active] = 0
-            cols.append(c)
-            masks.append(np.repeat(active[:, None], gl.free.size, axis=1))
-            self.f_slots.append((j, gl.free))
-        self.nnz = sum(c.shape[1] for c in cols)
+            t = gl.tangent[block.index[:, j]]                 # (n, size)
+            used = np.flatnonzero((t >= 0).any(axis=0))       # columns free in some row
+            cols.append(t[:, used])
+            self.f_slots.append((j, used))
         if cols:
             c = np.concatenate(cols, axis=1)
-            self.mask = np.concatenate(masks, axis=1).astype(np.float64)
-            self.all_active = bool(self.mask.all())
-            # Every residual row of an observation has the same columns.
-            self.f_indices = np.repeat(c[:, None, :], self.R, axis=1).ravel().astype(np.int32)
+            keep = c >= 0
+            self.all_kept = bool(keep.all())
+            per_block = keep.sum(axis=1)
+            # Every residual row of a block has the same columns.
+            self.keep = None if self.all_kept else np.repeat(keep[:, None, :], self.R, axis=1)
+            self.f_indices = (np.repeat(c[:, None, :], self.R, axis=1).ravel() if self.all_kept
+                              else np.repeat(c[:, None, :], self.R, axis=1)[self.keep]).astype(np.int32)
+            self.row_nnz = np.repeat(per_block, self.R)
         else:
-            self.mask, self.all_active, self.f_indices = None, True, np.zeros(0, np.int32)
+            self.all_kept, self.keep = True, None
+            self.f_indices = np.zeros(0, np.int32)
+            self.row_nnz = np.zeros(n * self.R, np.int64)
 
     def f_values(self, jacs):
         if not self.f_slots:
             return np.zeros(0)
-        v = np.concatenate([jacs[j][:, :, free] for j, free in self.f_slots], axis=2)
-        if not self.all_active:
-            v = v * self.mask[:, None, :]
-        return v.ravel()
+        v = np.concatenate([jacs[j][:, :, used] for j, used in self.f_slots], axis=2)
+        return v.ravel() if self.all_kept else v[self.keep]
 
     def e_values(self, jacs):
         """(n, R, kE) with inactive rows' entries zero."""
@@ -94,11 +94,7 @@ class SparseState:
         self.ke = e.free.size if e is not None else 0
         self.ne = self.ne_rows * self.ke
         # CSR structure of F (rows: every kind's residuals in turn) and of E.
-        indptr, offs = [np.zeros(1, np.int64)], 0
-        for k in self.kinds:
-            indptr.append(offs + k.nnz * np.arange(1, k.n * k.R + 1, dtype=np.int64))
-            offs += k.n * k.R * k.nnz
-        self.f_indptr = np.concatenate(indptr)
+        self.f_indptr = np.concatenate([[0], np.cumsum(np.concatenate([k.row_nnz for k in self.kinds]))]).astype(np.int64)
         self.f_indices = np.concatenate([k.f_indices for k in self.kinds])
         self.m = sum(k.n * k.R for k in self.kinds)
         if self.ne:
@@ -261,42 +257,53 @@ class SparseState:
         return lu.solve(b), True, "Success."
 
     def _pcg(self, S, b):
-        """CG on ``S`` with the inverses of its diagonal blocks (one per row of each group)."""
+        """CG on ``S`` with the inverses of its diagonal blocks (one per active row of each
+        group, over that row's free entries)."""
         C = S.tocoo()
         blk, pos = self._block_of_column()
         same = blk[C.row] == blk[C.col]
         r, c, v = C.row[same], C.col[same], C.data[same]
-        inverses = []
+        pr, pc, pv = [], [], []
+        base = 0
         for g in self.layout.groups:
             if g.name == self.layout.eliminated or g.t_size == 0:
                 continue
-            k, rows = g.free.size, g.rows.size
+            T = g.tangent[g.rows]                              # (rows, size)
+            k, rows = g.size, g.rows.size
             inside = (r >= g.t_offset) & (r < g.t_offset + g.t_size)
             D = np.zeros((rows, k, k))
-            np.add.at(D, ((r[inside] - g.t_offset) // k, pos[r[inside]], pos[c[inside]]), v[inside])
+            missing = T < 0                                    # constant entries: identity there
+            D[:, np.arange(k), np.arange(k)] += missing
+            np.add.at(D, (blk[r[inside]] - base, pos[r[inside]], pos[c[inside]]), v[inside])
             with np.errstate(all="ignore"):
                 try:
                     Li = np.linalg.inv(np.linalg.cholesky(D))
                     inv = np.matmul(Li.transpose(0, 2, 1), Li)
                 except np.linalg.LinAlgError:
                     inv = np.linalg.pinv(D, hermitian=True)
-            inverses.append(sp.bsr_matrix((inv, np.arange(rows), np.arange(rows + 1)), shape=(g.t_size, g.t_size)))
-        P = sp.block_diag(inverses, format="csr")
+            both = (T[:, :, None] >= 0) & (T[:, None, :] >= 0)
+            rr, ii, jj = np.nonzero(both)
+            pr.append(T[rr, ii])
+            pc.append(T[rr, jj])
+            pv.append(inv[rr, ii, jj])
+            base += rows
+        P = sp.csr_matrix((np.concatenate(pv), (np.concatenate(pr), np.concatenate(pc))), shape=(self.nf, self.nf))
         return conjugate_gradients(lambda x: S @ x, b, lambda x: P @ x, q_tolerance=self.o.eta,
                                    max_iterations=self.o.max_linear_solver_iterations)
 
     def _block_of_column(self):
-        """For every F column: the number of its diagonal block (one per active row of each
-        group) and its position in it."""
+        """For every F column: its diagonal block (one per active row of each group, numbered
+        over the groups in turn) and its entry's position in the row."""
         if getattr(self, "_blocks", None) is None:
             blk, pos = np.zeros(self.nf, np.int64), np.zeros(self.nf, np.int64)
             base = 0
             for g in self.layout.groups:
                 if g.name == self.layout.eliminated or g.t_size == 0:
                     continue
-                k, sl = g.free.size, slice(g.t_offset, g.t_offset + g.t_size)
-                blk[sl] = base + np.repeat(np.arange(g.rows.size), k)
-                pos[sl] = np.tile(np.arange(k), g.rows.size)
+                T = g.tangent[g.rows]
+                rr, jj = np.nonzero(T >= 0)
+                blk[T[rr, jj]] = base + rr
+                pos[T[rr, jj]] = jj
                 base += g.rows.size
             self._blocks = (blk, pos)
         return self._blocks

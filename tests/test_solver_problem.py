@@ -82,6 +82,7 @@ def three_group_problem(s, with_prior=True, loss=None, device=None):
     prob.set_constant("poses", rows=[0])
     prob.set_constant("intrinsics", columns=[1, 2])     # the principal point, as COLMAP's default
     prob.set_constant("points", rows=[5])
+    prob.set_constant("poses", rows=[2], columns=[5])   # one coordinate of one pose (a gauge's kind)
     return prob
 
 
@@ -132,8 +133,9 @@ def test_jacobian_columns_against_the_complex_step(device):
     st.evaluate_jacobian(first=True)
     J = np.hstack([st.F.toarray(), st.E.toarray()])
     t0, values_at = tangent_functions(prob, core)
-    # Constant rows and entries have no column: 4 free poses x 6, 2 cameras x 2 (f, k), 39 points x 3.
-    assert J.shape == (2 * s["img"].size + 6, 4 * 6 + 2 * 2 + 39 * 3)
+    # Constant rows and entries have no column: 4 free poses x 6 less one entry, 2 cameras x 2
+    # (f, k), 39 points x 3.
+    assert J.shape == (2 * s["img"].size + 6, 4 * 6 - 1 + 2 * 2 + 39 * 3)
     ref = complex_step_jacobian(prob, values_at, t0)
     np.testing.assert_allclose(J, ref, rtol=1e-9, atol=1e-9 * np.abs(ref).max())
     # And the residuals themselves.
@@ -165,6 +167,7 @@ def test_three_groups_two_kinds_against_scipy_least_squares(device, linear_solve
     assert np.array_equal(r.parameters["poses"][0], s["poses"][0])
     assert np.array_equal(r.parameters["intrinsics"][:, 1:3], s["intr"][:, 1:3])
     assert np.array_equal(r.parameters["points"][5], s["points"][5])
+    assert r.parameters["poses"][2, 5] == s["poses"][2, 5] and np.all(r.parameters["poses"][2, :5] != s["poses"][2, :5])
     # The problem keeps its starting values.
     assert np.array_equal(prob.groups["points"].values, s["points"])
     report = r.full_report()
