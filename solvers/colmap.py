@@ -574,3 +574,13 @@ _TEXT_WRITERS = {"cameras": _text_cameras, "images": _text_images, "points3D": _
                  "rigs": _text_rigs, "frames": _text_frames}
 _BINARY_WRITERS = {"cameras": _bin_cameras, "images": _bin_images, "points3D": _bin_points,
                    "rigs": _bin_rigs, "frames": _bin_frames}
+
+
+# The bundle adjustment of a reconstruction (solvers.colmap_problem), here under the names
+# callers look for; `python -m solvers.colmap` is solvers.colmap_cli.
+from .colmap_problem import problem_from_reconstruction, update_reconstruction  # noqa: E402,F401
+
+if __name__ == "__main__":
+    import sys
+    from .colmap_cli import main
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""``python -m solvers.colmap MODEL_DIR --out OUT_DIR``: bundle-adjust a COLMAP reconstruction
+(text or binary) and write it back, with Ceres' iteration log and report (as ``python -m
+solvers.bal``). Ctrl-C stops after the current iteration; the best state found is still written.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from .linear_solver import LINEAR_SOLVERS
+from .loss import LOSSES
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m solvers.colmap", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", help="folder of a COLMAP sparse model (cameras, images, points3D: .txt or .bin)")
+    p.add_argument("--out", help="folder to write the refined model to (made if missing)")
+    p.add_argument("--binary", action="store_true", help="write .bin files (default: the input's format)")
+    p.add_argument("--text", action="store_true", help="write .txt files")
+    p.add_argument("--refine-focal-length", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--refine-principal-point", action=argparse.BooleanOptionalAction, default=False)
+    p.add_argument("--refine-extra-params", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--fix", default="gauge", help="gauge, first-two-poses, none, or comma-separated image ids "
+                                                  "whose poses stay fixed (default gauge: COLMAP's TWO_CAMS_FROM_WORLD)")
+    p.add_argument("--iterations", type=int, default=50, help="maximum iterations (default 50)")
+    p.add_argument("--linear-solver", default="sparse_schur", choices=list(LINEAR_SOLVERS))
+    p.add_argument("--loss", default="none", choices=["none"] + [n for n in LOSSES if n != "trivial"])
+    p.add_argument("--loss-scale", type=float, default=1.0, help="loss scale in pixels (default 1)")
+    p.add_argument("--device", default=None, help="OpenCL device spec (default: PYCLAD_DEVICE or the default device)")
+    p.add_argument("--function-tolerance", type=float, default=1e-6)
+    p.add_argument("--gradient-tolerance", type=float, default=1e-10)
+    p.add_argument("--parameter-tolerance", type=float, default=1e-8)
+    p.add_argument("-q", "--quiet", action="store_true", help="no iteration log, only the report")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.binary and args.text:
+        print("error: --binary and --text exclude each other", file=sys.stderr)
+        return 2
+    import os
+    import solvers
+    from . import colmap
+    fix = args.fix
+    if fix not in ("gauge", "first-two-poses", "none"):
+        try:
+            fix = [int(v) for v in fix.split(",")]
+        except ValueError:
+            print(f"error: --fix must be gauge, first-two-poses, none or image ids, got {args.fix!r}", file=sys.stderr)
+            return 2
+    t0 = time.perf_counter()
+    try:
+        rec = colmap.read_model(args.model)
+    except (colmap.ColmapFormatError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{args.model}: {rec.camera_ids.size} cameras, {rec.image_ids.size} images, {rec.point_ids.size} points, "
+          f"{rec.num_observations} observations (read in {time.perf_counter() - t0:.2f} s)")
+    try:
+        prob = colmap.problem_from_reconstruction(
+            rec, refine_focal_length=args.refine_focal_length, refine_principal_point=args.refine_principal_point,
+            refine_extra_params=args.refine_extra_params, fix=fix,
+            loss=None if args.loss == "none" else args.loss, loss_scale=args.loss_scale, device=args.device)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    result = solvers.solve(prob, linear_solver=args.linear_solver, max_iterations=args.iterations,
+                           function_tolerance=args.function_tolerance, gradient_tolerance=args.gradient_tolerance,
+                           parameter_tolerance=args.parameter_tolerance, verbose=not args.quiet)
+    print()
+    print(result.full_report())
+    if args.out:
+        colmap.update_reconstruction(rec, result)
+        binary = args.binary or (not args.text and os.path.isfile(os.path.join(args.model, "cameras.bin")))
+        colmap.write_model(rec, args.out, binary=binary)
+        print(f"\nwritten: {args.out} ({'binary' if binary else 'text'} COLMAP model)")
+    return 0 if result.usable else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""COLMAP reconstructions through solvers.Problem, against pycolmap's own bundle adjustment
+(Ceres inside COLMAP) on reconstructions from pycolmap.synthesize_dataset: the same initial cost,
+the same number of effective parameters after the gauge, the final cost, and the model written
+back as pycolmap reads it."""
+import numpy as np
+import pytest
+
+pycolmap = pytest.importorskip("pycolmap")
+
+import solvers
+from solvers import colmap
+from solvers.colmap_cli import main as colmap_main
+from solvers.colmap_problem import angle_axis_to_quaternion, quaternion_to_angle_axis
+
+
+def synthetic(tmp_path, n_images=12, per_image_cameras=False, model="SIMPLE_RADIAL", seed=0):
+    pycolmap.set_random_seed(seed)
+    params = {"SIMPLE_RADIAL": [1280.0, 512.0, 384.0, 0.05], "PINHOLE": [1200.0, 1210.0, 512.0, 384.0],
+              "OPENCV": [1200.0, 1210.0, 512.0, 384.0, 0.02, -0.01, 0.001, -0.002]}[model]
+    o = pycolmap.SyntheticDatasetOptions(
+        num_rigs=n_images if per_image_cameras else 1, num_cameras_per_rig=1,
+        num_frames_per_rig=1 if per_image_cameras else n_images, num_points3D=40 * n_images, track_length=6,
+        num_points2D_without_point3D=3, camera_model_id=getattr(pycolmap.CameraModelId, model),
+        camera_params=params)
+    rec = pycolmap.synthesize_dataset(o)
+    pycolmap.synthesize_noise(pycolmap.SyntheticNoiseOptions(
+        point2D_stddev=0.8, point3D_stddev=0.02, rig_from_world_translation_stddev=0.01,
+        rig_from_world_rotation_stddev=0.2), rec)
+    path = tmp_path / "model"
+    path.mkdir()
+    rec.write_text(str(path))
+    return rec, str(path)
+
+
+def pycolmap_ba(rec, refine_principal_point=False, loss="TRIVIAL"):
+    opts = pycolmap.BundleAdjustmentOptions(print_summary=False)
+    opts.refine_principal_point = refine_principal_point
+    opts.ceres.loss_function_type = getattr(pycolmap.LossFunctionType, loss)
+    so = opts.ceres.solver_options
+    so.max_num_iterations, so.function_tolerance = 100, 1e-10
+    so.gradient_tolerance, so.parameter_tolerance, so.num_threads = 1e-12, 1e-12, 2
+    cfg = pycolmap.BundleAdjustmentConfig()
+    for i in sorted(rec.reg_image_ids()):
+        cfg.add_image(i)
+    cfg.fix_gauge(pycolmap.BundleAdjustmentGauge.TWO_CAMS_FROM_WORLD)
+    return pycolmap.create_default_bundle_adjuster(opts, cfg, rec).solve().ceres_summary
+
+
+def test_quaternion_and_angle_axis_round_trip():
+    rng = np.random.default_rng(0)
+    q = rng.normal(size=(50, 4))
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    q[0] = [1, 0, 0, 0]
+    q[1] = [1, 1e-14, 0, 0]
+    w = quaternion_to_angle_axis(q)
+    back = angle_axis_to_quaternion(w)
+    np.testing.assert_allclose(back, np.where(q[:, :1] < 0, -q, q) / np.linalg.norm(q, axis=1, keepdims=True), atol=1e-12)
+    # Against pycolmap's rotation matrices.
+    for qi, wi in zip(q[2:6], w[2:6]):
+        R = pycolmap.Rotation3d(np.array([qi[1], qi[2], qi[3], qi[0]])).matrix()
+        R2 = pycolmap.Rotation3d(wi).matrix()
+        np.testing.assert_allclose(R, R2, atol=1e-12)
+
+
+@pytest.mark.parametrize("model,per_image", [("SIMPLE_RADIAL", False), ("OPENCV", True), ("PINHOLE", False)])
+def test_bundle_adjustment_matches_pycolmap(tmp_path, model, per_image):
+    rec, path = synthetic(tmp_path, model=model, per_image_cameras=per_image)
+    ours = colmap.read_model(path)
+    prob = colmap.problem_from_reconstruction(ours)
+    r = solvers.solve(prob, max_iterations=100, function_tolerance=1e-10, gradient_tolerance=1e-12,
+                      parameter_tolerance=1e-12, handle_sigint=False)
+    cs = pycolmap_ba(rec)
+    assert r.initial_cost == pytest.approx(cs.initial_cost, rel=1e-9)
+    assert r.num_effective_parameters == cs.num_effective_parameters_reduced
+    assert r.final_cost == pytest.approx(cs.final_cost, rel=1e-6)
+    # Written back and read by pycolmap: our solution, whose cost pycolmap's projection confirms.
+    colmap.update_reconstruction(ours, r)
+    colmap.write_model(ours, str(tmp_path / "out"), binary=True)
+    back = pycolmap.Reconstruction(str(tmp_path / "out"))
+    cost = 0.0
+    for image in back.images.values():
+        cam = back.cameras[image.camera_id]
+        pts = image.get_observation_points2D()
+        X = np.array([back.points3D[p.point3D_id].xyz for p in pts])
+        xy = np.array([p.xy for p in pts])
+        proj = cam.img_from_cam(image.cam_from_world() * X)
+        cost += 0.5 * np.sum((proj - xy) ** 2)
+    assert cost == pytest.approx(r.final_cost, rel=1e-9)
+    # The principal point is held (COLMAP's default), the focal length refined.
+    for k, c in enumerate(ours.camera_ids):
+        before = rec.cameras[int(c)].params
+        pp = [1, 2] if model == "SIMPLE_RADIAL" else [2, 3]
+        np.testing.assert_array_equal(ours.camera_params[k][pp], before[pp])
+        assert ours.camera_params[k][0] != before[0]
+
+
+def test_fix_choices_and_refine_flags(tmp_path):
+    _, path = synthetic(tmp_path, n_images=6)
+    rec = colmap.read_model(path)
+    g = colmap.problem_from_reconstruction(rec)
+    poses = g.groups["poses"]
+    order = np.argsort(rec.image_ids)
+    assert poses.constant_rows[order[0]] and not poses.constant_rows[order[1]]
+    assert poses.constant_entries[order[1]].sum() == 1
+    two = colmap.problem_from_reconstruction(rec, fix="first-two-poses")
+    assert two.groups["poses"].constant_rows.sum() == 2
+    ids = colmap.problem_from_reconstruction(rec, fix=[int(rec.image_ids[3])])
+    assert np.flatnonzero(ids.groups["poses"].constant_rows).tolist() == [3]
+    with pytest.raises(ValueError, match="not in the reconstruction"):
+        colmap.problem_from_reconstruction(rec, fix=[999999])
+    with pytest.raises(ValueError, match="fix="):
+        colmap.problem_from_reconstruction(rec, fix="first")
+    nofocal = colmap.problem_from_reconstruction(rec, refine_focal_length=False, refine_extra_params=False)
+    assert nofocal.groups["intrinsics"].constant_columns.all()
+    r = solvers.solve(nofocal, max_iterations=3, handle_sigint=False)
+    np.testing.assert_array_equal(r.parameters["intrinsics"], nofocal.groups["intrinsics"].values)
+
+
+def test_command_line(tmp_path, capsys):
+    _, path = synthetic(tmp_path, n_images=5)
+    out = tmp_path / "refined"
+    assert colmap_main([path, "--out", str(out), "--iterations", "10"]) == 0
+    text = capsys.readouterr().out
+    assert "iter      cost" in text and "Termination:" in text and "written:" in text
+    back = pycolmap.Reconstruction(str(out))
+    assert back.num_reg_images() == 5
+    assert colmap_main([str(tmp_path / "nope")]) == 2
