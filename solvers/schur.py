@@ -111,13 +111,13 @@ class Structure:
         block triangle of S (camera o1 <= camera o2; both orders when the cameras are equal),
         sorted by block; with the blocks' (row, col) cameras and each block's first pair."""
         if self._pairs is None:
-            self._pairs = _enumerate_pairs(self.cam, self.pt, self.pt_counts, self.nc, diagonal_only=False)
+            self._pairs = enumerate_pairs(self.cam, self.pt, self.pt_counts, self.nc, diagonal_only=False)
         return self._pairs
 
     def diag_pairs(self):
         """As :meth:`pairs`, only the pairs that land on diagonal blocks (the preconditioner's)."""
         if self._diag_pairs is None:
-            self._diag_pairs = _enumerate_pairs(self.cam, self.pt, self.pt_counts, self.nc, diagonal_only=True)
+            self._diag_pairs = enumerate_pairs(self.cam, self.pt, self.pt_counts, self.nc, diagonal_only=True)
         return self._diag_pairs
 
 
@@ -130,7 +130,10 @@ class Pairs:
     chunks: list            # (start, stop, local segment starts, block ids) per chunk of pairs
 
 
-def _enumerate_pairs(cam, pt, counts, nc, diagonal_only):
+def enumerate_pairs(cam, pt, counts, nc, diagonal_only):
+    """The :class:`Pairs` of observations sorted by point (``pt``, with ``counts`` per point)
+    whose blocks ``(cam[o1], cam[o2])`` lie in the upper block triangle (both orders on the
+    diagonal), for ``nc`` cameras (or any keys standing for them)."""
     n = cam.size
     starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
     k = counts[pt]                                  # observations of each observation's point
@@ -156,8 +159,9 @@ def _enumerate_pairs(cam, pt, counts, nc, diagonal_only):
 
 
 def sum_pair_products(pairs: Pairs, Z, W):
-    """``sum over pairs in each block of Z[o1] W[o2]^T`` -> (num_blocks, 9, 9)."""
-    out = np.zeros((pairs.block_row.size, 9, 9))
+    """``sum over pairs in each block of Z[o1] W[o2]^T`` -> (num_blocks, a, b) for Z (n, a, k)
+    and W (n, b, k) (9 x 9 for BAL's cameras)."""
+    out = np.zeros((pairs.block_row.size, Z.shape[1], W.shape[1]))
     for s, e, local, blocks in pairs.chunks:
         a, b = pairs.o1[s:e], pairs.o2[s:e]
         prod = np.matmul(Z[a], W[b].transpose(0, 2, 1))

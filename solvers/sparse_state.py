@@ -16,6 +16,7 @@ columns, split as ``J = [F | E]`` with ``E`` the eliminated group's columns (blo
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -56,6 +57,7 @@ class _Kind:
             c = np.concatenate(cols, axis=1)
             keep = c >= 0
             self.all_kept = bool(keep.all())
+            self.f_cols_full, self.f_keep = c, keep
             per_block = keep.sum(axis=1)
             # Every residual row of a block has the same columns.
             self.keep = None if self.all_kept else np.repeat(keep[:, None, :], self.R, axis=1)
@@ -64,13 +66,19 @@ class _Kind:
             self.row_nnz = np.repeat(per_block, self.R)
         else:
             self.all_kept, self.keep = True, None
+            self.f_cols_full = self.f_keep = None
             self.f_indices = np.zeros(0, np.int32)
             self.row_nnz = np.zeros(n * self.R, np.int64)
 
-    def f_values(self, jacs):
+    def f_full(self, jacs):
+        """(n, R, K): every non-eliminated slot's entries that are free in some row."""
+        return np.concatenate([jacs[j][:, :, used] for j, used in self.f_slots], axis=2)
+
+    def f_values(self, jacs, full=None):
+        """The CSR values of F (constant entries left out)."""
         if not self.f_slots:
             return np.zeros(0)
-        v = np.concatenate([jacs[j][:, :, used] for j, used in self.f_slots], axis=2)
+        v = self.f_full(jacs) if full is None else full
         return v.ravel() if self.all_kept else v[self.keep]
 
     def e_values(self, jacs):
@@ -114,6 +122,15 @@ class SparseState:
                                             shape=(self.ne_rows, k.n))
             self.e_indices = np.concatenate(e_ind).astype(np.int32) if e_ind else np.zeros(0, np.int32)
             self.e_indptr = np.concatenate(e_ptr)
+        # One kind touches the eliminated group: its reduction by pairs of observations
+        # (solvers.pair_schur), else scipy's sparse products.
+        self.pair = None
+        with_e = [i for i, k in enumerate(self.kinds) if self.ne and k.e_slot is not None]
+        if len(with_e) == 1 and self.kinds[with_e[0]].f_slots:
+            from .pair_schur import PairSchur
+            i = with_e[0]
+            self.pair_kind = i
+            self.pair = PairSchur(self.kinds[i], evaluator.problem.residuals[i], self.nf, self.ne_rows)
         self.x = np.array(x0, dtype=np.float64)
         self.best_x = self.x.copy()
         self.linear_solver_time = 0.0
@@ -129,7 +146,8 @@ class SparseState:
         cost, kinds = res
         t0 = time.perf_counter()
         self.r = np.concatenate([r.ravel() for r, _ in kinds]) if kinds else np.zeros(0)
-        self.F = sp.csr_matrix((np.concatenate([k.f_values(j) for k, (_, j) in zip(self.kinds, kinds)]),
+        full = [k.f_full(j) if k.f_slots else None for k, (_, j) in zip(self.kinds, kinds)]
+        self.F = sp.csr_matrix((np.concatenate([k.f_values(j, f) for k, (_, j), f in zip(self.kinds, kinds, full)]),
                                 self.f_indices, self.f_indptr), shape=(self.m, self.nf))
         col2 = np.bincount(self.f_indices, weights=self.F.data ** 2, minlength=self.nf)[:self.nf]
         gf = self.F.T @ self.r
@@ -146,7 +164,12 @@ class SparseState:
                 V += k.e_sum @ np.matmul(b.transpose(0, 2, 1), b).reshape(k.n, ke * ke)
                 ge += k.e_sum @ np.einsum("nrk,nr->nk", b, r)
             self.V = V.reshape(-1, ke, ke)
-            self.W = (self.F.T @ self.E).tocsr()
+            if self.pair is not None:
+                i = self.pair_kind
+                kd = self.kinds[i]
+                self.pair.prepare(full[i] if kd.all_kept else full[i] * kd.f_keep[:, None, :], E_blocks[i])
+            else:
+                self.W = (self.F.T @ self.E).tocsr()
             self.FtF = (self.F.T @ self.F).tocsr()
             col2 = np.concatenate([col2, np.einsum("pii->pi", self.V).ravel()])
             g = np.concatenate([gf, ge.ravel()])
@@ -203,11 +226,20 @@ class SparseState:
                 Vinv = np.linalg.inv(Vd)
             except np.linalg.LinAlgError:
                 Vinv = np.linalg.pinv(Vd, hermitian=True)
-        Vi = sp.bsr_matrix((Vinv, np.arange(self.ne_rows), np.arange(self.ne_rows + 1)),
-                           shape=(self.ne, self.ne)).tocsr()
-        WVi = self.W @ Vi
-        S = (self.FtF - WVi @ self.W.T + sp.diags(d2[:nf])).tocsr()
-        b = self.gf - WVi @ self.ge
+        if self.pair is not None:
+            red, ZV = self.pair.reduction(Vinv)
+            if self.pair.dense:
+                S = self.FtF.toarray()
+                S -= red
+                S[np.arange(nf), np.arange(nf)] += d2[:nf]
+            else:
+                S = (self.FtF - red + sp.diags(d2[:nf])).tocsr()
+            b = self.gf - self.pair.w_times(ZV, self.ge.reshape(-1, ke))
+        else:
+            Vi = sp.bsr_matrix((Vinv, np.arange(self.ne_rows), np.arange(self.ne_rows + 1)),
+                               shape=(self.ne, self.ne)).tocsr()
+            S = (self.FtF - (self.W @ Vi) @ self.W.T + sp.diags(d2[:nf])).tocsr()
+            b = self.gf - self.W @ (Vi @ self.ge)
         if self.o.linear_solver == "iterative_schur":
             yf, ok, its, msg = self._pcg(S, b)
         else:
@@ -215,7 +247,11 @@ class SparseState:
             its = 1
         if not ok:
             return None, False, its, msg
-        ye = Vi @ (self.ge - self.W.T @ yf)
+        if self.pair is not None:
+            t = self.ge.reshape(-1, ke) - self.pair.wt_times(yf)
+            ye = np.einsum("pij,pj->pi", Vinv, t).ravel()
+        else:
+            ye = Vi @ (self.ge - self.W.T @ yf)
         return np.concatenate([yf, ye]), True, its, msg
 
     def _factor_solve(self, A, b):
@@ -223,13 +259,16 @@ class SparseState:
         n = A.shape[0]
         if n == 0:
             return np.zeros(0), True, "Success."
-        if not np.all(np.isfinite(A.data)) or not np.all(np.isfinite(b)):
+        dense = isinstance(A, np.ndarray)
+        if not np.all(np.isfinite(A if dense else A.data)) or not np.all(np.isfinite(b)):
             return None, False, "Linear solver failure: non-finite matrix."
-        if n <= DENSE_MAX:
+        if dense or n <= DENSE_MAX:
             self.factorised_with = "dense Cholesky (LAPACK)"
+            M = A if dense else A.toarray()
             try:
-                with single_threaded_blas():
-                    c = scipy.linalg.cho_factor(A.toarray(), lower=False, check_finite=False)
+                # Small matrices factorise fastest on one thread; large ones take every core.
+                with single_threaded_blas() if n <= DENSE_MAX else contextlib.nullcontext():
+                    c = scipy.linalg.cho_factor(M, lower=False, overwrite_a=dense, check_finite=False)
                     return scipy.linalg.cho_solve(c, b, check_finite=False), True, "Success."
             except np.linalg.LinAlgError:
                 return None, False, "Linear solver failure: the matrix is not positive definite."
@@ -259,7 +298,7 @@ class SparseState:
     def _pcg(self, S, b):
         """CG on ``S`` with the inverses of its diagonal blocks (one per active row of each
         group, over that row's free entries)."""
-        C = S.tocoo()
+        C = sp.coo_matrix(S) if isinstance(S, np.ndarray) else S.tocoo()
         blk, pos = self._block_of_column()
         same = blk[C.row] == blk[C.col]
         r, c, v = C.row[same], C.col[same], C.data[same]

@@ -1,0 +1,125 @@
+"""COLMAP bundle adjustment: ``solvers.solve`` on ``solvers.colmap.problem_from_reconstruction``
+against ``pycolmap``'s own bundle adjuster (COLMAP's Ceres problem), in the same run.
+
+Reconstructions come from ``pycolmap.synthesize_dataset`` with ``pycolmap.synthesize_noise``
+(2-D noise 1 px, 3-D noise 0.02, pose noise 0.01 / 0.2 deg), SIMPLE_RADIAL, at several sizes, with
+one shared camera and with one camera per image. Both sides: the same loss (trivial), the same
+refined intrinsics (focal length and extra parameters; principal point fixed), the same gauge
+(COLMAP's TWO_CAMS_FROM_WORLD: the first pose and the largest coordinate of the second pose's
+translation), Levenberg-Marquardt with tolerances 1e-6 / 1e-10 / 1e-8, at most 50 iterations,
+and pycolmap on every core of the machine. Timed: the solve alone (ours: ``solvers.solve`` on a
+built Problem, reading excluded; pycolmap: ``BundleAdjuster.solve()``), after one warm-up solve
+of the smallest case (kernel builds), median of ``--repeat`` runs. Reported: both final costs in
+the same units (Ceres' cost, 1/2 sum of squared pixel residuals), iterations, wall times and
+their ratio, and ours split into Jacobian evaluation and linear solver.
+
+    python benchmarks/bench_colmap.py [--quick] [--device SPEC] [--sizes 30,100,...] [--repeat N]
+"""
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+import numpy as np  # noqa: E402
+
+import harness  # noqa: E402
+
+try:
+    import pycolmap  # noqa: E402
+except ImportError:
+    raise SystemExit("bench_colmap needs pycolmap (pip install pycolmap, or pip install '.[test]')")
+
+import solvers  # noqa: E402
+from solvers import colmap  # noqa: E402
+
+TRACK = 8
+POINTS_PER_IMAGE = 60       # observations = images * 60 * 8
+
+
+def reconstruction(n_images, per_image, seed=0):
+    pycolmap.set_random_seed(seed)
+    o = pycolmap.SyntheticDatasetOptions(
+        num_rigs=n_images if per_image else 1, num_cameras_per_rig=1, num_frames_per_rig=1 if per_image else n_images,
+        num_points3D=POINTS_PER_IMAGE * n_images, track_length=TRACK, num_points2D_without_point3D=0,
+        camera_model_id=pycolmap.CameraModelId.SIMPLE_RADIAL, camera_params=[1280.0, 512.0, 384.0, 0.05])
+    rec = pycolmap.synthesize_dataset(o)
+    pycolmap.synthesize_noise(pycolmap.SyntheticNoiseOptions(
+        point2D_stddev=1.0, point3D_stddev=0.02, rig_from_world_translation_stddev=0.01,
+        rig_from_world_rotation_stddev=0.2), rec)
+    return rec
+
+
+def pycolmap_solve(rec, threads):
+    rec = pycolmap.Reconstruction(rec)          # a copy: every run starts from the same state
+    opts = pycolmap.BundleAdjustmentOptions(print_summary=False)
+    opts.refine_focal_length, opts.refine_principal_point, opts.refine_extra_params = True, False, True
+    opts.ceres.loss_function_type = pycolmap.LossFunctionType.TRIVIAL
+    so = opts.ceres.solver_options
+    so.max_num_iterations, so.function_tolerance = 50, 1e-6
+    so.gradient_tolerance, so.parameter_tolerance, so.num_threads = 1e-10, 1e-8, threads
+    cfg = pycolmap.BundleAdjustmentConfig()
+    for i in sorted(rec.reg_image_ids()):
+        cfg.add_image(i)
+    cfg.fix_gauge(pycolmap.BundleAdjustmentGauge.TWO_CAMS_FROM_WORLD)
+    adjuster = pycolmap.create_default_bundle_adjuster(opts, cfg, rec)
+    t0 = time.perf_counter()
+    cs = adjuster.solve().ceres_summary
+    return time.perf_counter() - t0, cs
+
+
+def ours_solve(prob, linear_solver):
+    t0 = time.perf_counter()
+    r = solvers.solve(prob, linear_solver=linear_solver, max_iterations=50, function_tolerance=1e-6,
+                      gradient_tolerance=1e-10, parameter_tolerance=1e-8, handle_sigint=False)
+    return time.perf_counter() - t0, r
+
+
+def main():
+    p = harness.parser(__doc__)
+    p.add_argument("--sizes", default=None, help="numbers of images (default 30,100,300,1000,2000; --quick 30,100)")
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="pycolmap's threads (default: every core)")
+    p.add_argument("--linear-solvers", default="sparse_schur", help="ours: comma-separated (sparse_schur, iterative_schur)")
+    p.set_defaults(repeat=3)
+    args = p.parse_args()
+    sizes = [int(v) for v in (args.sizes or ("30,100" if args.quick else "30,100,300,1000,2000")).split(",")]
+    rep = harness.Report("bench_colmap", args, threads=args.threads, track_length=TRACK,
+                         points_per_image=POINTS_PER_IMAGE)
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        warm = True
+        for per_image in (False, True):
+            for n in sizes:
+                rec = reconstruction(n, per_image)
+                path = os.path.join(tmp, f"m{n}{'p' if per_image else 's'}")
+                os.makedirs(path)
+                rec.write(path)
+                ours_rec = colmap.read_model(path)
+                prob = colmap.problem_from_reconstruction(ours_rec, device=args.device)
+                if warm:        # kernel builds (or pyopencl's cache of them) outside the timings
+                    ours_solve(prob, "sparse_schur")
+                    warm = False
+                peer = [pycolmap_solve(rec, args.threads) for _ in range(args.repeat)]
+                t_peer = statistics.median(t for t, _ in peer)
+                cs = peer[0][1]
+                for ls in args.linear_solvers.split(","):
+                    mine = [ours_solve(prob, ls) for _ in range(args.repeat)]
+                    t_ours = statistics.median(t for t, _ in mine)
+                    r = mine[0][1]
+                    rep.add(f"{n} images, {'camera per image' if per_image else 'shared camera'}", ls,
+                            observations=ours_rec.num_observations, ours_s=t_ours, pycolmap_s=t_peer,
+                            time_ratio=t_ours / t_peer, ours_cost=r.final_cost, pycolmap_cost=cs.final_cost,
+                            cost_ratio=r.final_cost / cs.final_cost, ours_iterations=r.iterations,
+                            pycolmap_iterations=cs.num_successful_steps + cs.num_unsuccessful_steps - 1,
+                            jacobian_s=r.times["jacobian_evaluation"], linear_s=r.times["linear_solver"],
+                            core=r.core, state=r.state)
+    rep.write(["case", "variant", "observations", "ours_s", "pycolmap_s", "time_ratio", "ours_cost",
+               "pycolmap_cost", "cost_ratio", "ours_iterations", "pycolmap_iterations", "jacobian_s",
+               "linear_s", "state"])
+
+
+if __name__ == "__main__":
+    main()

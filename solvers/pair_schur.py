@@ -1,0 +1,133 @@
+"""The Schur complement's reduction ``W V^-1 W^T`` of the general core by pairs of observations,
+blocked as Ceres' SCHUR solvers block it, instead of by scipy's scalar sparse products.
+
+It serves problems where one residual kind touches the eliminated group (a COLMAP
+reconstruction: poses, intrinsics and points). Observations are keyed by the tuple of their
+non-eliminated rows (for COLMAP: the image, which fixes the camera); every pair of observations
+of one eliminated row adds ``Z_o1 V_p^-1 Z_o2^T`` (``Z_o = F_o^T E_o``, K x K with K the kind's
+non-eliminated entries) to the block of their two keys. The pairs are enumerated and grouped by
+block once (:func:`solvers.schur.enumerate_pairs`); per solve the products are batched matrix
+products summed per block (:func:`solvers.schur.sum_pair_products`), and the blocks land in the
+reduced matrix through an index computed once.
+"""
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+from . import ordering
+from .schur import enumerate_pairs, sum_pair_products
+
+
+# The reduced matrix is dense when its entries fill this fraction of it, up to this size.
+DENSE_FRACTION = 0.3
+DENSE_MAX_UNKNOWNS = 16384
+
+
+class PairSchur:
+    """``W V^-1 W^T``, ``W V^-1 g_E`` and ``W^T y`` for one residual kind ``kind``
+    (a :class:`solvers.sparse_state._Kind` with an eliminated slot)."""
+
+    def __init__(self, kind, block, nf: int, ne_rows: int):
+        C = kind.f_cols_full                         # (n, K) tangent columns, -1 where constant
+        valid = kind.e_rank >= 0
+        self.obs = np.flatnonzero(valid)
+        e = kind.e_rank[self.obs]
+        order = ordering.stable_order(e, ne_rows)
+        self.obs = self.obs[order]
+        e = e[order]
+        self.e = e
+        self.nf, self.ne_rows = nf, ne_rows
+        self.cols = C[self.obs]                      # (m, K)
+        self.cols_or_pad = np.where(self.cols >= 0, self.cols, nf)    # -1 -> a zero pad entry
+        keys = self._keys(kind, block)[self.obs]
+        uniq, key = np.unique(keys, return_inverse=True)
+        key = key.ravel()
+        nk = uniq.size
+        first = np.zeros(nk, np.int64)
+        first[key[::-1]] = np.arange(key.size)[::-1]     # an observation of each key
+        key_cols = self.cols[first]                      # (nk, K)
+        counts = np.bincount(e, minlength=ne_rows)
+        self.pairs = enumerate_pairs(key, e, counts, nk, diagonal_only=False)
+        # Where every block's entries go in the reduced matrix (upper blocks, and the strictly
+        # upper ones mirrored), summed where keys share columns (shared intrinsics).
+        K = C.shape[1]
+        br, bc = self.pairs.block_row, self.pairs.block_col
+        rows = np.repeat(key_cols[br][:, :, None], K, axis=2)       # (nb, K, K)
+        cols = np.repeat(key_cols[bc][:, None, :], K, axis=1)
+        src = np.arange(br.size * K * K).reshape(br.size, K, K)
+        off = br != bc
+        r = np.concatenate([rows.ravel(), cols[off].ravel()])
+        c = np.concatenate([cols.ravel(), rows[off].ravel()])
+        s = np.concatenate([src.ravel(), src[off].ravel()])
+        keep = (r >= 0) & (c >= 0)
+        r, c, self.src = r[keep], c[keep], s[keep]
+        lin = r.astype(np.int64) * nf + c
+        # Where the reduced matrix is (nearly) dense, as in most reconstructions whose images
+        # share points widely, it is assembled and factorised dense.
+        self.dense = nf <= DENSE_MAX_UNKNOWNS and lin.size >= DENSE_FRACTION * nf * nf
+        if self.dense:
+            self.lin = lin
+            return
+        uniq_lin, self.slot = _unique_inverse(lin, nf * nf)
+        ur, uc = uniq_lin // nf, uniq_lin % nf
+        self.indices = uc.astype(np.int32)
+        self.indptr = np.concatenate([[0], np.cumsum(np.bincount(ur, minlength=nf))]).astype(np.int64)
+        self.nnz = uniq_lin.size
+
+    @staticmethod
+    def _keys(kind, block):
+        """One integer per observation for the tuple of its non-eliminated rows."""
+        key = np.zeros(block.num_blocks, np.int64)
+        span = 1
+        for j, _ in kind.f_slots:
+            rows = block.groups[j].num_rows
+            if span * rows >= 2 ** 62:               # too many combinations for one integer
+                return np.unique(kind.f_cols_full, axis=0, return_inverse=True)[1].ravel()
+            key = key * rows + block.index[:, j]
+            span *= rows
+        return key
+
+    def prepare(self, F_full, E):
+        """Per Jacobian: ``Z_o = F_o^T E_o`` from the kind's (n, R, K) and (n, R, kE) blocks."""
+        self.Z = np.einsum("nrk,nre->nke", F_full[self.obs], E[self.obs])
+
+    def reduction(self, Vinv):
+        """``(W V^-1 W^T, ZV)`` for the blocks ``Vinv`` (ne_rows, kE, kE): a CSR matrix, or a
+        dense (nf, nf) array where :attr:`dense`."""
+        ZV = np.matmul(self.Z, Vinv[self.e])
+        blocks = sum_pair_products(self.pairs, ZV, self.Z)
+        if self.dense:
+            flat = np.bincount(self.lin, weights=blocks.ravel()[self.src], minlength=self.nf * self.nf)
+            return flat.reshape(self.nf, self.nf), ZV
+        data = np.bincount(self.slot, weights=blocks.ravel()[self.src], minlength=self.nnz)
+        return sp.csr_matrix((data, self.indices, self.indptr), shape=(self.nf, self.nf)), ZV
+
+    def w_times(self, ZV, u):
+        """``W V^-1 u`` for a per-row vector ``u`` (ne_rows, kE) -> (nf,)."""
+        t = np.einsum("nke,ne->nk", ZV, u[self.e])
+        return np.bincount(self.cols_or_pad.ravel(), weights=t.ravel(), minlength=self.nf + 1)[:self.nf]
+
+    def wt_times(self, y):
+        """``W^T y`` per eliminated row (ne_rows, kE) for an F vector ``y`` (nf,)."""
+        yp = np.append(y, 0.0)[self.cols_or_pad]                  # (m, K)
+        t = np.einsum("nke,nk->ne", self.Z, yp)
+        out = np.zeros((self.ne_rows, t.shape[1]))
+        for k in range(t.shape[1]):
+            out[:, k] = np.bincount(self.e, weights=t[:, k], minlength=self.ne_rows)
+        return out
+
+
+def _unique_inverse(lin, bound):
+    """``np.unique(lin, return_inverse=True)`` for values in ``[0, bound)``: by a marker array
+    (no sort) while ``bound`` is small enough, else by numpy's sort."""
+    if bound <= 1 << 28:
+        mark = np.zeros(bound, np.bool_)
+        mark[lin] = True
+        uniq = np.flatnonzero(mark)
+        del mark
+        rank = np.zeros(bound, np.int32)
+        rank[uniq] = np.arange(uniq.size, dtype=np.int32)
+        return uniq, rank[lin]
+    uniq, inv = np.unique(lin, return_inverse=True)
+    return uniq, inv.ravel()
