@@ -288,6 +288,19 @@ class Problem:
         """Copies of every group's current values."""
         return {k: g.values.copy() for k, g in self.groups.items()}
 
+    def set_parameters(self, parameters: dict) -> None:
+        """New starting values, e.g. ``result.parameters`` of an earlier solve: a table per
+        group name (groups not named keep theirs). Shapes must match; values must be finite."""
+        for name, v in parameters.items():
+            g = self.group(name)
+            v = np.asarray(v, dtype=np.float64)
+            if v.shape != g.values.shape:
+                raise ValueError(f"set_parameters: {name!r} must be {g.values.shape}, got {v.shape}")
+            if not np.all(np.isfinite(v)):
+                raise ValueError(f"set_parameters: {name!r} has values that are not finite")
+        for name, v in parameters.items():
+            self.groups[name].values = np.array(v, dtype=np.float64, copy=True)
+
     def eliminable(self) -> List[str]:
         """The groups the Schur complement may remove: not constant, the same entries free in
         every row, and no residual block touches two rows of them (a kind that takes the group
