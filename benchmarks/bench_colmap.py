@@ -9,7 +9,8 @@ refined intrinsics (focal length and extra parameters; principal point fixed), t
 translation), Levenberg-Marquardt with tolerances 1e-6 / 1e-10 / 1e-8, at most 50 iterations,
 and pycolmap on every core of the machine. Timed: the solve alone (ours: ``solvers.solve`` on a
 built Problem, reading excluded; pycolmap: ``BundleAdjuster.solve()``), after one warm-up solve
-of the smallest case (kernel builds), median of ``--repeat`` runs. Reported: both final costs in
+of the smallest case (kernel builds), median of ``--repeat`` runs (``--repeat-large`` above
+200,000 observations). Reported: both final costs in
 the same units (Ceres' cost, 1/2 sum of squared pixel residuals), iterations, wall times and
 their ratio, and ours split into Jacobian evaluation and linear solver.
 
@@ -24,7 +25,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-import numpy as np  # noqa: E402
 
 import harness  # noqa: E402
 
@@ -83,6 +83,8 @@ def main():
     p.add_argument("--sizes", default=None, help="numbers of images (default 30,100,300,1000,2000; --quick 30,100)")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="pycolmap's threads (default: every core)")
     p.add_argument("--linear-solvers", default="sparse_schur", help="ours: comma-separated (sparse_schur, iterative_schur)")
+    p.add_argument("--repeat-large", type=int, default=1,
+                   help="timed runs per side above 200,000 observations (default 1: minutes each)")
     p.set_defaults(repeat=3)
     args = p.parse_args()
     sizes = [int(v) for v in (args.sizes or ("30,100" if args.quick else "30,100,300,1000,2000")).split(",")]
@@ -102,11 +104,12 @@ def main():
                 if warm:        # kernel builds (or pyopencl's cache of them) outside the timings
                     ours_solve(prob, "sparse_schur")
                     warm = False
-                peer = [pycolmap_solve(rec, args.threads) for _ in range(args.repeat)]
+                repeat = args.repeat if ours_rec.num_observations <= 200_000 else args.repeat_large
+                peer = [pycolmap_solve(rec, args.threads) for _ in range(repeat)]
                 t_peer = statistics.median(t for t, _ in peer)
                 cs = peer[0][1]
                 for ls in args.linear_solvers.split(","):
-                    mine = [ours_solve(prob, ls) for _ in range(args.repeat)]
+                    mine = [ours_solve(prob, ls) for _ in range(repeat)]
                     t_ours = statistics.median(t for t, _ in mine)
                     r = mine[0][1]
                     rep.add(f"{n} images, {'camera per image' if per_image else 'shared camera'}", ls,
@@ -115,7 +118,7 @@ def main():
                             cost_ratio=r.final_cost / cs.final_cost, ours_iterations=r.iterations,
                             pycolmap_iterations=cs.num_successful_steps + cs.num_unsuccessful_steps - 1,
                             jacobian_s=r.times["jacobian_evaluation"], linear_s=r.times["linear_solver"],
-                            core=r.core, state=r.state)
+                            core=r.core, state=r.state, runs=repeat)
     rep.write(["case", "variant", "observations", "ours_s", "pycolmap_s", "time_ratio", "ours_cost",
                "pycolmap_cost", "cost_ratio", "ours_iterations", "pycolmap_iterations", "jacobian_s",
                "linear_s", "state"])

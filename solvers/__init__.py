@@ -1,24 +1,36 @@
-"""Bundle adjustment of BAL problems: Levenberg-Marquardt with Ceres' semantics, Jacobians from
-pyclad (``solvers.snavely``), Schur-complement linear algebra with numpy and scipy.sparse.
+"""Nonlinear least squares with Levenberg-Marquardt in Ceres' semantics, Jacobians from pyclad.
+
+General problems (:mod:`solvers.problem`, :mod:`solvers.solve`): named parameter groups, residual
+kinds from pyclad-traceable functions, constant rows and entries, the Schur complement of any
+eliminated group::
 
     import solvers
+    prob = solvers.Problem()
+    prob.add_parameter_block("poses", poses0); prob.add_parameter_block("points", points0)
+    prob.add_residual_block(fn, ["poses", "points"], index=(img, pt), data=xy, loss="huber")
+    result = solvers.solve(prob, linear_solver="sparse_schur", eliminate="points")
+
+BAL bundle adjustment, a layer over them (``solvers.snavely``; the iterations on the OpenCL
+device where they can be)::
+
     problem = solvers.read_bal("problem-49-7776-pre.txt.bz2")      # or solvers.synthetic_problem(...)
     result = solvers.bundle_adjust(problem, linear_solver="sparse_schur", verbose=True)
     print(result.full_report())
     solvers.write_bal(result.problem, "optimised.txt")
+
+COLMAP reconstructions: :mod:`solvers.colmap` (``problem_from_reconstruction``,
+``update_reconstruction``, ``python -m solvers.colmap``); camera models: :mod:`solvers.cameras`.
 """
 from __future__ import annotations
 
 import dataclasses
-import sys
-import time
-from typing import Callable, List, Optional
+from typing import Callable, Optional
 
 import numpy as np
 
 from .bal import BALFormatError, BALProblem, read_bal, write_bal
 from .checkpoint import Checkpoint, CheckpointError, load_checkpoint
-from .lm import Options, StopFlag, minimize
+from .lm import Options, StopFlag
 from .loss import LOSSES, Loss
 from .linear_solver import LINEAR_SOLVERS
 from .problem import ParameterBlock, Problem, ResidualBlock
@@ -116,12 +128,14 @@ def bundle_adjust(problem: BALProblem, linear_solver: str = "sparse_schur", loss
     # The BAL problem as a solvers.Problem: cameras, points and the Snavely residual; solve runs
     # it on the bundle-adjustment core with the camera model (pyclad's Snavely by default).
     prob = Problem(dtype=dtype, device=device, backend=backend or "auto", name=problem.name)
-    prob.add_parameter_block("cameras", problem.cameras)
-    prob.add_parameter_block("points", problem.points)
+    # Shared, not copied: the Problem lives only for this call, and the BAL problem's arrays
+    # are only read (the solution comes back in new arrays).
+    prob.add_parameter_block("cameras", problem.cameras, copy=False)
+    prob.add_parameter_block("points", problem.points, copy=False)
     from .snavely import snavely_residual
     prob.add_residual_block(snavely_residual, ["cameras", "points"],
                             index=(problem.camera_index, problem.point_index), data=problem.observations,
-                            loss=loss, loss_scale=loss_scale, name="reprojection")
+                            loss=loss, loss_scale=loss_scale, name="reprojection", copy=False)
     if model is None:
         from .evaluator import default_model_class
         model = default_model_class()

@@ -8,7 +8,6 @@ import argparse
 import sys
 import time
 
-import numpy as np
 
 from .linear_solver import LINEAR_SOLVERS
 from .loss import LOSSES

@@ -41,8 +41,8 @@ class Evaluator:
         if ordering.is_sorted(problem.point_index):
             # Already in point order: nothing to sort or gather.
             self.order = np.arange(n, dtype=ordering.index_dtype(n))
-            self.cam = problem.camera_index.astype(cam_type)
-            self.pt = problem.point_index.astype(pt_type)
+            self.cam = problem.camera_index.astype(cam_type, copy=False)
+            self.pt = problem.point_index.astype(pt_type, copy=False)
             observed = problem.observations
         else:
             self.order = ordering.stable_order(problem.point_index, self.npt)

@@ -84,7 +84,7 @@ class PairSchur:
             rows = block.groups[j].num_rows
             if span * rows >= 2 ** 62:               # too many combinations for one integer
                 return np.unique(kind.f_cols_full, axis=0, return_inverse=True)[1].ravel()
-            key = key * rows + block.index[:, j]
+            key = key * rows + block.columns[j]
             span *= rows
         return key
 

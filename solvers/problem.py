@@ -84,14 +84,22 @@ class ResidualBlock:
     name: str
     fn: object
     groups: List[ParameterBlock]
-    index: np.ndarray            # (n, len(groups)) int32
+    columns: List[np.ndarray]    # per group slot, the (n,) int32 rows (contiguous)
     data: Optional[np.ndarray]   # (n, d) float64, or None
     loss: Loss
     num_residuals: int = 0       # per block; found when the function is traced
 
     @property
     def num_blocks(self) -> int:
-        return self.index.shape[0]
+        return self.columns[0].size
+
+    @property
+    def index(self) -> np.ndarray:
+        """(n, len(groups)) int32: what the kind's BatchFunction takes (made once)."""
+        if getattr(self, "_index", None) is None:
+            from . import ordering
+            self._index = ordering.columns(self.columns, np.int32)
+        return self._index
 
 
 def _name_of(group) -> str:
@@ -115,15 +123,16 @@ class Problem:
         self.residuals: List[ResidualBlock] = []
 
     # -- building --------------------------------------------------------------------------
-    def add_parameter_block(self, name: str, values) -> ParameterBlock:
+    def add_parameter_block(self, name: str, values, copy: bool = True) -> ParameterBlock:
         """A group of rows ``values`` (``(num_rows, size)``, or ``(size,)`` for one row), copied
-        as float64."""
+        as float64 (``copy=False`` shares a float64 C-contiguous array: the caller must not change
+        it while the problem is in use)."""
         if not isinstance(name, str) or not name:
             raise TypeError(f"add_parameter_block: name must be a non-empty string, got {name!r}")
         if name in self.groups:
             raise ValueError(f"add_parameter_block: a group named {name!r} exists already; "
                              f"the groups are {list(self.groups)}")
-        v = np.array(values, dtype=np.float64, copy=True)
+        v = np.array(values, dtype=np.float64, copy=True) if copy else np.ascontiguousarray(values, np.float64)
         if v.ndim == 1:
             v = v[None, :]
         if v.ndim != 2 or v.shape[1] < 1:
@@ -147,7 +156,7 @@ class Problem:
         return self.groups[name]
 
     def add_residual_block(self, fn, groups: Sequence, index, data=None, loss=None,
-                           loss_scale: float = 1.0, name: Optional[str] = None) -> ResidualBlock:
+                           loss_scale: float = 1.0, name: Optional[str] = None, copy: bool = True) -> ResidualBlock:
         """Residual blocks ``fn(groups[0][index[0][i]], ..., data[i])`` for every ``i``.
 
         - ``groups``: the parameter groups (names or :class:`ParameterBlock`) ``fn`` takes, in
@@ -157,6 +166,8 @@ class Problem:
         - ``data``: ``(n, d)`` per-block constants (observed pixels), or None.
         - ``loss``: None/"trivial", "huber", "cauchy", "soft_l1", "arctan", "tolerant" or a
           :class:`solvers.Loss`, with ``loss_scale``.
+        - ``copy=False`` shares ``data`` where it is float64 and C-contiguous (see
+          :meth:`add_parameter_block`); the index is always kept as int32 arrays of its own.
         """
         if not callable(fn):
             raise TypeError(f"add_residual_block: fn must be a function of the parameter rows "
@@ -169,11 +180,11 @@ class Problem:
         label = name or getattr(fn, "__name__", "residual")
         if any(r.name == label for r in self.residuals):
             label = f"{label}_{len(self.residuals)}"
-        idx = self._index(index, blocks, label)
-        n = idx.shape[0]
+        cols = self._index(index, blocks, label)
+        n = cols[0].size
         d = None
         if data is not None:
-            d = np.array(data, dtype=np.float64, copy=True)
+            d = np.array(data, dtype=np.float64, copy=True) if copy else np.ascontiguousarray(data, np.float64)
             if d.ndim == 1:
                 d = d[:, None]
             if d.ndim != 2 or d.shape[0] != n:
@@ -182,12 +193,12 @@ class Problem:
             if d.shape[1] == 0:
                 d = None
         lo = loss if isinstance(loss, Loss) else Loss(loss or "trivial", loss_scale)
-        block = ResidualBlock(label, fn, blocks, idx, d, lo)
+        block = ResidualBlock(label, fn, blocks, cols, d, lo)
         self.residuals.append(block)
         return block
 
     @staticmethod
-    def _index(index, blocks, label) -> np.ndarray:
+    def _index(index, blocks, label) -> List[np.ndarray]:
         G = len(blocks)
         if isinstance(index, np.ndarray) and index.ndim == 2:
             cols = [index[:, j] for j in range(index.shape[1])]
@@ -216,8 +227,8 @@ class Problem:
                 bad = int(np.flatnonzero((c < 0) | (c >= b.num_rows))[0])
                 raise IndexError(f"add_residual_block({label!r}): index[{j}][{bad}] = {int(c[bad])} "
                                  f"is not a row of {b.name!r}, which has {b.num_rows} rows")
-            out.append(c.astype(np.int32))
-        return np.stack(out, axis=1) if out else np.zeros((0, G), np.int32)
+            out.append(np.ascontiguousarray(c, np.int32))
+        return out
 
     def set_constant(self, group, rows=None, columns=None) -> None:
         """Hold parameters fixed: whole ``rows`` of ``group`` (Ceres' constant blocks), the

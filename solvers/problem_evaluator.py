@@ -47,7 +47,7 @@ class Layout:
         used = {name: np.zeros(g.num_rows, bool) for name, g in problem.groups.items()}
         for r in problem.residuals:
             for j, g in enumerate(r.groups):
-                used[g.name][r.index[:, j]] = True
+                used[g.name][r.columns[j]] = True
         names = [k for k in problem.groups if k != eliminated] + ([eliminated] if eliminated else [])
         self.groups: List[GroupLayout] = []
         xo = to = 0

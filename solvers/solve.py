@@ -289,7 +289,7 @@ class _BACore:
         self.problem = problem
         cam, pt, block, swapped = shape
         self.cam, self.pt, self.block = cam, pt, block
-        ci, pi = (block.index[:, 1], block.index[:, 0]) if swapped else (block.index[:, 0], block.index[:, 1])
+        ci, pi = (block.columns[1], block.columns[0]) if swapped else (block.columns[0], block.columns[1])
         self.checkpoint_problem = _Observations(ci, pi, block.data, cam.num_rows, pt.num_rows, problem.name)
         self.loss_name = _loss_name(block.loss)
         if model is None:

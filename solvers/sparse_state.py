@@ -44,12 +44,12 @@ class _Kind:
             gl = layout.by_name[g.name]
             if g.name == layout.eliminated:
                 self.e_slot = j
-                self.e_rank = gl.rank[block.index[:, j]]
+                self.e_rank = gl.rank[block.columns[j]]
                 self.e_free = gl.free
                 continue
             if gl.t_size == 0:
                 continue
-            t = gl.tangent[block.index[:, j]]                 # (n, size)
+            t = gl.tangent[block.columns[j]]                 # (n, size)
             used = np.flatnonzero((t >= 0).any(axis=0))       # columns free in some row
             cols.append(t[:, used])
             self.f_slots.append((j, used))
