@@ -135,7 +135,8 @@ def bundle_adjust(problem: BALProblem, linear_solver: str = "sparse_schur", loss
     from .snavely import snavely_residual
     prob.add_residual_block(snavely_residual, ["cameras", "points"],
                             index=(problem.camera_index, problem.point_index), data=problem.observations,
-                            loss=loss, loss_scale=loss_scale, name="reprojection", copy=False)
+                            loss=loss, loss_scale=loss_scale, name="reprojection", copy=False,
+                            index_checked=True)      # BALProblem checks its indices when made
     if model is None:
         from .evaluator import default_model_class
         model = default_model_class()

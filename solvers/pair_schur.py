@@ -22,6 +22,13 @@ from .schur import enumerate_pairs, sum_pair_products
 # The reduced matrix is dense when its entries fill this fraction of it, up to this size.
 DENSE_FRACTION = 0.3
 DENSE_MAX_UNKNOWNS = 16384
+# The block-to-matrix index costs about 40 bytes per entry of every block: above this many
+# entries the general core keeps scipy's products (PairSchur raises TooLarge).
+MAX_BLOCK_ENTRIES = 1 << 26
+
+
+class TooLarge(MemoryError):
+    """The pairs' blocks would need more index memory than :data:`MAX_BLOCK_ENTRIES` allows."""
 
 
 class PairSchur:
@@ -49,9 +56,11 @@ class PairSchur:
         key_cols = self.cols[first]                      # (nk, K)
         counts = np.bincount(e, minlength=ne_rows)
         self.pairs = enumerate_pairs(key, e, counts, nk, diagonal_only=False)
+        K = C.shape[1]
+        if self.pairs.block_row.size * K * K * 2 > MAX_BLOCK_ENTRIES:
+            raise TooLarge(f"{self.pairs.block_row.size} blocks of {K} x {K}")
         # Where every block's entries go in the reduced matrix (upper blocks, and the strictly
         # upper ones mirrored), summed where keys share columns (shared intrinsics).
-        K = C.shape[1]
         br, bc = self.pairs.block_row, self.pairs.block_col
         rows = np.repeat(key_cols[br][:, :, None], K, axis=2)       # (nb, K, K)
         cols = np.repeat(key_cols[bc][:, None, :], K, axis=1)

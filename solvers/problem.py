@@ -156,7 +156,8 @@ class Problem:
         return self.groups[name]
 
     def add_residual_block(self, fn, groups: Sequence, index, data=None, loss=None,
-                           loss_scale: float = 1.0, name: Optional[str] = None, copy: bool = True) -> ResidualBlock:
+                           loss_scale: float = 1.0, name: Optional[str] = None, copy: bool = True,
+                           index_checked: bool = False) -> ResidualBlock:
         """Residual blocks ``fn(groups[0][index[0][i]], ..., data[i])`` for every ``i``.
 
         - ``groups``: the parameter groups (names or :class:`ParameterBlock`) ``fn`` takes, in
@@ -168,6 +169,9 @@ class Problem:
           :class:`solvers.Loss`, with ``loss_scale``.
         - ``copy=False`` shares ``data`` where it is float64 and C-contiguous (see
           :meth:`add_parameter_block`); the index is always kept as int32 arrays of its own.
+        - ``index_checked=True`` skips the range check of ``index`` (two passes over every array)
+          for indices the caller has checked, as :class:`solvers.BALProblem` does when it is made;
+          an index out of range would then read outside the parameter tables on the device.
         """
         if not callable(fn):
             raise TypeError(f"add_residual_block: fn must be a function of the parameter rows "
@@ -180,7 +184,7 @@ class Problem:
         label = name or getattr(fn, "__name__", "residual")
         if any(r.name == label for r in self.residuals):
             label = f"{label}_{len(self.residuals)}"
-        cols = self._index(index, blocks, label)
+        cols = self._index(index, blocks, label, index_checked)
         n = cols[0].size
         d = None
         if data is not None:
@@ -198,7 +202,7 @@ class Problem:
         return block
 
     @staticmethod
-    def _index(index, blocks, label) -> List[np.ndarray]:
+    def _index(index, blocks, label, checked=False) -> List[np.ndarray]:
         G = len(blocks)
         if isinstance(index, np.ndarray) and index.ndim == 2:
             cols = [index[:, j] for j in range(index.shape[1])]
@@ -223,7 +227,7 @@ class Problem:
             elif c.size != n:
                 raise ValueError(f"add_residual_block({label!r}): index[{j}] has {c.size} entries, "
                                  f"index[0] {n}; every index array needs one per residual block")
-            if c.size and (c.min() < 0 or c.max() >= b.num_rows):
+            if not checked and c.size and (c.min() < 0 or c.max() >= b.num_rows):
                 bad = int(np.flatnonzero((c < 0) | (c >= b.num_rows))[0])
                 raise IndexError(f"add_residual_block({label!r}): index[{j}][{bad}] = {int(c[bad])} "
                                  f"is not a row of {b.name!r}, which has {b.num_rows} rows")

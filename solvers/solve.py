@@ -336,10 +336,10 @@ class _BACore:
         return np.concatenate([self.cam.values.ravel(), self.pt.values.ravel()])
 
     def parameters(self, x) -> dict:
-        out = self.problem.parameters()
         cams, pts = self.evaluator.split(x)
-        out[self.cam.name], out[self.pt.name] = cams.copy(), pts.copy()
-        return out
+        solved = {self.cam.name: cams.copy(), self.pt.name: pts.copy()}
+        # The other groups are constant here: copies of them as given.
+        return {k: solved[k] if k in solved else g.values.copy() for k, g in self.problem.groups.items()}
 
     def counts(self, problem) -> dict:
         C, P = self.evaluator.C, self.evaluator.P

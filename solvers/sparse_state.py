@@ -123,14 +123,17 @@ class SparseState:
             self.e_indices = np.concatenate(e_ind).astype(np.int32) if e_ind else np.zeros(0, np.int32)
             self.e_indptr = np.concatenate(e_ptr)
         # One kind touches the eliminated group: its reduction by pairs of observations
-        # (solvers.pair_schur), else scipy's sparse products.
+        # (solvers.pair_schur) while its index fits in memory, else scipy's sparse products.
         self.pair = None
         with_e = [i for i, k in enumerate(self.kinds) if self.ne and k.e_slot is not None]
         if len(with_e) == 1 and self.kinds[with_e[0]].f_slots:
-            from .pair_schur import PairSchur
+            from .pair_schur import PairSchur, TooLarge
             i = with_e[0]
-            self.pair_kind = i
-            self.pair = PairSchur(self.kinds[i], evaluator.problem.residuals[i], self.nf, self.ne_rows)
+            try:
+                self.pair = PairSchur(self.kinds[i], evaluator.problem.residuals[i], self.nf, self.ne_rows)
+                self.pair_kind = i
+            except TooLarge:
+                self.pair = None
         self.x = np.array(x0, dtype=np.float64)
         self.best_x = self.x.copy()
         self.linear_solver_time = 0.0

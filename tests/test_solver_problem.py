@@ -347,3 +347,29 @@ def test_rows_no_residual_uses_are_held():
     np.testing.assert_allclose(r.parameters["x"][:, 0], [1.0, 7.0, 1.0], atol=1e-9)
     assert r.parameters["x"][1, 0] == 7.0
     assert r.num_parameter_blocks_reduced == 2
+
+
+def test_bundle_adjust_shares_but_never_changes_the_bal_arrays(device):
+    p = solvers.synthetic_problem(8, 200, 4, seed=5)
+    before = [a.copy() for a in (p.cameras, p.points, p.observations, p.camera_index, p.point_index)]
+    r = solvers.bundle_adjust(p, device=device, handle_sigint=False, max_iterations=3)
+    assert r.final_cost < r.initial_cost
+    for a, b in zip((p.cameras, p.points, p.observations, p.camera_index, p.point_index), before):
+        assert np.array_equal(a, b)
+    assert not np.shares_memory(r.cameras, p.cameras)
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_pair_reduction_equals_scipy_products(device, monkeypatch, dense):
+    """The reduction by pairs of observations (dense or sparse reduced matrix) and scipy's
+    sparse products (used when the pairs' index would not fit) give the same iterations."""
+    from solvers import pair_schur
+    s = scene(seed=3)
+    if not dense:
+        monkeypatch.setattr(pair_schur, "DENSE_FRACTION", 2.0)
+    a = solvers.solve(three_group_problem(s, device=device), max_iterations=10, handle_sigint=False)
+    monkeypatch.setattr(pair_schur, "MAX_BLOCK_ENTRIES", 0)
+    b = solvers.solve(three_group_problem(s, device=device), max_iterations=10, handle_sigint=False)
+    assert len(a.history) == len(b.history)
+    for x, y in zip(a.history, b.history):
+        assert x.cost == pytest.approx(y.cost, rel=1e-10)
