@@ -125,3 +125,28 @@ def test_command_line(tmp_path, capsys):
     back = pycolmap.Reconstruction(str(out))
     assert back.num_reg_images() == 5
     assert colmap_main([str(tmp_path / "nope")]) == 2
+
+
+def test_cameras_of_two_models_in_one_reconstruction(tmp_path):
+    """Half the cameras turned into PINHOLE ones: one intrinsics group and one residual kind per
+    model, and pycolmap's bundle adjuster on the same files agrees."""
+    _, path = synthetic(tmp_path, n_images=8, per_image_cameras=True)
+    rec = colmap.read_model(path)
+    for k in range(0, rec.camera_ids.size, 2):
+        f, cx, cy, _ = rec.camera_params[k]
+        rec.camera_models[k] = 1                           # PINHOLE: fx, fy, cx, cy
+        rec.camera_params[k] = np.array([f, f, cx, cy])
+    mixed = str(tmp_path / "mixed")
+    colmap.write_model(rec, mixed)
+    rec = colmap.read_model(mixed)
+    prob = colmap.problem_from_reconstruction(rec)
+    assert sorted(prob.groups) == ["intrinsics_PINHOLE", "intrinsics_SIMPLE_RADIAL", "points", "poses"]
+    assert len(prob.residuals) == 2
+    r = solvers.solve(prob, max_iterations=100, function_tolerance=1e-10, gradient_tolerance=1e-12,
+                      parameter_tolerance=1e-12, handle_sigint=False)
+    cs = pycolmap_ba(pycolmap.Reconstruction(mixed))
+    assert r.initial_cost == pytest.approx(cs.initial_cost, rel=1e-9)
+    assert r.num_effective_parameters == cs.num_effective_parameters_reduced
+    assert r.final_cost == pytest.approx(cs.final_cost, rel=1e-6)
+    colmap.update_reconstruction(rec, r)
+    assert rec.camera_params[0].size == 4 and rec.camera_params[0][0] != rec.camera_params[0][1]
