@@ -56,19 +56,34 @@ def _parameter_kinds(model: cameras.CameraModel):
     return focal, pp, extra
 
 
+def _rows_of(ids, wanted):
+    """``(rows, missing)``: the rows of the ids ``wanted`` in ``ids``, and those not there."""
+    wanted = np.asarray(wanted, np.int64)
+    if ids.size == 0:
+        return np.zeros(wanted.size, np.int64), wanted
+    order = np.argsort(ids, kind="stable")
+    rows = order[np.minimum(np.searchsorted(ids, wanted, sorter=order), ids.size - 1)]
+    return rows, wanted[ids[rows] != wanted]
+
+
+def _intrinsics_groups(rec):
+    """``(model, group name, camera rows)`` per camera model of ``rec``, by model name: one group
+    ``intrinsics``, or ``intrinsics_<MODEL>`` each when the cameras use several."""
+    models = [_MODEL_IDS[int(m)] for m in rec.camera_models]
+    names = sorted({m.name for m in models})
+    return [(cameras.get(name), "intrinsics" if len(names) == 1 else f"intrinsics_{name}",
+             np.array([k for k, m in enumerate(models) if m.name == name], np.int64)) for name in names]
+
+
 def observations(rec):
     """``(image_row, point_row, xy)``: every 2-D point that observes a 3-D point, by image."""
     ids = rec.points2d_point3d_ids
     has = ids >= 0
     counts = np.diff(rec.image_points_start)
     image_row = np.repeat(np.arange(rec.image_ids.size), counts)[has]
-    order = np.argsort(rec.point_ids, kind="stable")
-    pos = np.searchsorted(rec.point_ids, ids[has], sorter=order)
-    pos = np.minimum(pos, max(rec.point_ids.size - 1, 0))
-    point_row = order[pos] if rec.point_ids.size else pos
-    if rec.point_ids.size == 0 or not np.array_equal(rec.point_ids[point_row], ids[has]):
-        bad = ids[has][rec.point_ids[point_row] != ids[has]][:1] if rec.point_ids.size else ids[has][:1]
-        raise ValueError(f"a 2-D point observes 3-D point {int(bad[0])}, which the reconstruction does not have")
+    point_row, missing = _rows_of(rec.point_ids, ids[has])
+    if missing.size:
+        raise ValueError(f"a 2-D point observes 3-D point {int(missing[0])}, which the reconstruction does not have")
     return image_row, point_row, rec.points2d_xy[has]
 
 
@@ -90,36 +105,28 @@ def problem_from_reconstruction(model, refine_focal_length: bool = True, refine_
     from . import colmap
     from .problem import Problem
     rec = colmap.read_model(model) if isinstance(model, str) else model
-    cam_models = []
     for k, mid in enumerate(rec.camera_models):
         if int(mid) not in _MODEL_IDS:
             raise ValueError(f"camera {int(rec.camera_ids[k])} uses COLMAP camera model id {int(mid)}, which "
                              f"solvers.cameras does not have; supported: "
                              f"{', '.join(m.name for m in _MODEL_IDS.values())}")
-        cam_models.append(_MODEL_IDS[int(mid)])
     image_row, point_row, xy = observations(rec)
     prob = Problem(dtype=dtype, device=device, backend=backend, name="colmap")
     poses = np.concatenate([quaternion_to_angle_axis(rec.image_qvec), rec.image_tvec], axis=1)
     prob.add_parameter_block("poses", poses)
-    cam_row_of_id = {int(c): k for k, c in enumerate(rec.camera_ids)}
-    try:
-        image_cam = np.array([cam_row_of_id[int(c)] for c in rec.image_camera_ids], np.int64)
-    except KeyError as e:
-        raise ValueError(f"an image uses camera {e.args[0]}, which the reconstruction does not have") from None
-    names = sorted({m.name for m in cam_models})
+    image_cam, missing = _rows_of(rec.camera_ids, rec.image_camera_ids)
+    if missing.size:
+        raise ValueError(f"an image uses camera {int(missing[0])}, which the reconstruction does not have")
     prob.add_parameter_block("points", rec.point_xyz)
-    for name in names:
-        m = cameras.get(name)
-        rows = np.array([k for k, cm in enumerate(cam_models) if cm.name == name], np.int64)
-        group = "intrinsics" if len(names) == 1 else f"intrinsics_{name}"
+    obs_cam = image_cam[image_row]
+    for m, group, rows in _intrinsics_groups(rec):
         local = np.full(rec.camera_ids.size, -1, np.int64)
         local[rows] = np.arange(rows.size)
         prob.add_parameter_block(group, np.array([rec.camera_params[k] for k in rows], np.float64).reshape(rows.size, -1))
-        obs_cam = image_cam[image_row]
         mine = local[obs_cam] >= 0
         prob.add_residual_block(m.residual, ["poses", group, "points"],
                                 index=(image_row[mine], local[obs_cam[mine]], point_row[mine]), data=xy[mine],
-                                loss=loss, loss_scale=loss_scale, name=f"reprojection_{name}")
+                                loss=loss, loss_scale=loss_scale, name=f"reprojection_{m.name}")
         focal, pp, extra = _parameter_kinds(m)
         constant = ([] if refine_focal_length else focal) + ([] if refine_principal_point else pp) + \
             ([] if refine_extra_params else extra)
@@ -150,11 +157,7 @@ def _fix(prob, rec, fix):
                 k = int(np.argmax(np.abs(rec.image_tvec[second])))
                 prob.set_constant("poses", rows=[second], columns=[3 + k])
         return
-    ids = np.atleast_1d(np.asarray(fix, np.int64))
-    rows = np.searchsorted(rec.image_ids, ids, sorter=np.argsort(rec.image_ids))
-    order = np.argsort(rec.image_ids)
-    rows = order[np.minimum(rows, n - 1)] if n else rows
-    missing = ids[rec.image_ids[rows] != ids] if n else ids
+    rows, missing = _rows_of(rec.image_ids, np.atleast_1d(np.asarray(fix, np.int64)))
     if missing.size:
         raise ValueError(f"fix: image ids {missing.tolist()[:8]} are not in the reconstruction")
     prob.set_constant("poses", rows=rows)
@@ -171,10 +174,7 @@ def update_reconstruction(rec, result):
     rec.image_qvec = angle_axis_to_quaternion(poses[:, :3])
     rec.image_tvec = poses[:, 3:].copy()
     rec.point_xyz = p["points"].copy()
-    names = sorted({_MODEL_IDS[int(m)].name for m in rec.camera_models})
-    for name in names:
-        group = "intrinsics" if len(names) == 1 else f"intrinsics_{name}"
-        rows = [k for k, m in enumerate(rec.camera_models) if _MODEL_IDS[int(m)].name == name]
+    for _, group, rows in _intrinsics_groups(rec):
         for j, k in enumerate(rows):
             rec.camera_params[k] = p[group][j].copy()
     if rec.has_rigs:

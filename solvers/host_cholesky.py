@@ -19,6 +19,7 @@ CHOLMOD nor cholespy is installed.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 
 import numpy as np
@@ -49,6 +50,45 @@ def installed(name: str) -> bool:
 def best_sparse() -> str:
     """The fastest sparse factoriser installed here."""
     return next(name for name in SPARSE_PREFERENCE if installed(name))
+
+
+def lapack_cholesky(M, overwrite: bool = False, single_thread: bool = True):
+    """LAPACK's Cholesky of the dense symmetric ``M`` (``scipy.linalg.cho_factor`` form, for
+    ``cho_solve``); raises :class:`NotPositiveDefinite`. ``single_thread``: small matrices factorise
+    fastest on one BLAS thread (:mod:`solvers.blas_threads`), large ones on every core."""
+    try:
+        with single_threaded_blas() if single_thread else contextlib.nullcontext():
+            return scipy.linalg.cho_factor(M, lower=True, overwrite_a=overwrite, check_finite=False)
+    except np.linalg.LinAlgError as e:
+        raise NotPositiveDefinite(str(e)) from None
+
+
+def cholmod_cholesky(A, factor=None):
+    """CHOLMOD's supernodal Cholesky of the symmetric CSC matrix ``A`` (it reads the lower
+    triangle), into ``factor`` (the symbolic analysis of ``A``'s pattern; made when None);
+    returns the factor (``solve_A``); raises :class:`NotPositiveDefinite`."""
+    from sksparse.cholmod import CholmodNotPositiveDefiniteError, analyze
+    if factor is None:
+        factor = analyze(A, mode="supernodal")
+    try:
+        factor.cholesky_inplace(A)
+    except CholmodNotPositiveDefiniteError as e:
+        raise NotPositiveDefinite(str(e)) from None
+    return factor
+
+
+def superlu_ldlt(A):
+    """SuperLU of the symmetric CSC matrix ``A`` on a symmetric ordering without pivoting, an
+    LDL^T in effect (``solve``); raises :class:`NotPositiveDefinite`."""
+    try:
+        lu = spla.splu(A, permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.0, options={"SymmetricMode": True})
+    except RuntimeError as e:
+        raise NotPositiveDefinite(str(e)) from None
+    # With a symmetric ordering and no pivoting U's diagonal holds LDL^T's pivots: all positive
+    # iff the matrix is positive definite (solvers/schur.py's test).
+    if not np.all(lu.U.diagonal() > 0):
+        raise NotPositiveDefinite("a pivot is not positive")
+    return lu
 
 
 class _BlockEntries:
@@ -103,14 +143,7 @@ class Cholmod(_SparseFactoriser):
         self._factor = None
 
     def factor(self, blocks):
-        from sksparse.cholmod import CholmodNotPositiveDefiniteError, analyze
-        S = self.matrix(blocks)
-        if self._factor is None:
-            self._factor = analyze(S, mode="supernodal")
-        try:
-            self._factor.cholesky_inplace(S)
-        except CholmodNotPositiveDefiniteError as e:
-            raise NotPositiveDefinite(str(e)) from None
+        self._factor = cholmod_cholesky(self.matrix(blocks), self._factor)
 
     def solve(self, rhs):
         return self._factor.solve_A(np.asarray(rhs, dtype=np.float64))
@@ -147,15 +180,7 @@ class SuperLU(_SparseFactoriser):
         self._lu = None
 
     def factor(self, blocks):
-        try:
-            self._lu = spla.splu(self.matrix(blocks), permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.0,
-                                 options={"SymmetricMode": True})
-        except RuntimeError as e:
-            raise NotPositiveDefinite(str(e)) from None
-        # With a symmetric ordering and no pivoting U's diagonal holds LDL^T's pivots: all positive
-        # iff the matrix is positive definite (solvers/schur.py's test).
-        if not np.all(self._lu.U.diagonal() > 0):
-            raise NotPositiveDefinite("a pivot is not positive")
+        self._lu = superlu_ldlt(self.matrix(blocks))
 
     def solve(self, rhs):
         return self._lu.solve(np.asarray(rhs, dtype=np.float64))
@@ -172,11 +197,7 @@ class Lapack(_BlockEntries):
 
     def factor(self, blocks):
         self._S.ravel()[self._flat] = self.values(blocks)
-        try:
-            with single_threaded_blas():
-                self._factor = scipy.linalg.cho_factor(self._S, lower=True, check_finite=False)
-        except np.linalg.LinAlgError as e:
-            raise NotPositiveDefinite(str(e)) from None
+        self._factor = lapack_cholesky(self._S)
 
     def solve(self, rhs):
         with single_threaded_blas():

@@ -65,6 +65,16 @@ class ParameterBlock:
         """No entry of any row takes a step."""
         return bool(self.constant_rows.all() or self.constant_columns.all())
 
+    @property
+    def has_entry_constants(self) -> bool:
+        """Some rows have constant entries of their own (set_constant with rows and columns)."""
+        return self.constant_entries is not None and bool(self.constant_entries.any())
+
+    @property
+    def has_constants(self) -> bool:
+        """Anything of this group is constant: rows, columns or single entries."""
+        return bool(self.constant_rows.any() or self.constant_columns.any()) or self.has_entry_constants
+
     def free_mask(self) -> np.ndarray:
         """(num_rows, size) bool: the entries that take a step (rows set constant excluded)."""
         m = np.repeat(~self.constant_columns[None, :], self.num_rows, axis=0)
@@ -165,8 +175,8 @@ class Problem:
         - ``index``: one row-index array per group (a tuple of ``(n,)`` arrays, or an ``(n, G)``
           array).
         - ``data``: ``(n, d)`` per-block constants (observed pixels), or None.
-        - ``loss``: None/"trivial", "huber", "cauchy", "soft_l1", "arctan", "tolerant" or a
-          :class:`solvers.Loss`, with ``loss_scale``.
+        - ``loss``: None/"trivial", "huber", "cauchy", "soft_l1" or a :class:`solvers.Loss`,
+          with ``loss_scale``.
         - ``copy=False`` shares ``data`` where it is float64 and C-contiguous (see
           :meth:`add_parameter_block`); the index is always kept as int32 arrays of its own.
         - ``index_checked=True`` skips the range check of ``index`` (two passes over every array)
@@ -290,9 +300,9 @@ class Problem:
                 b.constant_entries[np.ix_(self._rows(b, rows), self._columns(b, columns))] = False
             return
         if rows is not None:
-            b.constant_rows[np.atleast_1d(rows)] = False
+            b.constant_rows[self._rows(b, rows)] = False
         if columns is not None:
-            b.constant_columns[np.atleast_1d(columns)] = False
+            b.constant_columns[self._columns(b, columns)] = False
 
     # -- what the solver asks ------------------------------------------------------------
     @property
@@ -322,7 +332,7 @@ class Problem:
         twice disqualifies it)."""
         out = []
         for name, g in self.groups.items():
-            if g.is_constant or (g.constant_entries is not None and g.constant_entries.any()):
+            if g.is_constant or g.has_entry_constants:
                 continue
             uses = [sum(1 for b in r.groups if b is g) for r in self.residuals]
             if all(u <= 1 for u in uses) and any(uses):
@@ -346,8 +356,7 @@ class Problem:
         if name not in candidates:
             g = self.groups[name]
             why = ("all of it is constant" if g.is_constant else
-                   "some of its rows have their own constant entries"
-                   if g.constant_entries is not None and g.constant_entries.any() else
+                   "some of its rows have their own constant entries" if g.has_entry_constants else
                    "no residual uses it" if not any(g in r.groups for r in self.residuals) else
                    "a residual block touches two of its rows")
             raise ValueError(f"eliminate={name!r} cannot be eliminated: {why}; eliminable groups: "

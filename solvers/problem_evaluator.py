@@ -33,7 +33,6 @@ class GroupLayout:
     t_offset: int               # where its free entries start in the tangent space
     t_size: int                 # its free entries
     tangent: np.ndarray         # (num_rows, size): each entry's tangent index, -1 if it takes no step
-    uniform: bool               # every active row has the same free entries
 
     @property
     def x_size(self) -> int:
@@ -64,9 +63,8 @@ class Layout:
             tangent = np.full(g.values.shape, -1, np.int64)
             count = int(m.sum())
             tangent[rows] = np.where(m, to + np.cumsum(m.ravel()).reshape(m.shape) - 1, -1)
-            uniform = bool((m == m[:1]).all()) if rows.size else True
             free = np.flatnonzero(m[0]) if rows.size else g.free_columns
-            gl = GroupLayout(name, g.size, rows, rank, free, xo, to, count, tangent, uniform)
+            gl = GroupLayout(name, g.size, rows, rank, free, xo, to, count, tangent)
             # Positions in x of the tangent entries, in tangent order (row-major).
             t_in_x.append(xo + np.flatnonzero(m.ravel()))
             xo += gl.x_size
@@ -115,8 +113,6 @@ def residual_function(block, dtype, backend, device):
 class ProblemEvaluator:
     """Cost, and corrected residuals and Jacobians, of every residual kind at a state ``x``;
     counts and times the evaluations as :class:`solvers.evaluator.Evaluator` does."""
-
-    problem_for_checkpoints = None
 
     def __init__(self, problem, layout: Layout):
         self.problem, self.layout = problem, layout

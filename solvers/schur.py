@@ -169,6 +169,17 @@ def sum_pair_products(pairs: Pairs, Z, W):
     return out
 
 
+def spd_block_inverses(blocks):
+    """Inverses of symmetric positive definite blocks (n, k, k) through their Cholesky factors,
+    ``L^-T L^-1``; pseudo-inverses of all of them where one block is not positive definite."""
+    with np.errstate(all="ignore"):
+        try:
+            Li = np.linalg.inv(np.linalg.cholesky(blocks))
+            return np.matmul(Li.transpose(0, 2, 1), Li)
+        except np.linalg.LinAlgError:
+            return np.linalg.pinv(blocks, hermitian=True)
+
+
 def _gram2(A, B):
     """``A[n]^T B[n]`` for 2-row blocks A (n, 2, a), B (n, 2, b) -> (n, a, b)."""
     return np.matmul(A.transpose(0, 2, 1), B)
@@ -342,13 +353,7 @@ class NormalEquations:
         """The Schur-Jacobi preconditioner: inverses of the diagonal 9x9 blocks of S (nc, 9, 9)."""
         Sd = self.B - self._diagonal_pair_sums(Vinv)
         Sd[:, np.arange(9), np.arange(9)] += Dc2
-        with np.errstate(all="ignore"):
-            try:
-                L = np.linalg.cholesky(Sd)
-                Pinv = np.linalg.inv(L)
-                return np.matmul(Pinv.transpose(0, 2, 1), Pinv)
-            except np.linalg.LinAlgError:
-                return np.linalg.pinv(Sd, hermitian=True)
+        return spd_block_inverses(Sd)
 
     def _solve_pcg(self, Vinv, Dc2, eta, max_iterations, r_tolerance):
         st = self.st

@@ -139,8 +139,7 @@ def core_shape(problem, eliminated: Optional[str]):
     block = problem.residuals[0]
     if len(block.groups) != 2 or block.groups[0] is block.groups[1]:
         return None
-    if any(g.constant_rows.any() or g.constant_columns.any() or
-           (g.constant_entries is not None and g.constant_entries.any()) for g in block.groups):
+    if any(g.has_constants for g in block.groups):
         return None
     if any(g is not block.groups[0] and g is not block.groups[1] and not g.is_constant
            for g in problem.groups.values()):
@@ -305,6 +304,9 @@ class _BACore:
                                    device=problem.device,
                                    backend=None if problem.backend == "auto" else problem.backend)
         self.model_name = type(self.evaluator.model).__name__
+        # Residuals per block: the model function's (a model= of another kind: BAL's 2).
+        self.num_residuals = block.num_residuals = \
+            getattr(getattr(self.evaluator.model, "function", None), "n_outputs", 2)
         self.runtime = None
         if opts.schur_backend != "numpy":
             self.runtime = getattr(self.evaluator.model, "runtime", None)
@@ -324,8 +326,7 @@ class _BACore:
         why = device_unavailable_reason(self.evaluator, opts, self.runtime)
         if why is None:
             return True
-        bal_sizes = (self.evaluator.C, self.evaluator.P) == (9, 3) and self.block.num_residuals in (0, 2) \
-            and getattr(getattr(self.evaluator.model, "function", None), "n_outputs", 2) == 2
+        bal_sizes = (self.evaluator.C, self.evaluator.P, self.num_residuals) == (9, 3, 2)
         if opts.device_resident is True and not bal_sizes:
             raise ValueError(f"device_resident=True, but {why}")
         return bal_sizes
@@ -345,9 +346,7 @@ class _BACore:
         C, P = self.evaluator.C, self.evaluator.P
         rows = self.cam.num_rows + self.pt.num_rows
         params = C * self.cam.num_rows + P * self.pt.num_rows
-        R = getattr(getattr(self.evaluator.model, "function", None), "n_outputs", 2)
-        self.block.num_residuals = R
-        return _counts(problem, rows, params, params, self.pt.name, f"{R},{P},{C}")
+        return _counts(problem, rows, params, params, self.pt.name, f"{self.num_residuals},{P},{C}")
 
 
 class _GeneralCore:
@@ -362,8 +361,11 @@ class _GeneralCore:
         self.evaluator = ProblemEvaluator(problem, self.layout)
         self.loss_name = ", ".join(sorted({_loss_name(r.loss) for r in problem.residuals}))
         self.model_name = ", ".join(r.name for r in problem.residuals)
-        numpy_only = all(f.backend == "numpy" for f in self.evaluator.functions)
-        self.device_name = "host" if numpy_only else _device_name(problem.device)
+        if all(f.backend == "numpy" for f in self.evaluator.functions):
+            self.device_name = "host"
+        else:
+            from clkernels import get_runtime
+            self.device_name = get_runtime(problem.device).info.name
 
     def make_state(self, evaluator, options, runtime, x0):
         from .sparse_state import SparseState
@@ -388,10 +390,3 @@ class _GeneralCore:
                  f"{f_sizes.pop() if len(f_sizes) == 1 else 'd'}") if e is not None else ""
         return _counts(problem, rows, lay.x_size, lay.t_size, lay.eliminated, schur)
 
-
-def _device_name(device) -> str:
-    try:
-        from clkernels import get_runtime
-        return get_runtime(device).info.name
-    except Exception:  # noqa: BLE001 - only a label for the report
-        return "OpenCL device"

@@ -16,19 +16,16 @@ columns, split as ``J = [F | E]`` with ``E`` the eliminated group's columns (blo
 """
 from __future__ import annotations
 
-import contextlib
 import time
 
 import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
-import scipy.sparse.linalg as spla
 
-from .blas_threads import single_threaded_blas
 from .cg import _norm, conjugate_gradients
-from .host_cholesky import installed
+from .host_cholesky import LABELS, NotPositiveDefinite, cholmod_cholesky, installed, lapack_cholesky, superlu_ldlt
 from .host_state import StepSolution
-from .schur import DENSE_MAX
+from .schur import DENSE_MAX, spd_block_inverses
 
 
 class _Kind:
@@ -61,8 +58,8 @@ class _Kind:
             per_block = keep.sum(axis=1)
             # Every residual row of a block has the same columns.
             self.keep = None if self.all_kept else np.repeat(keep[:, None, :], self.R, axis=1)
-            self.f_indices = (np.repeat(c[:, None, :], self.R, axis=1).ravel() if self.all_kept
-                              else np.repeat(c[:, None, :], self.R, axis=1)[self.keep]).astype(np.int32)
+            per_row = np.repeat(c[:, None, :], self.R, axis=1)
+            self.f_indices = (per_row.ravel() if self.all_kept else per_row[self.keep]).astype(np.int32)
             self.row_nnz = np.repeat(per_block, self.R)
         else:
             self.all_kept, self.keep = True, None
@@ -133,7 +130,7 @@ class SparseState:
                 self.pair = PairSchur(self.kinds[i], evaluator.problem.residuals[i], self.nf, self.ne_rows)
                 self.pair_kind = i
             except TooLarge:
-                self.pair = None
+                pass
         self.x = np.array(x0, dtype=np.float64)
         self.best_x = self.x.copy()
         self.linear_solver_time = 0.0
@@ -173,13 +170,12 @@ class SparseState:
                 self.pair.prepare(full[i] if kd.all_kept else full[i] * kd.f_keep[:, None, :], E_blocks[i])
             else:
                 self.W = (self.F.T @ self.E).tocsr()
-            self.FtF = (self.F.T @ self.F).tocsr()
             col2 = np.concatenate([col2, np.einsum("pii->pi", self.V).ravel()])
             g = np.concatenate([gf, ge.ravel()])
             self.ge = ge.ravel()
         else:
-            self.FtF = (self.F.T @ self.F).tocsr()
             g = gf
+        self.FtF = (self.F.T @ self.F).tocsr()
         self.gf = gf
         self.col2 = col2
         if first:
@@ -265,38 +261,28 @@ class SparseState:
         dense = isinstance(A, np.ndarray)
         if not np.all(np.isfinite(A if dense else A.data)) or not np.all(np.isfinite(b)):
             return None, False, "Linear solver failure: non-finite matrix."
-        if dense or n <= DENSE_MAX:
-            self.factorised_with = "dense Cholesky (LAPACK)"
-            M = A if dense else A.toarray()
-            try:
-                # Small matrices factorise fastest on one thread; large ones take every core.
-                with single_threaded_blas() if n <= DENSE_MAX else contextlib.nullcontext():
-                    c = scipy.linalg.cho_factor(M, lower=False, overwrite_a=dense, check_finite=False)
-                    return scipy.linalg.cho_solve(c, b, check_finite=False), True, "Success."
-            except np.linalg.LinAlgError:
-                return None, False, "Linear solver failure: the matrix is not positive definite."
-        if installed("cholmod"):
-            from sksparse.cholmod import CholmodNotPositiveDefiniteError, analyze
-            self.factorised_with = "sparse Cholesky (CHOLMOD)"
-            A = A.tocsc()
-            A.sort_indices()
-            key = (A.indptr.tobytes(), A.indices.tobytes())
-            if self._symbolic is None or self._symbolic[0] != key:
-                self._symbolic = (key, analyze(A))
-            try:
-                f = self._symbolic[1].cholesky(A)
-            except CholmodNotPositiveDefiniteError:
-                return None, False, "Linear solver failure: the matrix is not positive definite."
-            return f(b), True, "Success."
-        self.factorised_with = "sparse LDL^T (SuperLU)"
         try:
-            lu = spla.splu(A.tocsc(), permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.0,
-                           options={"SymmetricMode": True})
-        except RuntimeError as e:
-            return None, False, f"Linear solver failure: {e}"
-        if not np.all(lu.U.diagonal() > 0):
+            if dense or n <= DENSE_MAX:
+                name = "lapack"
+                c = lapack_cholesky(A if dense else A.toarray(), overwrite=dense, single_thread=n <= DENSE_MAX)
+                y = scipy.linalg.cho_solve(c, b, check_finite=False)
+            elif installed("cholmod"):
+                name = "cholmod"
+                A = A.tocsc()
+                A.sort_indices()
+                # The symbolic analysis is kept while the pattern stays (it can lose exact zeros).
+                key = (A.indptr.tobytes(), A.indices.tobytes())
+                factor = self._symbolic[1] if self._symbolic is not None and self._symbolic[0] == key else None
+                factor = cholmod_cholesky(A, factor)
+                self._symbolic = (key, factor)
+                y = factor.solve_A(b)
+            else:
+                name = "superlu"
+                y = superlu_ldlt(A.tocsc()).solve(b)
+        except NotPositiveDefinite:
             return None, False, "Linear solver failure: the matrix is not positive definite."
-        return lu.solve(b), True, "Success."
+        self.factorised_with = LABELS[name]
+        return y, True, "Success."
 
     def _pcg(self, S, b):
         """CG on ``S`` with the inverses of its diagonal blocks (one per active row of each
@@ -317,12 +303,7 @@ class SparseState:
             missing = T < 0                                    # constant entries: identity there
             D[:, np.arange(k), np.arange(k)] += missing
             np.add.at(D, (blk[r[inside]] - base, pos[r[inside]], pos[c[inside]]), v[inside])
-            with np.errstate(all="ignore"):
-                try:
-                    Li = np.linalg.inv(np.linalg.cholesky(D))
-                    inv = np.matmul(Li.transpose(0, 2, 1), Li)
-                except np.linalg.LinAlgError:
-                    inv = np.linalg.pinv(D, hermitian=True)
+            inv = spd_block_inverses(D)
             both = (T[:, :, None] >= 0) & (T[:, None, :] >= 0)
             rr, ii, jj = np.nonzero(both)
             pr.append(T[rr, ii])
