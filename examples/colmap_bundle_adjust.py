@@ -42,10 +42,14 @@ def synthetic_model(folder):
     return folder
 
 
+SIGMA = 0.05     # the position measurement's standard deviation, in the scene's units
+
+
 def centre_prior(pose, centre):
-    """The camera centre -R^T t minus a measured position (e.g. GPS): 3 residuals."""
+    """The camera centre -R^T t minus a measured position (e.g. GPS), in standard deviations:
+    3 residuals."""
     c = -pc.rotate_angle_axis(-pose[0:3], pose[3:6])
-    return [c[0] - centre[0], c[1] - centre[1], c[2] - centre[2]]
+    return [(c[i] - centre[i]) / SIGMA for i in range(3)]
 
 
 def main():
@@ -69,7 +73,7 @@ def main():
     rows = np.array([2, 5])
     R_inv_t = np.array([-_rotate(-p[:3], p[3:]) for p in poses[rows]])
     prob.add_residual_block(centre_prior, ["poses"], index=(rows,), data=R_inv_t + 0.2, loss="huber",
-                            loss_scale=0.1, name="centre_prior")
+                            loss_scale=3.0, name="centre_prior")
     prob.set_parameters(result.parameters)          # start from the first solution
     again = solvers.solve(prob, verbose=False)
     print("with centre priors:", again.brief_report())
