@@ -7,7 +7,7 @@ the OpenCL devices and marks the one that would be chosen.
 """
 from .runtime import (DeviceInfo, DeviceNotFoundError, NoPlatformError, Runtime,
                       describe_devices, get_runtime, list_devices, match_devices,
-                      select_device, use_device)
+                      select_device, unusable_devices, use_device)
 from .templates import BuildError, FP64Error, build, get_program, render
 
 # The kernels' launchers. Imported here (they build nothing until first called) so that
@@ -22,4 +22,4 @@ _KERNELS = ["deformable_aggregation", "deformable_aggregation_backward", "featur
 
 __all__ = ["DeviceInfo", "DeviceNotFoundError", "NoPlatformError", "Runtime", "BuildError",
            "FP64Error", "describe_devices", "get_runtime", "list_devices", "match_devices",
-           "select_device", "use_device", "build", "get_program", "render", *_KERNELS]
+           "select_device", "unusable_devices", "use_device", "build", "get_program", "render", *_KERNELS]

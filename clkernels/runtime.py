@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import os
+import warnings
 from typing import List, Optional, Tuple, Union
 
 import pyopencl as cl
@@ -24,7 +25,7 @@ import pyopencl as cl
 __all__ = [
     "DeviceNotFoundError", "NoPlatformError", "DeviceInfo", "Runtime",
     "list_devices", "match_devices", "select_device", "get_runtime", "use_device",
-    "describe_devices", "runtime_for_queue", "runtime_for_context",
+    "describe_devices", "runtime_for_queue", "runtime_for_context", "unusable_devices",
 ]
 
 _TYPE_WORDS = {
@@ -49,11 +50,20 @@ class DeviceNotFoundError(LookupError):
 
 
 _device_list: List[cl.Device] = []
+_unusable: List[Tuple[cl.Device, str]] = []
+
+UNKNOWN_CPU_HELP = (
+    "its compiler does not know this CPU: PoCL asks LLVM for the host CPU's name, an LLVM older "
+    "than the CPU answers 'generic', and clang then rejects every build (PoCL 3.0 from PyPI, "
+    "LLVM 14, on an AMD Zen 5 host). Install a PoCL whose LLVM knows it, for example Debian's "
+    "pocl-opencl-icd (apt-get install pocl-opencl-icd), or use another OpenCL device.")
 
 
 def list_devices() -> List[cl.Device]:
-    """Every device of every OpenCL platform, in platform order. Enumerated once per process:
-    the ICDs do not change while it runs, and enumeration costs tens of microseconds per call."""
+    """Every usable device of every OpenCL platform, in platform order. Enumerated once per
+    process: the ICDs do not change while it runs, and enumeration costs tens of microseconds per
+    call. A device that cannot build any kernel is left out with a warning that says why and what
+    to install (:func:`unusable_devices` lists them)."""
     if _device_list:
         return list(_device_list)
     try:
@@ -61,15 +71,63 @@ def list_devices() -> List[cl.Device]:
     except (cl.LogicError, cl.RuntimeError) as exc:  # PLATFORM_NOT_FOUND_KHR
         raise NoPlatformError(f"{NO_PLATFORM_HELP} ({exc})") from None
     devices = []
+    _unusable.clear()       # a failed enumeration is redone whole on the next call
     for platform in platforms:
         try:
-            devices.extend(platform.get_devices())
+            found = platform.get_devices()
         except (cl.LogicError, cl.RuntimeError):
             continue  # a platform with no usable device: skip it, keep the others
+        for d in found:
+            why = _unusable_reason(d)
+            if why is None:
+                devices.append(d)
+            else:
+                _unusable.append((d, why))
+                warnings.warn(f"OpenCL device {d.name.strip()!r} ({d.platform.name.strip()}) is left "
+                              f"out: {why}", RuntimeWarning, stacklevel=2)
+    if not devices and _unusable:
+        broken = "".join(f"\n  {d.name.strip()} ({d.platform.name.strip()}): {why}" for d, why in _unusable)
+        raise NoPlatformError(f"No usable OpenCL device. Found but left out:{broken}")
     if not devices:
         raise NoPlatformError(NO_PLATFORM_HELP)
     _device_list.extend(devices)
     return list(devices)
+
+
+def unusable_devices() -> List[Tuple[cl.Device, str]]:
+    """The devices :func:`list_devices` left out, each with the reason."""
+    list_devices()
+    return list(_unusable)
+
+
+def _compiler_cpu(device: cl.Device) -> Optional[str]:
+    """The CPU a PoCL x86-64 CPU device compiles for, from its version string
+    ("... HSTR: pthread-x86_64-unknown-linux-gnu-znver3" names znver3); None for other devices."""
+    version = device.version or ""
+    if "HSTR:" not in version or not device.type & cl.device_type.CPU:
+        return None
+    target = version.split("HSTR:", 1)[1].strip().split()[0]
+    if "x86_64" not in target:
+        return None
+    return target.rsplit("-gnu-", 1)[-1] if "-gnu-" in target else ""
+
+
+def _unusable_reason(device: cl.Device) -> Optional[str]:
+    """Why ``device`` cannot build kernels, or None. Only a PoCL device compiling for the
+    'generic' CPU is suspect (see UNKNOWN_CPU_HELP); one tiny build tells, so a PoCL whose clang
+    does take 'generic' stays in."""
+    if _compiler_cpu(device) != "generic":
+        return None
+    try:
+        ctx = cl.Context([device])
+        cl.Program(ctx, "__kernel void probe(__global int *a) { a[0] = 1; }").build()
+    except cl.Error as exc:
+        text = str(exc)
+        if "unknown target CPU" in text:
+            return UNKNOWN_CPU_HELP
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        return f"a one-line kernel does not build: {' '.join(lines[-3:])[:300]}"
+    return None
 
 
 def _is_simulator(device: cl.Device) -> bool:
@@ -135,6 +193,8 @@ def describe_devices(devices: Optional[List[cl.Device]] = None, mark=None) -> st
                 f"{info.compute_units} CUs, {info.global_mem_bytes / 2**30:.1f} GiB global, "
                 f"{info.local_mem_bytes // 1024} KiB local, max work-group {info.max_work_group_size}, "
                 f"fp64 {'yes' if info.fp64 else 'no'}")
+    for d, why in _unusable:
+        lines.append(f"left out: {d.name.strip()} ({d.platform.name.strip()}): {why}")
     return "\n".join(lines)
 
 
@@ -210,13 +270,9 @@ def _compiled_vector_width(device: cl.Device, width: int, item_bytes: int) -> in
     aborts the whole process on a double8 sqrt ("Cannot select: fsqrt"). So a PoCL x86 CPU
     device whose target has no AVX-512 gets at most 256-bit vectors."""
     width = max(1, int(width))
-    version = device.version or ""
-    if "HSTR:" not in version or not device.type & cl.device_type.CPU:
+    cpu = _compiler_cpu(device)
+    if cpu is None:
         return width
-    target = version.split("HSTR:", 1)[1].strip().split()[0]        # pthread-x86_64-...-znver3
-    if "x86_64" not in target:
-        return width
-    cpu = target.rsplit("-gnu-", 1)[-1] if "-gnu-" in target else ""
     return width if cpu in _AVX512_CPUS else min(width, 32 // item_bytes)
 
 
@@ -282,6 +338,7 @@ class Runtime:
             self.context, properties=cl.command_queue_properties.PROFILING_ENABLE)
         self.info = DeviceInfo.of(device)
         self._pool = None
+        self._unprofiled = None
         # Launch plans (clkernels.launch) keyed per op and call signature. They hold kernels
         # of this context, so they live with it.
         self.plans: dict = {}
@@ -297,6 +354,22 @@ class Runtime:
             # ImmediateAllocator: allocation errors surface at once (not at first use).
             self._pool = MemoryPool(ImmediateAllocator(self.queue))
         return self._pool
+
+    @property
+    def profiling(self) -> bool:
+        return bool(self.queue.properties & cl.command_queue_properties.PROFILING_ENABLE)
+
+    def unprofiled(self) -> "Runtime":
+        """A Runtime on the same device and context with an in-order queue that records no
+        timestamps, made once: each launch on a profiling queue costs the host about 6 us more
+        on NVIDIA's driver (H200 machine: 15 us against 8.7 us a preset launch), which a solver
+        making thousands of small launches feels. Arrays of both share the context; work on one
+        queue is not ordered with the other's, so a caller finishes one before the other reads."""
+        if not self.profiling:
+            return self
+        if self._unprofiled is None:
+            self._unprofiled = runtime_for_queue(cl.CommandQueue(self.context, self.device))
+        return self._unprofiled
 
     def __repr__(self):
         return f"<Runtime {self.info.name!r} on {self.info.platform!r}>"

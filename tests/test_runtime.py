@@ -123,3 +123,23 @@ def test_fp64_refused_clearly_when_missing(device, monkeypatch):
     monkeypatch.setattr(device, "info", fake)
     with pytest.raises(clkernels.FP64Error, match="float32"):
         templates.storage(np.float64, device)
+
+
+def test_devices_left_out_really_cannot_build_and_the_rest_can():
+    """A device list_devices() leaves out (a PoCL whose LLVM does not know this CPU) fails a
+    one-line build, and its reason says what to install; every listed CPU device builds it."""
+    src = "__kernel void probe(__global int *a) { a[0] = 1; }"
+    for d, why in clkernels.unusable_devices():
+        assert d not in clkernels.list_devices()
+        assert "pocl-opencl-icd" in why
+        with pytest.raises(cl.Error):
+            cl.Program(cl.Context([d]), src).build()
+    for d in clkernels.list_devices():
+        if d.type & cl.device_type.CPU:
+            cl.Program(cl.Context([d]), src).build()
+
+
+def test_the_listing_names_the_devices_left_out():
+    out = _cli()
+    for d, why in clkernels.unusable_devices():
+        assert f"left out: {d.name.strip()}" in out.stdout

@@ -9,6 +9,7 @@ Ctrl-C stops after the current iteration; the best state found is still written 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -136,11 +137,22 @@ def main(argv=None) -> int:
         except (ValueError, TypeError) as e:
             print(f"error: --checkpoint: {e}", file=sys.stderr)
             return 2
+    backend = args.backend
+    if backend is None and args.device is None and not os.environ.get("PYCLAD_DEVICE"):
+        # Nothing asked for a device: without a usable one the host reference path still solves
+        # (and says why), so the quick start works on any machine. An explicit choice still fails.
+        import clkernels
+        try:
+            clkernels.get_runtime()
+        except clkernels.NoPlatformError as e:
+            print(f"note: no usable OpenCL device, so the host reference path solves (backend numpy).\n"
+                  f"      {e}", file=sys.stderr)
+            backend = "numpy"
     result = solvers.bundle_adjust(
         problem, linear_solver=args.linear_solver, loss=args.loss, loss_scale=args.loss_scale,
         max_iterations=args.iterations, function_tolerance=args.function_tolerance,
         gradient_tolerance=args.gradient_tolerance, parameter_tolerance=args.parameter_tolerance,
-        eta=args.eta, dtype=np.dtype(args.dtype), device=args.device, backend=args.backend,
+        eta=args.eta, dtype=np.dtype(args.dtype), device=args.device, backend=backend,
         verbose=not args.quiet, resume=resume, **checkpoint)
     print()
     print(result.full_report())
