@@ -5,6 +5,7 @@ turn (host, device, ...) so that a shared machine's load falls on every variant 
 Variants: ``host`` (device_resident=False, the reference path), ``device`` (device-resident, S
 factorised where solvers.sparse_schur_device chooses), and with ``--all-routes`` the routes it
 does not choose on this device: ``device-dense`` (the dense Cholesky on the device) and
+``device-lapack`` (S read back and factorised by LAPACK on the host, up to its dense limit) and
 ``device-sparse`` (the best sparse Cholesky on the host).
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ import solvers
 import solvers.sparse_schur_device as ssd
 
 ROUTES = {"device-dense": dict(DEVICE_DENSE_MAX_CPU=10 ** 6, DEVICE_DENSE_MAX=10 ** 6),
+          "device-lapack": dict(DEVICE_DENSE_MAX_CPU=0, DEVICE_DENSE_MAX=0),
           "device-sparse": dict(DEVICE_DENSE_MAX_CPU=0, DEVICE_DENSE_MAX=0, HOST_DENSE_MAX=0)}
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pyopencl as cl
 
 from clkernels import arrays
+from clkernels.launch import presets
 from clkernels.templates import get_program
 
 TEMPLATE = "solvers/dense_cholesky.cl.mako"
@@ -73,7 +74,7 @@ class DenseCholesky:
         self.diag = f64(self.m * self.NB)
         self.flag = arrays.scratch(rt, 1, np.int32)
         prg = get_program(TEMPLATE, rt, NB=self.NB, RT=self.RT)
-        self.k = {k.function_name: k for k in prg.all_kernels()}
+        self.k = presets(prg)       # this instance's own kernels, arguments set when they change
         self._m = np.int32(self.m)
         self.events = None        # a list to keep (name, event) pairs for a profile, or None
 

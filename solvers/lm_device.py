@@ -24,6 +24,7 @@ import numpy as np
 import pyopencl as cl
 
 from clkernels import arrays
+from clkernels.launch import presets
 from clkernels.templates import ctype, get_program
 
 from .host_state import StepSolution
@@ -97,7 +98,11 @@ class DeviceState:
 
     def __init__(self, evaluator, options, runtime, x0, profile: bool = False):
         from .schur_pcg import DevicePCG, accumulator_dtype
-        ev, rt = evaluator, runtime
+        ev = evaluator
+        # A queue without timestamps unless they are asked for: the iterations make thousands of
+        # small launches, each a few microseconds dearer on a profiling queue (Runtime.unprofiled).
+        # Everything of this solve, the model's evaluations included, goes through this one queue.
+        rt = runtime if profile else runtime.unprofiled()
         self.ev, self.o, self.rt = ev, options, rt
         self.fn = ev.model.function
         C, P = self.fn.group_sizes
@@ -132,10 +137,10 @@ class DeviceState:
         self.groups = max(1, (2 if rt.info.is_cpu else 4) * rt.info.compute_units)
         prg = get_program(TEMPLATE, rt, C=C, P=P, R=R, L=self.L, LOSS=ev.loss.name,
                           REAL=ctype(self.dtype), ACC=ctype(self.acc))
-        # Kernel objects of this instance alone (their arguments are set at every launch).
-        self.k = {k.function_name: k for k in prg.all_kernels()}
+        # Kernel objects of this instance alone, each argument set when it changes.
+        self.k = presets(prg)
         # Small groups on CPUs, as DevicePCG's (schur_jacobi has the most live values).
-        self.ls = arrays.work_group_size(rt, self.k["schur_jacobi"], 8 if rt.info.is_cpu else 64)
+        self.ls = arrays.work_group_size(rt, self.k["schur_jacobi"].kernel, 8 if rt.info.is_cpu else 64)
         real = lambda size: arrays.scratch(rt, max(1, int(size)), self.dtype)  # noqa: E731 (storage)
         sums = lambda size: arrays.scratch(rt, max(1, int(size)), self.acc)  # noqa: E731
         self.ncC, self.total = nc * C, nc * C + npt * P
@@ -156,6 +161,8 @@ class DeviceState:
         self.scalars = sums(N_SCALARS)
         self.failed = arrays.scratch(rt, max(1, nc), np.int32)
         self.index, self.observed = ev.model.device_inputs()
+        if rt is not runtime:
+            runtime.queue.finish()          # the model's uploads, on its own queue, are done
         self.bytes_to_device += self.index.nbytes + (self.observed.nbytes if self.observed is not None else 0)
         self.loss_a, self.loss_b = self.acc.type(ev.loss.scale), self.acc.type(ev.loss.b)
         self.r = self.jc = self.jp = None
@@ -232,7 +239,8 @@ class DeviceState:
         self.pcg.unbind_jacobian()
         try:
             r, (jc, jp) = self.fn.values_and_jacobians(self._model_params(self.x), self.index,
-                                                       data=self.observed, index_checked=True)
+                                                       data=self.observed, device=self.rt,
+                                                       index_checked=True)
             self.r, self.jc, self.jp = r, jc, jp
             arrays.keep_on_simulator(self.rt, r, jc, jp)
             if self.events is not None:
@@ -308,7 +316,7 @@ class DeviceState:
         t0 = time.perf_counter()
         try:
             r = self.fn.values(self._model_params(self.cand), self.index, data=self.observed,
-                               index_checked=True)
+                               device=self.rt, index_checked=True)
             arrays.keep_on_simulator(self.rt, r)
             if self.events is not None:
                 self.events += [("model_residuals", e) for e in r.events]

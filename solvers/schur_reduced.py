@@ -15,6 +15,7 @@ import numpy as np
 import pyopencl as cl
 
 from clkernels import arrays
+from clkernels.launch import Preset
 from clkernels.templates import get_program
 
 from . import ordering
@@ -138,7 +139,7 @@ class ReducedCameraSystem:
         self._k = {}
         self.events = None        # a list to keep (name, event) pairs for a profile, or None
         ls = 8 if runtime.info.is_cpu else 64
-        self._ls = {name: arrays.work_group_size(runtime, self._kernel(name, "blocks"), ls)
+        self._ls = {name: arrays.work_group_size(runtime, self._kernel(name, "blocks").kernel, ls)
                     for name in ("group_blocks", "rhs_partials", "reduced_rhs", "pair_partials",
                                  "reduced_blocks")}
 
@@ -156,7 +157,7 @@ class ReducedCameraSystem:
         key = (name, "blocks" if name != "reduced_blocks" else out)
         if key not in self._k:
             prg = get_program(TEMPLATE, self.rt, C=self.C, P=self.P, R=self.R, OUT=key[1])
-            self._k[key] = cl.Kernel(prg, name)
+            self._k[key] = Preset(cl.Kernel(prg, name))   # this instance's own, arguments set when they change
         return self._k[key]
 
     def _run(self, name, items, *args, out="blocks"):
