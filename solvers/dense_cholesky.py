@@ -74,7 +74,7 @@ class DenseCholesky:
         self.diag = f64(self.m * self.NB)
         self.flag = arrays.scratch(rt, 1, np.int32)
         prg = get_program(TEMPLATE, rt, NB=self.NB, RT=self.RT)
-        self.k = presets(prg)       # this instance's own kernels, arguments set when they change
+        self.k = presets(prg, self)      # this instance's own kernels, arguments set when they change
         self._m = np.int32(self.m)
         self.events = None        # a list to keep (name, event) pairs for a profile, or None
 

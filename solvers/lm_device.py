@@ -138,7 +138,7 @@ class DeviceState:
         prg = get_program(TEMPLATE, rt, C=C, P=P, R=R, L=self.L, LOSS=ev.loss.name,
                           REAL=ctype(self.dtype), ACC=ctype(self.acc))
         # Kernel objects of this instance alone, each argument set when it changes.
-        self.k = presets(prg)
+        self.k = presets(prg, self)
         # Small groups on CPUs, as DevicePCG's (schur_jacobi has the most live values).
         self.ls = arrays.work_group_size(rt, self.k["schur_jacobi"].kernel, 8 if rt.info.is_cpu else 64)
         real = lambda size: arrays.scratch(rt, max(1, int(size)), self.dtype)  # noqa: E731 (storage)

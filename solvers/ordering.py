@@ -149,6 +149,10 @@ def stable_order(keys, bound: int, dtype=None) -> np.ndarray:
         return np.arange(n, dtype=dtype)
     if n <= SMALL:
         # Below this the buckets' threads cost more than numpy's own sort (256 tasks of nothing).
+        # Keys below 2^16 as uint16: numpy's stable sort of 16-bit keys is a radix sort, 10x
+        # faster than its merge sort of int64 (200k keys: 1.3 ms against 15 ms).
+        if bound <= 1 << RADIX_BITS and keys.dtype.itemsize > 2:
+            keys = keys.astype(np.uint16)
         return np.argsort(keys, kind="stable").astype(dtype, copy=False)
     shift = max(0, int(bound - 1).bit_length() - BUCKET_BITS)
     nb = 1 << BUCKET_BITS

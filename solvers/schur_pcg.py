@@ -18,6 +18,7 @@ import numpy as np
 import pyopencl as cl
 
 from clkernels import arrays
+from clkernels.launch import owned_kernel
 from clkernels.templates import ctype, get_program
 
 from . import host_memory, ordering
@@ -154,7 +155,7 @@ class DevicePCG:
         # set once (here and in bind_jacobian): an iteration is then five enqueues and nothing
         # else (templates.kernel's shared objects would let two solves overwrite each other's
         # arguments).
-        K = lambda name: cl.Kernel(prg, name)  # noqa: E731
+        K = lambda name: owned_kernel(prg, name, self)  # noqa: E731
         self.k_jacobi, self.k_back = K("jacobi_blocks"), K("back_substitute")
         # project_points of p, of x and (at the start) of the residuals, per parity; on GPUs
         # camera_rows first makes t = F v for p and x

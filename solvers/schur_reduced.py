@@ -15,7 +15,7 @@ import numpy as np
 import pyopencl as cl
 
 from clkernels import arrays
-from clkernels.launch import Preset
+from clkernels.launch import Preset, owned_kernel
 from clkernels.templates import get_program
 
 from . import ordering
@@ -157,7 +157,7 @@ class ReducedCameraSystem:
         key = (name, "blocks" if name != "reduced_blocks" else out)
         if key not in self._k:
             prg = get_program(TEMPLATE, self.rt, C=self.C, P=self.P, R=self.R, OUT=key[1])
-            self._k[key] = Preset(cl.Kernel(prg, name))   # this instance's own, arguments set when they change
+            self._k[key] = Preset(owned_kernel(prg, name, self))   # this instance's own, arguments set when they change
         return self._k[key]
 
     def _run(self, name, items, *args, out="blocks"):
