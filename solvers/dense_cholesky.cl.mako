@@ -244,3 +244,67 @@ void backward(__global const double *restrict A, const int np, const int k,
     for (int m = 0; m < NB; ++m) s += A[(size_t)(k + m) * np + col] * w[m];
     z[col] -= s;
 }
+
+// Both triangular solves, L z = b then L^T x = z, in one launch of one work-group of LS items,
+// for matrices small enough that one group reading L beats a launch per block row (forward and
+// backward above: two launches per block, each a few microseconds of host and device even when
+// it does almost nothing). Block by block as those two: item 0 solves the diagonal block, then
+// every item updates its rows (columns) of what is left, in the same order of operations.
+__kernel __attribute__((reqd_work_group_size(${LS}, 1, 1)))
+void solve_small(__global const double *restrict A, const int np,
+                 __global const double *restrict diag,
+                 __global double *restrict b,      // (np) overwritten
+                 __global double *restrict z,      // (np) L^-1 b, overwritten
+                 __global double *restrict x,      // (n) the solution
+                 const int n)
+{
+    __local double L[NB][NB + 1];
+    __local double w[NB];
+    const int lid = get_local_id(0);
+    for (int k = 0; k < np; k += NB) {
+        if (lid < NB) {
+            __global const double *src = diag + (size_t)(k / NB) * NB * NB;
+            for (int i = 0; i < NB; ++i) L[i][lid] = src[i * NB + lid];
+            w[lid] = b[k + lid];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (lid == 0)
+            for (int j = 0; j < NB; ++j) {
+                double s = w[j];
+                for (int m = 0; m < j; ++m) s -= L[j][m] * w[m];
+                w[j] = s / L[j][j];
+            }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (lid < NB) z[k + lid] = w[lid];
+        for (int i = k + NB + lid; i < np; i += ${LS}) {
+            double s = 0.0;
+            for (int c = 0; c < NB; ++c) s += A[(size_t)i * np + k + c] * w[c];
+            b[i] -= s;
+        }
+        // b's next block, written by other items, is read at the top of the next pass.
+        barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
+    }
+    for (int k = np - NB; k >= 0; k -= NB) {
+        if (lid < NB) {
+            __global const double *src = diag + (size_t)(k / NB) * NB * NB;
+            for (int i = 0; i < NB; ++i) L[i][lid] = src[i * NB + lid];
+            w[lid] = z[k + lid];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (lid == 0)
+            for (int j = NB - 1; j >= 0; --j) {
+                double s = w[j];
+                for (int m = j + 1; m < NB; ++m) s -= L[m][j] * w[m];
+                w[j] = s / L[j][j];
+            }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (lid < NB && k + lid < n) x[k + lid] = w[lid];
+        // Columns left of block k, neighbouring items on neighbouring entries of each row.
+        for (int col = lid; col < k; col += ${LS}) {
+            double s = 0.0;
+            for (int m = 0; m < NB; ++m) s += A[(size_t)(k + m) * np + col] * w[m];
+            z[col] -= s;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
+    }
+}

@@ -20,6 +20,10 @@ TEMPLATE = "solvers/dense_cholesky.cl.mako"
 NOT_POSITIVE_DEFINITE = 2        # the flag bit the template sets
 # Block columns over which the trailing update is deferred (DenseCholesky.factor).
 DEFER = 4
+# Up to this padded size both triangular solves run in one launch of one work-group
+# (solve_small): L is then at most 64 MiB, which one group reads faster than 2 * size / NB
+# launches cost (two per block row, each some microseconds on the host and on the device).
+SMALL_SOLVE_MAX = 4096
 
 
 def block_sizes(info):
@@ -55,7 +59,8 @@ def dense_bytes(n: int, nb: int = 32) -> int:
 class DenseCholesky:
     """The buffers and kernels of one ``n x n`` dense Cholesky on the device (see the module)."""
 
-    def __init__(self, runtime, n: int, block: tuple = None, defer: int = DEFER):
+    def __init__(self, runtime, n: int, block: tuple = None, defer: int = DEFER,
+                 small_solve_max: int = SMALL_SOLVE_MAX):
         self.rt = rt = runtime
         if not rt.info.fp64:
             raise ValueError(f"the dense Cholesky needs fp64; {rt.info.name!r} has none")
@@ -68,12 +73,15 @@ class DenseCholesky:
         if int(defer) < 1:
             raise ValueError(f"defer must be a positive number of block columns, not {defer!r}")
         self.defer = int(defer)
+        self.small_solve = self.m <= small_solve_max     # both solves in one launch (solve_small)
         f64 = lambda size: arrays.scratch(rt, size, np.float64)  # noqa: E731
         self.A = f64(self.m * self.m)
         self.b, self.z = f64(self.m), f64(self.m)
         self.diag = f64(self.m * self.NB)
         self.flag = arrays.scratch(rt, 1, np.int32)
-        prg = get_program(TEMPLATE, rt, NB=self.NB, RT=self.RT)
+        # solve_small's group: up to 256 items, a multiple of the block size.
+        self.LS = max(self.NB, min(256, rt.info.max_work_group_size) // self.NB * self.NB)
+        prg = get_program(TEMPLATE, rt, NB=self.NB, RT=self.RT, LS=self.LS)
         self.k = presets(prg, self)      # this instance's own kernels, arguments set when they change
         self._m = np.int32(self.m)
         self.events = None        # a list to keep (name, event) pairs for a profile, or None
@@ -123,6 +131,10 @@ class DenseCholesky:
         NB, nbk = self.NB, self.nblocks
         if x.dtype != np.float64 or x.size < self.n:
             raise ValueError(f"x must be float64 with at least {self.n} entries, got {x.size} {x.dtype}")
+        if self.small_solve:
+            self._launch("solve_small", (self.LS,), (self.LS,), self.A.data, self._m, self.diag.data,
+                         self.b.data, self.z.data, x.data, np.int32(self.n))
+            return
         for kb in range(nbk):
             self._launch("forward", ((nbk - kb) * NB,), (NB,), self.A.data, self._m, np.int32(kb * NB),
                          self.diag.data, self.b.data, self.z.data)

@@ -106,9 +106,14 @@ class DeviceSparseSchurSolver:
         return self.system.bytes_to_host
 
     def solve(self):
+        """``(ok, 1, message)``; ok is None when the verdict is read later (:meth:`outcome`)."""
         st, pcg = self.st, self.st.pcg
-        ok, msg = self.system.solve(st.jc, st.jp, pcg.Vinv, st.B, pcg.dc2, st.g[0], pcg.gp, pcg.x)
+        ok, msg = self.system.solve(st.jc, st.jp, pcg.Vinv, st.B, pcg.dc2, st.g[0], pcg.gp, pcg.x,
+                                    defer=True)
         return ok, 1, msg
+
+    def outcome(self):
+        return self.system.outcome()
 
 
 _SOLVERS = {

@@ -214,8 +214,9 @@ class DeviceState:
     def _pairs(self, *vectors):
         return [b.data for v in vectors for b in v]
 
-    def _reduce_cost(self, r, with_jacobians):
-        """Per-observation rho (corrected r, Jc, Jp in place when ``with_jacobians``), summed."""
+    def _reduce_cost(self, r, with_jacobians, read=True):
+        """Per-observation rho (corrected r, Jc, Jp in place when ``with_jacobians``), summed;
+        the cost (None when not finite), or nothing yet with ``read=False`` (see _cost)."""
         n = self.n
         if with_jacobians:
             self._run("correct_jacobian", n, r.data, self.jc.data, self.jp.data, self.value.data,
@@ -224,7 +225,11 @@ class DeviceState:
             self._run("residual_cost", n, r.data, self.value.data, np.int32(n), self.loss_a, self.loss_b)
         slot = COST if with_jacobians else CANDIDATE
         self._reduce("reduce_sum", slot, n, self.value.data)
-        cost = 0.5 * self._read_scalars()[slot]
+        return self._cost(self._read_scalars(), slot) if read else None
+
+    @staticmethod
+    def _cost(scalars, slot):
+        cost = 0.5 * scalars[slot]
         return float(cost) if np.isfinite(cost) else None
 
     def _model_params(self, x):
@@ -245,25 +250,29 @@ class DeviceState:
             arrays.keep_on_simulator(self.rt, r, jc, jp)
             if self.events is not None:
                 self.events += [("model_jacobian", e) for e in r.events]
-            cost = self._reduce_cost(r, with_jacobians=True) if n else 0.0
+            # The cost is read with the gradient below: one wait for the device, not two.
+            # (A Jacobian whose cost is not finite gets normal equations too, which go unused.)
+            if n:
+                self._reduce_cost(r, with_jacobians=True, read=False)
         finally:
             ev.num_jacobian_evaluations += 1
             ev.jacobian_time += time.perf_counter() - t0
-        if cost is None:
-            return None
         t0 = time.perf_counter()
         npt, nc, g, pcg = self.npt, self.nc, self.g, self.pcg
         self._run("point_normal", npt, jp.data, r.data, pcg.pt_start.data, self.V.data, g[1].data, np.int32(npt))
         self._run("camera_partials", pcg.nseg, jc.data, r.data, pcg.obs.data, pcg.seg_start.data,
                   self.partial.data, np.int32(pcg.nseg))
-        self._run("camera_normal", nc, self.partial.data, pcg.cam_seg.data, self.B.data, g[0].data, np.int32(nc))
+        self._run("camera_normal", nc * (self.T + self.C), self.partial.data, pcg.cam_seg.data, self.B.data, g[0].data, np.int32(nc))
         if first:
             self._run("jacobi_scale", self.total, self.B.data, self.V.data, *self._pairs(self.s),
                       self._ncC, self._total, np.int32(1 if self.o.jacobi_scaling else 0))
         self._reduce("reduce_gradient", GRADIENT, self.total, *self._pairs(self.x, g), self._ncC, second_max=True)
         sc = self._read_scalars()
-        pcg.bind_jacobian(jc, r_dev=r, Jp_dev=jp)
         self.linear_solver_time += time.perf_counter() - t0
+        cost = self._cost(sc, COST) if n else 0.0
+        if cost is None:
+            return None
+        pcg.bind_jacobian(jc, r_dev=r, Jp_dev=jp)
         return cost, float(sc[GRADIENT + 1]), float(np.sqrt(sc[GRADIENT]))
 
     # -- the step ----------------------------------------------------------------------------
@@ -273,9 +282,11 @@ class DeviceState:
         try:
             self._regularize(radius, reuse_diagonal)
             ok, its, msg = self.linear.solve()
-            if not ok:
+            if ok is False:
                 return StepSolution(False, its, msg)
-            return self._step_from((pcg.x, pcg.back_substitute_solution()), its, msg)
+            # ok None: the solver's verdict comes with the step's scalars (one wait, not two).
+            outcome = self.linear.outcome if ok is None else None
+            return self._step_from((pcg.x, pcg.back_substitute_solution()), its, msg, outcome)
         finally:
             self.linear_solver_time += time.perf_counter() - t0
 
@@ -291,9 +302,10 @@ class DeviceState:
                   radius, np.int32(npt))
         pcg.device_inputs_written()
 
-    def _step_from(self, raw, its, msg) -> StepSolution:
+    def _step_from(self, raw, its, msg, outcome=None) -> StepSolution:
         """The step, candidate and model cost change from the linear solution ``raw`` (camera and
-        point parts on the device)."""
+        point parts on the device). ``outcome``: the linear solver's ``(ok, message)``, known once
+        the queue has passed the solve (a failed solve's step, made all the same, is dropped)."""
         pcg, ncC, total = self.pcg, self._ncC, self._total
         self._run("make_step", self.total, *self._pairs(raw, self.s, self.x, self.delta, self.cand), ncC, total)
         self._run("model_change", self.n, self.jc.data, self.jp.data, self.r.data, pcg.cam.data, pcg.pt.data,
@@ -301,6 +313,10 @@ class DeviceState:
         self._reduce("reduce_sum", CHANGE, self.n, self.value.data)
         self._reduce("reduce_step", STEP, self.total, *self._pairs(self.x, self.cand, raw), ncC)
         sc = self._read_scalars()
+        if outcome is not None:
+            ok, msg = outcome()
+            if not ok:
+                return StepSolution(False, its, msg)
         if sc[STEP + 1] > 0:
             return StepSolution(False, its, "Linear solver failure. Failed to compute a finite step.")
         self.step_norm = float(np.sqrt(sc[STEP]))

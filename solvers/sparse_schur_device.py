@@ -104,17 +104,19 @@ class DeviceSparseSchur:
                 f"{self.rt.info.name!r}, which has {have / 2**30:.2f} GiB; use iterative_schur, "
                 "a device with more memory, or device_resident=False (the host path)")
 
-    def solve(self, Jc, Jp, Vinv, B, dc2, gc, gp, x):
+    def solve(self, Jc, Jp, Vinv, B, dc2, gc, gp, x, defer=False):
         """Solve ``S yc = gc - W V^-1 gp`` for the device arrays of the normal equations (see
         :class:`ReducedCameraSystem`); ``yc`` into the device array ``x`` (nc * C).
-        Returns ``(ok, message)``."""
+        Returns ``(ok, message)``. ``defer=True``: when S is factorised on the device, its
+        failure flag comes back without a wait, and ``ok`` is None: :meth:`outcome` says, once
+        the caller has waited for the queue past this solve (a blocking read after it)."""
         if self.n == 0:
             return True, "Success."
         if self.dense is not None:
-            return self._solve_on_device(Jc, Jp, Vinv, B, dc2, gc, gp, x)
+            return self._solve_on_device(Jc, Jp, Vinv, B, dc2, gc, gp, x, defer)
         return self._solve_on_host(Jc, Jp, Vinv, B, dc2, gc, gp, x)
 
-    def _solve_on_device(self, Jc, Jp, Vinv, B, dc2, gc, gp, x):
+    def _solve_on_device(self, Jc, Jp, Vinv, B, dc2, gc, gp, x, defer):
         d, sys_ = self.dense, self.system
         d.clear()
         sys_.enqueue_groups(Jc, Jp, Vinv)
@@ -122,13 +124,20 @@ class DeviceSparseSchur:
         sys_.enqueue_dense(B, dc2, d.A, d.m, d.flag)
         d.factor()
         d.solve(x)
-        flag = np.empty(1, np.int32)
-        cl.enqueue_copy(self.rt.queue, flag, d.flag.data)
-        self.bytes_to_host += flag.nbytes
+        self._flag = np.empty(1, np.int32)
+        cl.enqueue_copy(self.rt.queue, self._flag, d.flag.data, is_blocking=not defer)
+        self.bytes_to_host += self._flag.nbytes
+        if defer:
+            return None, "Success."
+        return self.outcome()
+
+    def outcome(self):
+        """``(ok, message)`` of the last device solve, from its flag (read by then)."""
+        flag = self._flag[0]
         # The host path tests the matrix for non-finite entries before it factorises.
-        if flag[0] & NOT_FINITE:
+        if flag & NOT_FINITE:
             return False, MSG_NOT_FINITE
-        if flag[0] & NOT_POSITIVE_DEFINITE:
+        if flag & NOT_POSITIVE_DEFINITE:
             return False, MSG_NOT_PD
         return True, "Success."
 

@@ -37,16 +37,21 @@ def spd(n, seed, cond=1e3):
 
 # -- the dense device Cholesky -------------------------------------------------------------------
 
+SOLVES = {"one-group": dict(), "per-block": dict(small_solve_max=0)}
+
+
 @pytest.mark.oclgrind
+@pytest.mark.parametrize("solve", list(SOLVES))
 @pytest.mark.parametrize("defer", [1, 2])
 @pytest.mark.parametrize("n", [1, 3, 4, 13])
-def test_dense_cholesky_tiny(device, n, defer, keep_on_simulator):
+def test_dense_cholesky_tiny(device, n, defer, solve, keep_on_simulator):
     """4 x 4 blocks: several panels, updates and solve blocks even at n = 13 (Oclgrind's size);
     with the trailing update after every panel, and deferred over two (a panel then also
-    updates its deferred neighbour)."""
+    updates its deferred neighbour); the solves in one work-group, and a launch per block."""
     needs_fp64(device)
     S, b = spd(n, n), np.random.default_rng(n).standard_normal(n)
-    chol = DenseCholesky(device, n, block=(4, 2), defer=defer)
+    chol = DenseCholesky(device, n, block=(4, 2), defer=defer, **SOLVES[solve])
+    assert chol.small_solve == (solve == "one-group")
     keep_on_simulator(chol)
     x, ok = chol.solve_host(S, b)
     assert ok
@@ -54,17 +59,21 @@ def test_dense_cholesky_tiny(device, n, defer, keep_on_simulator):
     np.testing.assert_allclose(x, np.linalg.solve(S, b), rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("n", [1, 31, 32, 33, 100, 257])
+@pytest.mark.parametrize("n", [1, 31, 32, 33, 100, 257, 600])
 @pytest.mark.parametrize("block,defer", [(None, 4), ((8, 1), 1), ((8, 1), 3), ((16, 4), 4)],
                          ids=["device-default", "8x1-each", "8x1-defer3", "16x4"])
 def test_dense_cholesky_against_numpy(device, n, block, defer):
     """Sizes below, at and above the block size, on the device's own blocks and others; the
-    trailing update after every panel or deferred (by 3: a last deferred block cut short)."""
+    trailing update after every panel or deferred (by 3: a last deferred block cut short). The
+    one-group solve (600: more rows than its 256 items) gives what a launch per block gives."""
     needs_fp64(device)
     S, b = spd(n, 7 + n), np.random.default_rng(n).standard_normal(n)
     chol = DenseCholesky(device, n, block=block, defer=defer)
     x, ok = chol.solve_host(S, b)
+    assert ok and chol.small_solve
+    x_blocks, ok = DenseCholesky(device, n, block=block, defer=defer, small_solve_max=0).solve_host(S, b)
     assert ok
+    np.testing.assert_allclose(x, x_blocks, rtol=1e-13, atol=1e-15 * np.abs(x).max())
     L = np.linalg.cholesky(S)
     np.testing.assert_allclose(chol.lower_factor(), L, rtol=1e-10, atol=1e-12 * np.abs(L).max())
     np.testing.assert_allclose(x, np.linalg.solve(S, b), rtol=1e-8, atol=1e-12)
@@ -268,10 +277,12 @@ def force_route(monkeypatch, route):
 
 
 @pytest.mark.oclgrind
+@pytest.mark.parametrize("defer", [False, True])
 @pytest.mark.parametrize("route", list(ROUTES))
 @pytest.mark.parametrize("case", ["good", "not-finite", "not-positive-definite"])
-def test_device_sparse_schur_solves_as_the_host_path(device, route, case, monkeypatch, keep_on_simulator):
-    """The camera step and the message of solvers.schur's sparse_schur, for each factorisation."""
+def test_device_sparse_schur_solves_as_the_host_path(device, route, case, defer, monkeypatch, keep_on_simulator):
+    """The camera step and the message of solvers.schur's sparse_schur, for each factorisation;
+    ``defer``: the device factorisation's verdict read after the queue has passed it."""
     needs_fp64(device)
     force_route(monkeypatch, route)
     st, r, jc, jp = small_system(seed=5)
@@ -295,7 +306,11 @@ def test_device_sparse_schur_solves_as_the_host_path(device, route, case, monkey
     x = arrays.scratch(device, 9 * st.nc, np.float64)
     keep_on_simulator(solver, inputs, x)
     ok, msg = solver.solve(inputs["Jc"], inputs["Jp"], inputs["Vinv"], inputs["B"], inputs["dc2"],
-                           inputs["gc"], inputs["gp"], x)
+                           inputs["gc"], inputs["gp"], x, defer=defer)
+    if defer and route == "device":
+        assert ok is None
+        device.queue.finish()
+        ok, msg = solver.outcome()
     assert (ok, msg) == (want.ok, want.message)
     if ok:
         np.testing.assert_allclose(x.get(), want.y[:9 * st.nc], rtol=1e-8, atol=1e-10 * np.abs(want.y).max())
