@@ -142,8 +142,18 @@ def owned_kernel(program: cl.Program, name: str, owner) -> cl.Kernel:
         kernel = free.pop()
     except IndexError:
         kernel = cl.Kernel(program, name)
-    weakref.finalize(owner, free.append, kernel)
+    back = weakref.finalize(owner, free.append, kernel)
+    owner.__dict__.setdefault("_owned_kernels", []).append(back)
     return kernel
+
+
+def release_kernels(*owners):
+    """Give ``owners``' kernel objects (:func:`owned_kernel`) back now, rather than when they are
+    collected (an owner in a reference cycle waits for the garbage collector). An owner must not
+    launch them afterwards."""
+    for owner in owners:
+        for back in owner.__dict__.pop("_owned_kernels", ()):
+            back()          # once: a finalizer called by hand is dead for the collector
 
 
 def presets(program: cl.Program, owner) -> dict:

@@ -231,6 +231,14 @@ class Minimizer:
 
     # ------------------------------------------------------------------ the loop
     def run(self, x0):
+        try:
+            return self._run(x0)
+        finally:
+            close = getattr(getattr(self, "state", None), "close", None)
+            if close is not None:
+                close()
+
+    def _run(self, x0):
         o, s = self.o, self.summary
         self.start = time.perf_counter()
         self.iteration_start = self.start

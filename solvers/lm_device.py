@@ -24,7 +24,7 @@ import numpy as np
 import pyopencl as cl
 
 from clkernels import arrays
-from clkernels.launch import presets
+from clkernels.launch import presets, release_kernels
 from clkernels.templates import ctype, get_program
 
 from .host_state import StepSolution
@@ -146,6 +146,7 @@ class DeviceState:
         self.ncC, self.total = nc * C, nc * C + npt * P
         self._ncC, self._total = np.int32(self.ncC), np.int32(self.total)     # as kernel arguments
         x0 = np.asarray(x0, dtype=self.dtype)
+        self._views = {}
         self.x = self._upload_pair(x0)
         self.cand = (real(self.ncC), real(npt * P))
         self.best_x = (real(self.ncC), real(npt * P))
@@ -233,7 +234,14 @@ class DeviceState:
         return float(cost) if np.isfinite(cost) else None
 
     def _model_params(self, x):
-        return [x[0][:self.ncC].reshape(self.nc, self.C), x[1][:self.npt * self.P].reshape(self.npt, self.P)]
+        """The model's parameter tables over the pair ``x`` (self.x or self.cand, which trade
+        places): views made once per pair, since a pyopencl view costs tens of microseconds."""
+        key = (id(x[0]), id(x[1]))
+        views = self._views.get(key)
+        if views is None:
+            views = self._views[key] = [x[0][:self.ncC].reshape(self.nc, self.C),
+                                        x[1][:self.npt * self.P].reshape(self.npt, self.P)]
+        return views
 
     # -- evaluation at x ---------------------------------------------------------------------
     def evaluate_jacobian(self, first: bool):
@@ -380,6 +388,17 @@ class DeviceState:
         else:
             self.bytes_to_host += out.nbytes
         return out.astype(np.float64)
+
+    def close(self):
+        """The solve is over (the Minimizer calls this last): kernel objects go back to their
+        pools for the next solve, and the Jacobian's memory to the queue's pool."""
+        sparse = getattr(self.linear, "system", None)       # sparse_schur's DeviceSparseSchur
+        owners = [self, self.pcg]
+        if sparse is not None:
+            owners += [sparse.system, sparse.dense]      # its ReducedCameraSystem, DenseCholesky
+        release_kernels(*[o for o in owners if o is not None])
+        self.r = self.jc = self.jp = None
+        self.pcg.unbind_jacobian()
 
     def transfers(self) -> dict:
         """Bytes that crossed between host and device: during the iterations (``bytes_to_device``,
