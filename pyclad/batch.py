@@ -23,7 +23,7 @@ import pyopencl.array as cla
 from clkernels import arrays, get_runtime, launch, simulator, templates
 from clkernels.runtime import Runtime
 
-from . import backends
+from . import backends, multi_device
 from .trace import trace
 
 BACKENDS = tuple(backends.BACKENDS)   # ("auto", "codegen", "tape", "numpy")
@@ -84,6 +84,7 @@ class BatchFunction:
         self._sources = {}
         self._plans = {}          # (context, device, jacobians) -> _Plan: what a launch needs, found once
         self._device_op = None    # the launch-layer Op of device calls, made on first use
+        self._throughputs = multi_device.Throughputs()   # per device, for devices= splits
 
     # -- public API --------------------------------------------------------------------
     @property
@@ -113,19 +114,32 @@ class BatchFunction:
             self._sources[key] = self._impl.source(*key)
         return self._sources[key]
 
-    def values(self, params, index, data=None, device=None, index_checked=False):
+    def values(self, params, index, data=None, device=None, index_checked=False, devices=None):
         """Outputs ``(N, m)`` for every tuple.
 
         ``index_checked=True`` skips the range check of a device ``index`` (a reduction and a
         wait) for a caller that checked this very array once and calls again with it; params
-        with fewer rows than then would corrupt memory."""
-        return self._run(params, index, data, False, device, index_checked)[0]
+        with fewer rows than then would corrupt memory. ``devices``: a list of devices (specs,
+        ``pyopencl.Device`` or ``Runtime``) or ``"all"`` splits host arrays' tuples across them
+        (:mod:`pyclad.multi_device`)."""
+        return self._dispatch(params, index, data, False, device, index_checked, devices)[0]
 
-    def values_and_jacobians(self, params, index, data=None, device=None, index_checked=False):
+    def values_and_jacobians(self, params, index, data=None, device=None, index_checked=False,
+                             devices=None):
         """Outputs ``(N, m)`` and, per parameter group, the Jacobian ``(N, m, d_g)``
-        (``index_checked`` as in :meth:`values`)."""
-        out, jacs = self._run(params, index, data, True, device, index_checked)
+        (``index_checked`` and ``devices`` as in :meth:`values`)."""
+        out, jacs = self._dispatch(params, index, data, True, device, index_checked, devices)
         return out, tuple(jacs)
+
+    def _dispatch(self, params, index, data, jacobians, device, index_checked, devices):
+        if devices is None:
+            return self._run(params, index, data, jacobians, device, index_checked)
+        if device is not None:
+            raise ValueError("pass device= (one device) or devices= (several), not both")
+        if not self._impl.on_device:
+            raise ValueError(f"devices= splits the work across OpenCL devices; backend "
+                             f"{self.backend!r} runs on the host")
+        return multi_device.run(self, params, index, data, jacobians, devices)
 
     def backend_for(self, device=None) -> str:
         """The backend that evaluates on a device: ``backend`` itself, or what ``"auto"``
