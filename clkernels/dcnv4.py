@@ -37,7 +37,7 @@ from typing import Optional
 import numpy as np
 import pyopencl as cl
 
-from . import arrays, launch, torch_autograd
+from . import arrays, launch, multi_device, torch_autograd
 from .launch import In, Out, Tmp
 from .templates import BuildError, Storage
 
@@ -413,27 +413,39 @@ def _options(*values) -> Options:
 def dcnv4(input, offset_mask, kernel_h=3, kernel_w=3, stride_h=1, stride_w=1, pad_h=1, pad_w=1,
           dilation_h=1, dilation_w=1, group=4, group_channels=32, offset_scale=1.0,
           remove_center=False, *, out=None, device=None, queue=None,
-          config: Optional[KernelConfig] = None):
+          config: Optional[KernelConfig] = None, devices=None):
     """DCNv4 forward: ``[N, H_out, W_out, group*group_channels]`` in the input's dtype.
 
     numpy in, numpy out; ``pyopencl.array.Array`` in (on any context and queue), device array
     out. ``out``: an array of the result's shape and dtype to write into, in that form.
     ``device``/``queue``: where to run (default: where the device inputs live, else the
-    selected device); ``config``: the kernel's speed switches (default: from the device)."""
+    selected device); ``config``: the kernel's speed switches (default: from the device).
+    ``devices``: several devices (or ``"all"``) that share the batch N, for host arrays
+    (:mod:`clkernels.multi_device`)."""
     opts = _options(kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
                     group, group_channels, offset_scale, remove_center)
+    if devices is not None:
+        return multi_device.batched(
+            "dcnv4", lambda x, om, out, device: FORWARD((x, om), opts, config, out=out, device=device)[0],
+            (input, offset_mask), devices, out, device=device, queue=queue)
     return FORWARD((input, offset_mask), opts, config, out=out, device=device, queue=queue)[0]
 
 
 def dcnv4_backward(grad_out, input, offset_mask, kernel_h=3, kernel_w=3, stride_h=1, stride_w=1,
                    pad_h=1, pad_w=1, dilation_h=1, dilation_w=1, group=4, group_channels=32,
                    offset_scale=1.0, remove_center=False, *, out=None, device=None, queue=None,
-                   config: Optional[KernelConfig] = None):
+                   config: Optional[KernelConfig] = None, devices=None):
     """Gradients of sum(grad_out * dcnv4(input, offset_mask, ...)): ``(g_input,
     g_offset_mask)`` shaped and typed like ``input`` and ``offset_mask`` (zero in the
-    padding tail of offset_mask's last axis). ``out``: a tuple of two arrays (or None)."""
+    padding tail of offset_mask's last axis). ``out``: a tuple of two arrays (or None).
+    ``devices``: as in :func:`dcnv4`."""
     opts = _options(kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
                     group, group_channels, offset_scale, remove_center)
+    if devices is not None:
+        return multi_device.batched(
+            "dcnv4_backward",
+            lambda g, x, om, out, device: BACKWARD((g, x, om), opts, config, out=out, device=device),
+            (grad_out, input, offset_mask), devices, out, n_outputs=2, device=device, queue=queue)
     return BACKWARD((grad_out, input, offset_mask), opts, config, out=out, device=device, queue=queue)
 
 

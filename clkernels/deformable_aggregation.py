@@ -21,7 +21,7 @@ from typing import Optional
 import numpy as np
 import pyopencl as cl
 
-from . import arrays, launch, simulator, torch_autograd
+from . import arrays, launch, multi_device, simulator, torch_autograd
 from .arrays import check_array, is_device_array
 from .launch import OUTPUT, In, Out, Tmp
 from .runtime import DeviceInfo, Runtime
@@ -404,7 +404,7 @@ def enqueue_backward(rt: Runtime, grad_out, mc_ms_feat, spatial_shape, scale_sta
 
 def deformable_aggregation(mc_ms_feat, spatial_shape, scale_start_index, sampling_location,
                            weights, *, out=None, device=None, queue=None, variant: str = "optimized",
-                           config: Optional[KernelConfig] = None):
+                           config: Optional[KernelConfig] = None, devices=None):
     """Sparse4D deformable aggregation: ``[bs, num_anchors, C]`` in the features' dtype.
 
     ``mc_ms_feat`` [bs, num_feat, C] (float32/float16), ``spatial_shape`` [num_cams,
@@ -414,24 +414,39 @@ def deformable_aggregation(mc_ms_feat, spatial_shape, scale_start_index, samplin
     context and queue), device array out. The two tables are read on the host: pass them as
     numpy arrays (device ones are read back on every call). ``out``: an array of the result's
     shape and dtype, in that form. ``variant="original"`` runs the original
-    one-work-item-per-(sample, channel) atomic design (a benchmark baseline).
+    one-work-item-per-(sample, channel) atomic design (a benchmark baseline). ``devices``:
+    several devices (or ``"all"``) that share the batch (bs), for host arrays
+    (:mod:`clkernels.multi_device`).
     """
-    return FORWARD((mc_ms_feat, sampling_location, weights),
-                   (_tables(spatial_shape, scale_start_index), variant), config,
+    opts = (_tables(spatial_shape, scale_start_index), variant)
+    if devices is not None:
+        return multi_device.batched(
+            "deformable_aggregation",
+            lambda f, loc, w, out, device: FORWARD((f, loc, w), opts, config, out=out, device=device)[0],
+            (mc_ms_feat, sampling_location, weights), devices, out, device=device, queue=queue)
+    return FORWARD((mc_ms_feat, sampling_location, weights), opts, config,
                    out=out, device=device, queue=queue)[0]
 
 
 def deformable_aggregation_backward(grad_out, mc_ms_feat, spatial_shape, scale_start_index,
                                     sampling_location, weights, *, out=None, device=None, queue=None,
-                                    variant: str = "optimized", config: Optional[KernelConfig] = None):
+                                    variant: str = "optimized", config: Optional[KernelConfig] = None,
+                                    devices=None):
     """Gradients ``(g_feat, g_loc, g_w)`` of ``sum(grad_out * deformable_aggregation(...))``
     with respect to ``mc_ms_feat``, ``sampling_location`` and ``weights``. ``grad_out`` has the
     output's shape and dtype. Samples outside (0, 1), NaN included, get zero gradient; the
     location gradient carries each scale's W (for x) and H (for y) factor. ``out``: a tuple of
-    three arrays (or None entries).
+    three arrays (or None entries). ``devices``: as in :func:`deformable_aggregation` (the
+    scatter sums with atomics, so the bits may differ from one device's by rounding).
     """
-    return BACKWARD((mc_ms_feat, sampling_location, weights, grad_out),
-                    (_tables(spatial_shape, scale_start_index), variant), config,
+    opts = (_tables(spatial_shape, scale_start_index), variant)
+    if devices is not None:
+        return multi_device.batched(
+            "deformable_aggregation_backward",
+            lambda g, f, loc, w, out, device: BACKWARD((f, loc, w, g), opts, config, out=out, device=device),
+            (grad_out, mc_ms_feat, sampling_location, weights), devices, out, n_outputs=3,
+            device=device, queue=queue)
+    return BACKWARD((mc_ms_feat, sampling_location, weights, grad_out), opts, config,
                     out=out, device=device, queue=queue)
 
 

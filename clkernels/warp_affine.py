@@ -27,7 +27,7 @@ from typing import NamedTuple, Tuple
 import numpy as np
 import pyopencl as cl
 
-from . import arrays, launch, simulator
+from . import arrays, launch, multi_device, simulator
 from .warp_affine_images import _INT_MAX, _MappedResult, _pack_device, _pack_host, _split_batch
 # _run reads the per-device choices (_lanes, _fma_name, _unaligned_io, _alloc_limit) through
 # these names: tests and benchmarks override them on this module.
@@ -320,7 +320,7 @@ def _run(images, name: str, spec: _Spec, out, device, queue, zero_copy, d2i=None
 
 def letterbox(images, size=(640, 640), fill=114, swap_rb: bool = True, mean=(0, 0, 0),
               std=(1, 1, 1), alpha: float = 1 / 255, beta=None, dtype=np.float32, out=None,
-              device=None, queue=None, _zero_copy=None):
+              device=None, queue=None, _zero_copy=None, devices=None):
     """Letterbox uint8 BGR images into a planar float blob, in one kernel launch.
 
     ``images``: one ``[H, W, 3]`` uint8 BGR image, a list of them (sizes may differ), a
@@ -338,8 +338,21 @@ def letterbox(images, size=(640, 640), fill=114, swap_rb: bool = True, mean=(0, 
     Returns ``(blob, d2i)``: ``blob`` is ``[N, 3, height, width]`` (N = 1 for one image), and
     ``d2i`` the destination-to-source matrices, ``[2, 3]`` for one image or ``[N, 2, 3]``,
     float64; ``scale_boxes(boxes, d2i)`` maps detections back.
+
+    ``devices``: several devices (or ``"all"``) that share the images of a host batch (a list
+    or an ``[N, H, W, 3]`` array), each its own range (:mod:`clkernels.multi_device`).
     """
     spec = _cached_spec(_letterbox_spec, size, fill, swap_rb, mean, std, alpha, beta, dtype)
+    if devices is not None:
+        if isinstance(images, np.ndarray) and images.ndim == 3:
+            raise ValueError("devices= shares a batch among devices: pass a list of images or an "
+                             "[N, H, W, 3] array (one image runs on one device: device=)")
+
+        def one_range(batch, out, device):
+            blob, plan, _ = _run(batch, "images", spec, out[0], device, None, _zero_copy)
+            return blob, plan.d2i.copy()
+        return multi_device.batched("letterbox", one_range, (images,), devices, out=(out, None),
+                                    n_outputs=2, device=device, queue=queue)
     blob, plan, single = _run(images, "images", spec, out, device, queue, _zero_copy)
     return blob, (plan.d2i[0].copy() if single else plan.d2i.copy())
 

@@ -84,7 +84,7 @@ class BatchFunction:
         self._sources = {}
         self._plans = {}          # (context, device, jacobians) -> _Plan: what a launch needs, found once
         self._device_op = None    # the launch-layer Op of device calls, made on first use
-        self._throughputs = multi_device.Throughputs()   # per device, for devices= splits
+        self._throughputs = multi_device.throughputs()   # per device, for devices= splits
 
     # -- public API --------------------------------------------------------------------
     @property

@@ -13,7 +13,7 @@ import pytest
 
 import clkernels
 import solvers
-from pyclad import multi_device
+from clkernels import multi_device
 from solvers.snavely import snavely_function
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -70,7 +70,7 @@ def test_devices_errors(device):
 TWO_DEVICES = textwrap.dedent("""
     import json, numpy as np, clkernels, solvers
     from solvers.snavely import snavely_function
-    from pyclad import multi_device
+    from clkernels import multi_device
     devices = clkernels.list_devices()
     by_platform = {}
     for d in devices:
