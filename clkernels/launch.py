@@ -110,8 +110,9 @@ class Preset:
     change: pyopencl's ``kernel(queue, ...)`` sets every argument at every launch, which on
     NVIDIA's driver costs the host about as much as the enqueue itself (H200 machine: 31 us
     against 15 us a launch). Memory objects compare by handle (no reference is kept, so a buffer
-    freed by its owner is not held alive here), scalars by type and value. The kernel object
-    must be this Preset's alone: an argument set behind its back would go unnoticed."""
+    freed by its owner is not held alive here), numpy scalars by type and bytes (so -0.0 is not
+    0.0, and a NaN equals itself), other values by type and value. The kernel object must be this
+    Preset's alone: an argument set behind its back would go unnoticed."""
 
     __slots__ = ("kernel", "last")
 
@@ -122,7 +123,12 @@ class Preset:
     def __call__(self, queue, global_size, local_size, *args) -> cl.Event:
         k, last = self.kernel, self.last
         for i, a in enumerate(args):
-            key = (a.int_ptr,) if isinstance(a, cl.MemoryObjectHolder) else (type(a), a)
+            if isinstance(a, cl.MemoryObjectHolder):
+                key = (a.int_ptr,)
+            elif isinstance(a, np.generic):
+                key = (type(a), a.tobytes())
+            else:
+                key = (type(a), a)
             if key != last[i]:
                 k.set_arg(i, a)
                 last[i] = key

@@ -206,8 +206,9 @@ def test_out_of_order_queue_is_refused(device):
         clkernels.dcnv4(x, om, **call_opts(DCN), queue=q)
 
 
-SRC_TWO = """__kernel void add(__global double *a, const double v, const int n)
-{ const int i = get_global_id(0); if (i < n) a[i] += v; }"""
+SRC_TWO = """__kernel void add(__global float *a, const float v, const int n)
+{ const int i = get_global_id(0); if (i < n) a[i] += v; }
+__kernel void put(__global float *a, const float v) { a[get_global_id(0)] = v; }"""
 
 
 def test_preset_sets_changed_arguments_and_gives_what_a_plain_launch_gives(device):
@@ -216,13 +217,18 @@ def test_preset_sets_changed_arguments_and_gives_what_a_plain_launch_gives(devic
     prg = templates.build(SRC_TWO, device)
     k = launch.Preset(cl.Kernel(prg, "add"))
     q = device.queue
-    a, b = cla.zeros(q, 5, np.float64), cla.zeros(q, 5, np.float64)
-    k(q, (5,), None, a.data, np.float64(1.0), np.int32(5))
-    k(q, (5,), None, a.data, np.float64(1.0), np.int32(5))        # nothing re-set
-    k(q, (5,), None, a.data, np.float64(2.5), np.int32(3))        # two scalars changed
-    k(q, (5,), None, b.data, np.float64(2.5), np.int32(3))        # another buffer
+    a, b = cla.zeros(q, 5, np.float32), cla.zeros(q, 5, np.float32)
+    k(q, (5,), None, a.data, np.float32(1.0), np.int32(5))
+    k(q, (5,), None, a.data, np.float32(1.0), np.int32(5))        # nothing re-set
+    k(q, (5,), None, a.data, np.float32(2.5), np.int32(3))        # two scalars changed
+    k(q, (5,), None, b.data, np.float32(2.5), np.int32(3))        # another buffer
     np.testing.assert_array_equal(a.get(), [4.5, 4.5, 4.5, 2.0, 2.0])
     np.testing.assert_array_equal(b.get(), [2.5, 2.5, 2.5, 0.0, 0.0])
+    put, c = launch.Preset(cl.Kernel(prg, "put")), cla.zeros(q, 1, np.float32)
+    put(q, (1,), None, c.data, np.float32(0.0))
+    put(q, (1,), None, c.data, np.float32(-0.0))        # == 0.0, but other bits: set again
+    assert np.signbit(c.get()[0])
+
 
 
 def test_owned_kernels_are_reused_once_released_or_collected(device):
