@@ -29,7 +29,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from .bal import BALFormatError, BALProblem, read_bal, write_bal
-from .checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from .checkpoint import Checkpoint, CheckpointError, ProblemCheckpoint, load_checkpoint
 from .lm import Options, StopFlag
 from .loss import LOSSES, Loss
 from .linear_solver import LINEAR_SOLVERS
@@ -41,7 +41,7 @@ from .synthetic import synthetic_problem
 __all__ = ["Problem", "ParameterBlock", "ResidualBlock", "solve", "SolveResult",
            "bundle_adjust", "BundleAdjustResult", "Options", "Loss", "LOSSES", "LINEAR_SOLVERS",
            "BALProblem", "BALFormatError", "read_bal", "write_bal", "synthetic_problem",
-           "IterationSummary", "StopFlag", "LOG_HEADER", "Checkpoint", "CheckpointError", "load_checkpoint"]
+           "IterationSummary", "StopFlag", "LOG_HEADER", "Checkpoint", "CheckpointError", "ProblemCheckpoint", "load_checkpoint"]
 
 
 @dataclasses.dataclass
@@ -122,7 +122,7 @@ def bundle_adjust(problem: BALProblem, linear_solver: str = "sparse_schur", loss
         from clkernels import select_device
         select_device(device)
     if resume is not None:
-        ck = resume if isinstance(resume, Checkpoint) else load_checkpoint(resume)
+        ck = resume if isinstance(resume, (Checkpoint, ProblemCheckpoint)) else load_checkpoint(resume)
         ck.check_problem(problem)
         resume = ck
     # The BAL problem as a solvers.Problem: cameras, points and the Snavely residual; solve runs

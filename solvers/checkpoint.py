@@ -1,4 +1,9 @@
-"""Checkpoints of a bundle adjustment: the best state found so far, written atomically.
+"""Checkpoints of a solve: the best state found so far, written atomically.
+
+Two formats: a bundle adjustment's (below; ``bundle_adjust`` and the bundle-adjustment core of
+``solvers.solve``) and a general problem's (``format`` ``"pyclad-problem-checkpoint"``: every
+parameter group's whole table as ``group:NAME``, the same scalars and strings, and a fingerprint
+of the problem's structure; :class:`ProblemCheckpoint`). The bundle adjustment's:
 
 A checkpoint is a numpy ``.npz`` archive (plain arrays, nothing pickled) holding
 
@@ -87,6 +92,14 @@ class Checkpoint:
     def check_problem(self, problem) -> None:
         """Raise :class:`CheckpointError` unless this checkpoint was written for ``problem``."""
         where = f"checkpoint {self.path!r}" if self.path else "the checkpoint"
+        if hasattr(problem, "groups"):
+            raise CheckpointError(f"{where} is a bundle adjustment's ({self.problem_name!r}); this "
+                                  "problem runs the general core: resume from a checkpoint of this problem")
+        widths = (getattr(problem, "camera_size", 9), getattr(problem, "point_size", 3))
+        if (self.cameras.shape[1], self.points.shape[1]) != widths:
+            raise CheckpointError(f"{where} holds cameras of {self.cameras.shape[1]} and points of "
+                                  f"{self.points.shape[1]} parameters; this problem's have {widths[0]} and "
+                                  f"{widths[1]}: resume from a checkpoint of this problem")
         mine = (self.num_cameras, self.num_points, self.num_observations)
         theirs = (problem.num_cameras, problem.num_points, problem.num_observations)
         if mine != theirs:
@@ -120,13 +133,15 @@ def _fsync_directory(directory: str) -> None:
         os.close(fd)
 
 
-def save_checkpoint(path, checkpoint: Checkpoint) -> None:
-    """Write ``checkpoint`` to ``path`` atomically (see the module docstring)."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
+def save_checkpoint(path, checkpoint) -> None:
+    """Write ``checkpoint`` (a :class:`Checkpoint` or :class:`ProblemCheckpoint`) to ``path``
+    atomically (see the module docstring)."""
+    if isinstance(checkpoint, ProblemCheckpoint):
+        _save_atomic(path, checkpoint.arrays())
+        return
     arrays = {"format": np.array(FORMAT), "version": np.array(FORMAT_VERSION, np.int64),
-              "cameras": np.asarray(checkpoint.cameras, np.float64).reshape(-1, 9),
-              "points": np.asarray(checkpoint.points, np.float64).reshape(-1, 3),
+              "cameras": np.asarray(checkpoint.cameras, np.float64).reshape(checkpoint.num_cameras, -1),
+              "points": np.asarray(checkpoint.points, np.float64).reshape(checkpoint.num_points, -1),
               "iteration": np.array(checkpoint.iteration, np.int64),
               "cost": np.array(checkpoint.cost, np.float64),
               "trust_region_radius": np.array(checkpoint.trust_region_radius, np.float64),
@@ -136,6 +151,12 @@ def save_checkpoint(path, checkpoint: Checkpoint) -> None:
               "fingerprint": np.array(checkpoint.fingerprint),
               "termination_type": np.array(checkpoint.termination_type),
               "problem_name": np.array(checkpoint.problem_name)}
+    _save_atomic(path, arrays)
+
+
+def _save_atomic(path, arrays: dict) -> None:
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
     # A name of our own in the same directory (a rename is atomic only within one file system);
     # O_EXCL so that two writers never share one, and mode 0666 so the umask applies as it would
     # to any new file (tempfile.mkstemp would make it 0600).
@@ -168,8 +189,10 @@ def load_checkpoint(path) -> Checkpoint:
             raise CheckpointError(f"{path!r} is not a checkpoint (a .npy array, not an .npz archive)")
         with z:
             missing = [k for k in _KEYS if k not in z.files]
+            if "format" in z.files and str(z["format"]) == PROBLEM_FORMAT:
+                return ProblemCheckpoint.from_npz(z, path)
             if "format" not in z.files or str(z["format"]) != FORMAT:
-                raise CheckpointError(f"{path!r} is not a pyclad bundle adjustment checkpoint")
+                raise CheckpointError(f"{path!r} is not a pyclad checkpoint")
             version = int(z["version"]) if "version" in z.files else -1
             if version > FORMAT_VERSION:
                 raise CheckpointError(f"{path!r} has checkpoint format {version}; this version of pyclad "
@@ -179,6 +202,8 @@ def load_checkpoint(path) -> Checkpoint:
             d = {k: z[k] for k in _KEYS}
     except (CheckpointError, FileNotFoundError, IsADirectoryError, PermissionError):
         raise
+    except KeyError as e:               # a general checkpoint without one of its fields
+        raise CheckpointError(f"{path!r} is a damaged checkpoint: it lacks {e}") from e
     except (zipfile.BadZipFile, EOFError, OSError, ValueError) as e:     # truncated, garbage, pickled
         raise CheckpointError(f"{path!r} is not a readable checkpoint: {e}") from e
     ck = Checkpoint(cameras=np.array(d["cameras"], np.float64), points=np.array(d["points"], np.float64),
@@ -188,7 +213,8 @@ def load_checkpoint(path) -> Checkpoint:
                     num_observations=int(d["num_observations"]), fingerprint=str(d["fingerprint"]),
                     termination_type=str(d["termination_type"]), problem_name=str(d["problem_name"]),
                     path=path)
-    if ck.cameras.shape != (ck.num_cameras, 9) or ck.points.shape != (ck.num_points, 3):
+    if ck.cameras.ndim != 2 or ck.points.ndim != 2 or ck.cameras.shape[0] != ck.num_cameras \
+            or ck.points.shape[0] != ck.num_points:
         raise CheckpointError(f"{path!r} is a damaged checkpoint: cameras {ck.cameras.shape} and points "
                               f"{ck.points.shape} for {ck.num_cameras} cameras and {ck.num_points} points")
     if not (np.all(np.isfinite(ck.cameras)) and np.all(np.isfinite(ck.points))):
@@ -196,6 +222,95 @@ def load_checkpoint(path) -> Checkpoint:
     if not (np.isfinite(ck.trust_region_radius) and ck.trust_region_radius > 0):
         raise CheckpointError(f"{path!r} is a damaged checkpoint: trust region radius {ck.trust_region_radius}")
     return ck
+
+
+PROBLEM_FORMAT = "pyclad-problem-checkpoint"
+_PROBLEM_SCALARS = ("version", "iteration", "cost", "trust_region_radius")
+_PROBLEM_STRINGS = ("format", "termination_type", "fingerprint", "problem_name")
+
+
+def structure_fingerprint(problem) -> str:
+    """SHA-256 (hex) of a :class:`solvers.Problem`'s structure: its groups (names, shapes, what
+    is constant) and residual kinds (names, groups, the rows each block uses, its data). The
+    parameter values are left out: they are what a solve changes."""
+    h = hashlib.sha256(PROBLEM_FORMAT.encode())
+    for name, g in problem.groups.items():
+        h.update(f"group {name} {g.values.shape}".encode())
+        for mask in (g.constant_rows, g.constant_columns, g.constant_entries):
+            h.update(b"-" if mask is None else np.ascontiguousarray(mask, np.uint8).tobytes())
+    for r in problem.residuals:
+        h.update(f"kind {r.name} {[g.name for g in r.groups]}".encode())
+        for c in r.columns:
+            h.update(np.ascontiguousarray(c, "<i8").tobytes())
+        h.update(b"-" if r.data is None else np.ascontiguousarray(r.data, "<f8").tobytes())
+    return h.hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class ProblemCheckpoint:
+    """A general problem's checkpoint (see the module docstring): every group's table at the
+    best state, by name."""
+    tables: dict
+    iteration: int
+    cost: float
+    trust_region_radius: float
+    fingerprint: str
+    termination_type: str = ""
+    problem_name: str = ""
+    path: str = ""
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.termination_type)
+
+    def arrays(self) -> dict:
+        out = {"format": np.array(PROBLEM_FORMAT), "version": np.array(FORMAT_VERSION, np.int64),
+               "iteration": np.array(self.iteration, np.int64), "cost": np.array(self.cost, np.float64),
+               "trust_region_radius": np.array(self.trust_region_radius, np.float64),
+               "fingerprint": np.array(self.fingerprint), "termination_type": np.array(self.termination_type),
+               "problem_name": np.array(self.problem_name)}
+        out.update({f"group:{k}": np.asarray(v, np.float64) for k, v in self.tables.items()})
+        return out
+
+    @classmethod
+    def from_npz(cls, z, path: str) -> "ProblemCheckpoint":
+        version = int(z["version"])
+        if version > FORMAT_VERSION:
+            raise CheckpointError(f"{path!r} has checkpoint format {version}; this version of pyclad "
+                                  f"reads format {FORMAT_VERSION} and older: upgrade pyclad to resume it")
+        tables = {k[len("group:"):]: np.array(z[k], np.float64) for k in z.files if k.startswith("group:")}
+        ck = cls(tables=tables, iteration=int(z["iteration"]), cost=float(z["cost"]),
+                 trust_region_radius=float(z["trust_region_radius"]), fingerprint=str(z["fingerprint"]),
+                 termination_type=str(z["termination_type"]), problem_name=str(z["problem_name"]), path=path)
+        if not tables or not all(np.all(np.isfinite(t)) for t in tables.values()):
+            raise CheckpointError(f"{path!r} is a damaged checkpoint: its parameters are missing or not all finite")
+        if not (np.isfinite(ck.trust_region_radius) and ck.trust_region_radius > 0):
+            raise CheckpointError(f"{path!r} is a damaged checkpoint: trust region radius {ck.trust_region_radius}")
+        return ck
+
+    def check_problem(self, problem) -> None:
+        """Raise :class:`CheckpointError` unless this checkpoint was written for ``problem`` (a
+        :class:`solvers.Problem` of the same structure)."""
+        where = f"checkpoint {self.path!r}" if self.path else "the checkpoint"
+        if not hasattr(problem, "groups"):
+            raise CheckpointError(f"{where} is a general problem's ({self.problem_name!r}); this is a "
+                                  "bundle adjustment: resume from a checkpoint of this problem")
+        shapes = {k: g.values.shape for k, g in problem.groups.items()}
+        mine = {k: t.shape for k, t in self.tables.items()}
+        if mine != shapes:
+            raise CheckpointError(f"{where} was written for groups {mine}; this problem "
+                                  f"({problem.name!r}) has {shapes}: resume from a checkpoint of this problem")
+        if self.fingerprint != structure_fingerprint(problem):
+            raise CheckpointError(
+                f"{where} was written for another problem ({self.problem_name!r}) with groups of the same "
+                f"shapes: the residuals or constant parameters of {problem.name!r} differ; resume from "
+                "a checkpoint of this problem")
+
+    def x(self, layout, problem) -> np.ndarray:
+        """The state vector of ``layout`` (solvers.problem_evaluator.Layout) at these tables;
+        constant rows and entries keep ``problem``'s values."""
+        return layout.x_from_tables({k: np.where(g.free_mask(), self.tables[k], g.values)
+                                     for k, g in problem.groups.items()})
 
 
 class CheckpointWriter:
@@ -206,11 +321,17 @@ class CheckpointWriter:
     at once); a later failure warns (RuntimeWarning) and the solve goes on, the last checkpoint
     written staying as it was: the solve's progress is worth more than one missed checkpoint."""
 
-    def __init__(self, path, every: int, problem, iteration_offset: int = 0):
+    def __init__(self, path, every: int, problem, iteration_offset: int = 0, layout=None):
         self.path, self.every = os.fspath(path), int(every)
         self.problem_name = problem.name
-        self.shape = (problem.num_cameras, problem.num_points, problem.num_observations)
-        self.fingerprint = problem_fingerprint(problem)
+        # A general problem (solvers.Problem, with its Layout) or a bundle adjustment's observations.
+        self.general = (problem, layout) if layout is not None else None
+        if self.general is None:
+            self.shape = (problem.num_cameras, problem.num_points, problem.num_observations)
+            self.camera_size = getattr(problem, "camera_size", 9)
+            self.fingerprint = problem_fingerprint(problem)
+        else:
+            self.fingerprint = structure_fingerprint(problem)
         self.iteration_offset = int(iteration_offset)
         self.num_written = 0
         self.last_iteration: Optional[int] = None     # of the last checkpoint written (with the offset)
@@ -222,13 +343,22 @@ class CheckpointWriter:
     def write(self, x, iteration: int, cost: float, radius: float, termination_type: str = "") -> bool:
         """Write the state ``x`` (cameras then points) of ``iteration``; whether it was written."""
         t0 = time.perf_counter()
-        nc, npt, nobs = self.shape
         x = np.asarray(x, np.float64)
-        ck = Checkpoint(cameras=x[:9 * nc].reshape(nc, 9), points=x[9 * nc:].reshape(npt, 3),
-                        iteration=self.iteration_offset + int(iteration), cost=float(cost),
-                        trust_region_radius=float(radius), num_cameras=nc, num_points=npt,
-                        num_observations=nobs, fingerprint=self.fingerprint,
-                        termination_type=termination_type, problem_name=self.problem_name)
+        if self.general is not None:
+            problem, layout = self.general
+            ck = ProblemCheckpoint(
+                tables={name: layout.values(problem, x, name) for name in problem.groups},
+                iteration=self.iteration_offset + int(iteration), cost=float(cost),
+                trust_region_radius=float(radius), fingerprint=self.fingerprint,
+                termination_type=termination_type, problem_name=self.problem_name)
+        else:
+            nc, npt, nobs = self.shape
+            C = self.camera_size
+            ck = Checkpoint(cameras=x[:C * nc].reshape(nc, C), points=x[C * nc:].reshape(npt, -1),
+                            iteration=self.iteration_offset + int(iteration), cost=float(cost),
+                            trust_region_radius=float(radius), num_cameras=nc, num_points=npt,
+                            num_observations=nobs, fingerprint=self.fingerprint,
+                            termination_type=termination_type, problem_name=self.problem_name)
         try:
             save_checkpoint(self.path, ck)
         except OSError as e:

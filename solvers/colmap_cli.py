@@ -33,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--function-tolerance", type=float, default=1e-6)
     p.add_argument("--gradient-tolerance", type=float, default=1e-10)
     p.add_argument("--parameter-tolerance", type=float, default=1e-8)
+    p.add_argument("--checkpoint", help="write the best state to this .npz file as the solve goes (atomically)")
+    p.add_argument("--checkpoint-every", type=int, default=None, help="with --checkpoint: every N iterations (1)")
+    p.add_argument("--resume", help="start from a checkpoint of this model's problem")
     p.add_argument("-q", "--quiet", action="store_true", help="no iteration log, only the report")
     return p
 
@@ -68,9 +71,25 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    result = solvers.solve(prob, linear_solver=args.linear_solver, max_iterations=args.iterations,
-                           function_tolerance=args.function_tolerance, gradient_tolerance=args.gradient_tolerance,
-                           parameter_tolerance=args.parameter_tolerance, verbose=not args.quiet)
+    if args.checkpoint_every is not None and not args.checkpoint:
+        print("error: --checkpoint-every needs --checkpoint PATH", file=sys.stderr)
+        return 2
+    checkpoint = {}
+    if args.checkpoint:
+        checkpoint = {"checkpoint": args.checkpoint, "checkpoint_every": args.checkpoint_every or 1}
+        try:
+            solvers.Options(**checkpoint).check()
+        except (ValueError, TypeError) as e:
+            print(f"error: --checkpoint: {e}", file=sys.stderr)
+            return 2
+    try:
+        result = solvers.solve(prob, linear_solver=args.linear_solver, max_iterations=args.iterations,
+                               function_tolerance=args.function_tolerance, gradient_tolerance=args.gradient_tolerance,
+                               parameter_tolerance=args.parameter_tolerance, verbose=not args.quiet,
+                               resume=args.resume, **checkpoint)
+    except (solvers.CheckpointError, FileNotFoundError) as e:
+        print(f"error: --resume: {e}", file=sys.stderr)
+        return 2
     print()
     print(result.full_report())
     if args.out:
@@ -78,6 +97,8 @@ def main(argv=None) -> int:
         binary = args.binary or (not args.text and os.path.isfile(os.path.join(args.model, "cameras.bin")))
         colmap.write_model(rec, args.out, binary=binary)
         print(f"\nwritten: {args.out} ({'binary' if binary else 'text'} COLMAP model)")
+    if result.checkpoint_iteration is not None:
+        print(f"written: {args.checkpoint} (checkpoint of the best state, iteration {result.checkpoint_iteration})")
     return 0 if result.usable else 1
 
 

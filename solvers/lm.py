@@ -194,8 +194,10 @@ class Minimizer:
         self.num_linear_solves = 0
         self.checkpoints = None
         if options.checkpoint is not None:
+            # A general problem's evaluator has its Layout; a bundle adjustment's has none.
             self.checkpoints = CheckpointWriter(options.checkpoint, options.checkpoint_every,
-                                                evaluator.problem, iteration_offset)
+                                                evaluator.problem, iteration_offset,
+                                                layout=getattr(evaluator, "layout", None))
 
     def _make_state(self, x0):
         """Where the iterations run: on the device (:class:`solvers.lm_device.DeviceState`) when

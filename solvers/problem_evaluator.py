@@ -77,7 +77,11 @@ class Layout:
         self.num_f = sum(g.t_size for g in self.groups if g.name != eliminated)
 
     def x0(self, problem) -> np.ndarray:
-        return np.concatenate([problem.groups[g.name].values[g.rows].ravel() for g in self.groups]) \
+        return self.x_from_tables({name: g.values for name, g in problem.groups.items()})
+
+    def x_from_tables(self, tables: dict) -> np.ndarray:
+        """The state vector at the groups' tables (by name): their active rows, in x's order."""
+        return np.concatenate([tables[g.name][g.rows].ravel() for g in self.groups]) \
             if self.groups else np.zeros(0)
 
     def values(self, problem, x, name) -> np.ndarray:

@@ -19,7 +19,7 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
-from .checkpoint import Checkpoint, load_checkpoint
+from .checkpoint import Checkpoint, ProblemCheckpoint, load_checkpoint
 from .lm import Options, StopFlag, minimize
 from .loss import Loss
 from .summary import LOG_HEADER, IterationSummary, full_report
@@ -110,6 +110,8 @@ class _Observations:
     num_cameras: int
     num_points: int
     name: str
+    camera_size: int = 9            # parameters per camera and per point (a checkpoint's widths)
+    point_size: int = 3
 
     @property
     def num_observations(self) -> int:
@@ -169,7 +171,9 @@ def solve(problem, linear_solver: str = "sparse_schur", eliminate="auto", max_it
       after the current iteration with the best state found.
     - ``model``: for the bundle-adjustment core only, a camera model (class or instance, as
       :func:`solvers.bundle_adjust` takes) evaluating the residual instead of pyclad.
-    - ``resume`` / ``checkpoint=`` (see :func:`solvers.bundle_adjust`): bundle-adjustment core only.
+    - ``resume`` / ``checkpoint=`` (see :func:`solvers.bundle_adjust`): on either core; a general
+      problem's checkpoint holds every group's table (:class:`solvers.checkpoint.ProblemCheckpoint`)
+      and resumes only a problem of the same structure.
     - Other keyword options: fields of :class:`solvers.Options`.
     """
     from .problem import Problem
@@ -194,7 +198,7 @@ def solve(problem, linear_solver: str = "sparse_schur", eliminate="auto", max_it
             linear_solver = "sparse_normal_cholesky"
     ck = None
     if resume is not None:
-        ck = resume if isinstance(resume, Checkpoint) else load_checkpoint(resume)
+        ck = resume if isinstance(resume, (Checkpoint, ProblemCheckpoint)) else load_checkpoint(resume)
         options.setdefault("initial_trust_region_radius", ck.trust_region_radius)
     opts = Options(max_iterations=max_iterations, function_tolerance=function_tolerance,
                    gradient_tolerance=gradient_tolerance, parameter_tolerance=parameter_tolerance,
@@ -210,9 +214,6 @@ def solve(problem, linear_solver: str = "sparse_schur", eliminate="auto", max_it
         if model is not None:
             raise ValueError("model= is for a problem of one residual kind over a camera group and an "
                              "eliminated group with nothing constant; this problem is evaluated with pyclad")
-        if ck is not None or opts.checkpoint is not None:
-            raise ValueError("resume= and checkpoint= need the bundle-adjustment core (one residual "
-                             "kind over two groups, nothing constant); this problem runs the general core")
         core = _GeneralCore(problem, eliminated, opts)
     if ck is not None:
         ck.check_problem(core.checkpoint_problem)
@@ -235,7 +236,7 @@ def solve(problem, linear_solver: str = "sparse_schur", eliminate="auto", max_it
         if opts.checkpoint is not None:
             print(f"Checkpoints: the best state to {opts.checkpoint} every {opts.checkpoint_every} "
                   f"iteration{'s' if opts.checkpoint_every != 1 else ''} and at the end", file=out)
-    x0 = ck.x if ck is not None else core.x0()
+    x0 = core.x0() if ck is None else core.x_from_checkpoint(ck)
     t_pre = time.perf_counter() - t_start
     s = minimize(core.evaluator, x0, opts, callback=report, stop=stop, handle_sigint=handle_sigint,
                  runtime=core.runtime, iteration_offset=ck.iteration if ck is not None else 0,
@@ -289,7 +290,8 @@ class _BACore:
         cam, pt, block, swapped = shape
         self.cam, self.pt, self.block = cam, pt, block
         ci, pi = (block.columns[1], block.columns[0]) if swapped else (block.columns[0], block.columns[1])
-        self.checkpoint_problem = _Observations(ci, pi, block.data, cam.num_rows, pt.num_rows, problem.name)
+        self.checkpoint_problem = _Observations(ci, pi, block.data, cam.num_rows, pt.num_rows, problem.name,
+                                                cam.size, pt.size)
         self.loss_name = _loss_name(block.loss)
         if model is None:
             from .batch_model import BatchModel
@@ -336,6 +338,9 @@ class _BACore:
     def x0(self):
         return np.concatenate([self.cam.values.ravel(), self.pt.values.ravel()])
 
+    def x_from_checkpoint(self, ck):
+        return ck.x
+
     def parameters(self, x) -> dict:
         cams, pts = self.evaluator.split(x)
         solved = {self.cam.name: cams.copy(), self.pt.name: pts.copy()}
@@ -374,8 +379,15 @@ class _GeneralCore:
                              "(several groups per residual, several residual kinds or constant parameters)")
         return SparseState(evaluator, options, x0)
 
+    @property
+    def checkpoint_problem(self):
+        return self.problem
+
     def x0(self):
         return self.layout.x0(self.problem)
+
+    def x_from_checkpoint(self, ck):
+        return ck.x(self.layout, self.problem)
 
     def parameters(self, x) -> dict:
         return {name: self.layout.values(self.problem, x, name).copy() for name in self.problem.groups}

@@ -220,7 +220,7 @@ def test_files_that_are_not_checkpoints(tmp_path):
     np.savez(tmp_path / "other.npz", x=np.zeros(3))
     np.save(tmp_path / "array.npy", np.zeros(3))
     for name, match in [("half.npz", "not a readable checkpoint"), ("text.npz", "not a readable checkpoint"),
-                        ("other.npz", "not a pyclad bundle adjustment checkpoint"),
+                        ("other.npz", "not a pyclad checkpoint"),
                         ("array.npy", "not an .npz archive")]:
         with pytest.raises(CheckpointError, match=match):
             load_checkpoint(tmp_path / name)

@@ -127,6 +127,29 @@ def test_command_line(tmp_path, capsys):
     assert colmap_main([str(tmp_path / "nope")]) == 2
 
 
+def test_command_line_checkpoint_and_resume(tmp_path, capsys):
+    """--checkpoint writes the general problem's checkpoint; --resume continues from it to the
+    uninterrupted solve's cost; a checkpoint of another model is refused with exit code 2."""
+    _, path = synthetic(tmp_path, n_images=5)
+    ck = tmp_path / "ck.npz"
+    assert colmap_main([path, "--iterations", "2", "--checkpoint", str(ck), "-q"]) in (0, 1)
+    assert "checkpoint of the best state, iteration 2" in capsys.readouterr().out
+    written = solvers.load_checkpoint(ck)
+    assert isinstance(written, solvers.ProblemCheckpoint) and written.iteration == 2
+    assert colmap_main([path, "--resume", str(ck), "-q"]) == 0
+    resumed = capsys.readouterr().out
+    assert colmap_main([path, "-q"]) == 0
+    full = capsys.readouterr().out
+    final = [float(line.split()[-1]) for text in (resumed, full) for line in text.splitlines()
+             if line.startswith("Final")]
+    assert final[0] == pytest.approx(final[1], rel=1e-6)
+    (tmp_path / "other").mkdir()
+    _, other = synthetic(tmp_path / "other", n_images=6)
+    assert colmap_main([other, "--resume", str(ck), "-q"]) == 2
+    assert "--resume" in capsys.readouterr().err
+    assert colmap_main([path, "--checkpoint-every", "2"]) == 2
+
+
 def test_cameras_of_two_models_in_one_reconstruction(tmp_path):
     """Half the cameras turned into PINHOLE ones: one intrinsics group and one residual kind per
     model, and pycolmap's bundle adjuster on the same files agrees."""

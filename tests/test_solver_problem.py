@@ -335,8 +335,6 @@ def test_bad_input_names_the_argument():
     prob.add_residual_block(lambda a: [a[0] - 1.0, a[1]], ["x"], index=([0, 1, 2],))
     with pytest.raises(TypeError, match="unknown option"):
         solvers.solve(prob, max_iteration=3)
-    with pytest.raises(ValueError, match="resume= and checkpoint="):
-        solvers.solve(prob, checkpoint="/tmp/never.npz", handle_sigint=False)
 
 
 def test_rows_no_residual_uses_are_held():
