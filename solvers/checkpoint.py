@@ -373,3 +373,16 @@ class CheckpointWriter:
         self.num_written += 1
         self.last_iteration = ck.iteration
         return True
+
+
+def cli_options(checkpoint, checkpoint_every) -> dict:
+    """The solve's keyword options for the command lines' ``--checkpoint PATH`` and
+    ``--checkpoint-every N``, checked; ValueError (or TypeError) saying what is wrong."""
+    if checkpoint_every is not None and not checkpoint:
+        raise ValueError("--checkpoint-every needs --checkpoint PATH")
+    if not checkpoint:
+        return {}
+    from .lm import Options
+    options = {"checkpoint": checkpoint, "checkpoint_every": checkpoint_every or 1}
+    Options(**options).check()
+    return options

@@ -48,6 +48,7 @@ def main(argv=None) -> int:
     import os
     import solvers
     from . import colmap
+    from .checkpoint import cli_options
     fix = args.fix
     if fix not in ("gauge", "first-two-poses", "none"):
         try:
@@ -71,17 +72,11 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.checkpoint_every is not None and not args.checkpoint:
-        print("error: --checkpoint-every needs --checkpoint PATH", file=sys.stderr)
+    try:
+        checkpoint = cli_options(args.checkpoint, args.checkpoint_every)
+    except (ValueError, TypeError) as e:
+        print(f"error: --checkpoint: {e}", file=sys.stderr)
         return 2
-    checkpoint = {}
-    if args.checkpoint:
-        checkpoint = {"checkpoint": args.checkpoint, "checkpoint_every": args.checkpoint_every or 1}
-        try:
-            solvers.Options(**checkpoint).check()
-        except (ValueError, TypeError) as e:
-            print(f"error: --checkpoint: {e}", file=sys.stderr)
-            return 2
     try:
         result = solvers.solve(prob, linear_solver=args.linear_solver, max_iterations=args.iterations,
                                function_tolerance=args.function_tolerance, gradient_tolerance=args.gradient_tolerance,

@@ -2,10 +2,6 @@
 
 Here on one device (the list of one, errors); two real PoCL devices (``POCL_DEVICES="pthread
 pthread"``, set before PoCL starts) in a subprocess."""
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -17,8 +13,7 @@ from clkernels.dcnv4 import Options
 
 from test_dcnv4 import call_opts, make_inputs
 from test_deformable_aggregation import problem as da_problem
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from pocl_pair import run_on_two_devices
 DCN = Options(group=2, group_channels=4)
 
 
@@ -62,11 +57,8 @@ TWO_DEVICES = textwrap.dedent("""
     from clkernels.dcnv4 import Options
     from test_dcnv4 import call_opts, make_inputs
     from test_deformable_aggregation import problem as da_problem
-    by_platform = {}
-    for d in clkernels.list_devices():
-        by_platform.setdefault(d.platform.int_ptr, []).append(d)
-    one, two = next(ds for ds in by_platform.values() if len(ds) >= 2)[:2]
-    pair, out = [one, two], {}
+    one, two = pair
+    out = {}
     o = call_opts(Options(group=2, group_channels=8))
     x, om = make_inputs(Options(group=2, group_channels=8), 5, 12, 10, seed=2)
     for k in range(2):       # equal shares, then from the measured throughputs
@@ -95,13 +87,7 @@ def test_two_pocl_devices_share_the_batch():
     """On two PoCL devices: DCNv4, deformable aggregation and letterbox forward equal one
     device's bits (equal shares and measured shares; ``"all"`` finds both devices); the
     backward passes, which sum with atomics, agree to float rounding."""
-    env = {**os.environ, "POCL_DEVICES": "pthread pthread"}
-    env.pop("PYCLAD_DEVICE", None)
-    env.pop("PYOPENCL_CTX", None)
-    run = subprocess.run([sys.executable, "-W", "ignore", "-c", TWO_DEVICES], capture_output=True,
-                         text=True, env=env, cwd=ROOT, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
-    out = json.loads(run.stdout.strip().splitlines()[-1])
+    out = run_on_two_devices(TWO_DEVICES)
     assert out["dcnv4"] == [True, True]
     assert out["da"] and out["letterbox"]
     assert max(out["dcnv4_backward"]) < 1e-5 and max(out["da_backward"]) < 1e-5

@@ -2,21 +2,17 @@
 
 Two real devices come from PoCL itself (``POCL_DEVICES="pthread pthread"``), which must be set
 before PoCL starts, so those checks run in a subprocess; the rest runs here on one device."""
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
 import pyopencl.array as cla
 import pytest
 
-import clkernels
 import solvers
 from clkernels import multi_device
 from solvers.snavely import snavely_function
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from pocl_pair import run_on_two_devices
 
 
 def snavely_inputs(seed=1, cameras=7, points=300, per_point=3):
@@ -71,11 +67,6 @@ TWO_DEVICES = textwrap.dedent("""
     import json, numpy as np, clkernels, solvers
     from solvers.snavely import snavely_function
     from clkernels import multi_device
-    devices = clkernels.list_devices()
-    by_platform = {}
-    for d in devices:
-        by_platform.setdefault(d.platform.int_ptr, []).append(d)
-    pair = next(ds for ds in by_platform.values() if len(ds) >= 2)[:2]
     p = solvers.synthetic_problem(40, 6001, 4, seed=3)
     params, idx, obs = [p.cameras, p.points], np.stack([p.camera_index, p.point_index], 1), p.observations
     out = {"n": int(idx.shape[0])}
@@ -100,14 +91,7 @@ def test_two_pocl_devices_give_one_devices_bits():
     """Two PoCL CPU devices (the same compiler): split results equal one device's bit for bit,
     for codegen and the tape, with equal shares and with shares from measured throughputs;
     ``"all"`` finds both (no GPU on the platform)."""
-    env = {**os.environ, "POCL_DEVICES": "pthread pthread"}
-    env.pop("PYCLAD_DEVICE", None)
-    env.pop("PYOPENCL_CTX", None)
-    run = subprocess.run([sys.executable, "-W", "ignore", "-c", TWO_DEVICES], capture_output=True,
-                         text=True, env=env, cwd=ROOT, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
-    import json
-    out = json.loads(run.stdout.strip().splitlines()[-1])
+    out = run_on_two_devices(TWO_DEVICES)
     assert out["n"] == 24004
     for backend in ("codegen", "tape"):
         assert out[backend] == [True, True, True]

@@ -101,6 +101,7 @@ def main(argv=None) -> int:
     if args.plot:
         _pyplot()          # say so before solving, not after
     import solvers
+    from solvers.checkpoint import cli_options
     from solvers.ply import write_ply
 
     t0 = time.perf_counter()
@@ -129,14 +130,11 @@ def main(argv=None) -> int:
         except (solvers.CheckpointError, OSError) as e:
             print(f"error: --resume: {e}", file=sys.stderr)
             return 2
-    checkpoint = {}
-    if args.checkpoint:
-        checkpoint = {"checkpoint": args.checkpoint, "checkpoint_every": args.checkpoint_every or 1}
-        try:
-            solvers.Options(**checkpoint).check()
-        except (ValueError, TypeError) as e:
-            print(f"error: --checkpoint: {e}", file=sys.stderr)
-            return 2
+    try:
+        checkpoint = cli_options(args.checkpoint, args.checkpoint_every)
+    except (ValueError, TypeError) as e:
+        print(f"error: --checkpoint: {e}", file=sys.stderr)
+        return 2
     backend = args.backend
     if backend is None and args.device is None and not os.environ.get("PYCLAD_DEVICE"):
         # Nothing asked for a device: without a usable one the host reference path still solves
