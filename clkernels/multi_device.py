@@ -132,12 +132,13 @@ def batched(op: str, call: Callable, batch_args: Sequence, devices, out=None, n_
     ``device``/``queue``: the op's own arguments, which devices= excludes."""
     if device is not None or queue is not None:
         raise ValueError("pass device=/queue= (one device) or devices= (several), not both")
-    refuse_device_arrays([*batch_args, *(out if isinstance(out, (tuple, list)) else [out])])
+    # One entry per output, None where the output is to be made.
+    outs = (out,) if n_outputs == 1 else (tuple(out) if out is not None else (None,) * n_outputs)
+    refuse_device_arrays([*batch_args, *outs])
     n = len(batch_args[0])
     if any(len(a) != n for a in batch_args):
         raise ValueError(f"devices= splits the leading (batch) axis, which must be the same in every "
                          f"batched input; got {[len(a) for a in batch_args]}")
-    outs = tuple(out) if n_outputs > 1 and out is not None else (out,) * (1 if n_outputs == 1 else n_outputs)
     if any(o is not None and len(o) != n for o in outs):
         raise ValueError(f"out must have the result's shape; its leading axis is not the batch's {n}")
 

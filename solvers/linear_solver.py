@@ -45,6 +45,9 @@ class DeviceIterativeSchur:
     def __init__(self, state):
         self.st = state
 
+    def close(self):
+        """Nothing of its own: its kernels are the state's and the CG's."""
+
     def solve(self):
         st, pcg, nc, o = self.st, self.st.pcg, self.st.nc, self.st.o
         blocks = pcg.jacobi_blocks()
@@ -114,6 +117,9 @@ class DeviceSparseSchurSolver:
 
     def outcome(self):
         return self.system.outcome()
+
+    def close(self):
+        self.system.close()
 
 
 _SOLVERS = {

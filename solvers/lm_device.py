@@ -392,11 +392,8 @@ class DeviceState:
     def close(self):
         """The solve is over (the Minimizer calls this last): kernel objects go back to their
         pools for the next solve, and the Jacobian's memory to the queue's pool."""
-        sparse = getattr(self.linear, "system", None)       # sparse_schur's DeviceSparseSchur
-        owners = [self, self.pcg]
-        if sparse is not None:
-            owners += [sparse.system, sparse.dense]      # its ReducedCameraSystem, DenseCholesky
-        release_kernels(*[o for o in owners if o is not None])
+        release_kernels(self, self.pcg)
+        self.linear.close()
         self.r = self.jc = self.jp = None
         self.pcg.unbind_jacobian()
 

@@ -21,6 +21,7 @@ import numpy as np
 import pyopencl as cl
 
 from clkernels import arrays
+from clkernels.launch import release_kernels
 
 from . import host_cholesky, schur
 from .dense_cholesky import DenseCholesky, block_sizes, dense_bytes, padded_size
@@ -72,6 +73,7 @@ class DeviceSparseSchur:
         self.bytes_to_host = self.bytes_to_device = 0
         if self.where == "device":
             self.dense = DenseCholesky(runtime, n)
+            self._flag = np.zeros(1, np.int32)      # the factorisation's flag, read back into it
             self.dense.events = events
             how = "dense Cholesky on the device"
         else:
@@ -88,6 +90,10 @@ class DeviceSparseSchur:
         # On the Oclgrind simulator these buffers outlive the solve: released, their shadows would
         # be reused at their old sizes by the next solve's buffers (see arrays.keep_on_simulator).
         arrays.keep_on_simulator(runtime, self)
+
+    def close(self):
+        """The solve is over: the kernel objects go back to their pools (launch.release_kernels)."""
+        release_kernels(self.system, *([self.dense] if self.dense is not None else []))
 
     @property
     def nbytes(self) -> int:
@@ -124,7 +130,6 @@ class DeviceSparseSchur:
         sys_.enqueue_dense(B, dc2, d.A, d.m, d.flag)
         d.factor()
         d.solve(x)
-        self._flag = np.empty(1, np.int32)
         cl.enqueue_copy(self.rt.queue, self._flag, d.flag.data, is_blocking=not defer)
         self.bytes_to_host += self._flag.nbytes
         if defer:
