@@ -125,11 +125,32 @@ typedef struct __attribute__((packed)) { ${V} v; } unaligned_${V};
         // endian: channel c is bits 8c+8 .. 8c+15), so that no load reads past the image. The
         // image's first pixel has no byte before it: it is read from its own first byte (the
         // image spans 4 bytes or more) and shifted up into place.
-%for t in ('00', '01', '10', '11'):
-        const ${VI} s${t} = a${t} > 0 ? a${t} - 1 : (${VI})(0);
-        const ${VU} w${t}_ = ${lanes(lambda k: word('img + ' + lane('s' + t, k)), VU)};
-        const ${VU} w${t} = a${t} > 0 ? w${t}_ : w${t}_ << 8;
-%endfor
+<%def name="load(t)">{
+            const ${VI} s = a${t} > 0 ? a${t} - 1 : (${VI})(0);
+            const ${VU} w = ${lanes(lambda k: word('img + ' + lane('s', k)), VU)};
+            w${t} = a${t} > 0 ? w : w << 8;
+        }</%def>
+        ${VU} w00, w01, w10, w11;
+        ${load('00')}
+%if axis_aligned:
+        // A corner of weight zero is not read: fma(0, d, p) is p for the finite levels here,
+        // so any level there gives OpenCV's result. Integer source columns in every lane (ax
+        // == 0) skip the second column, an integer source row (ay == 0) the second row; a
+        // 1/3 downscale of 1080p has both, one load per pixel instead of four.
+        const int whole_x = ${' && '.join(lane('ax', k) + ' == 0.0f' for k in range(vec))};
+        if (whole_x) w01 = w00; else ${load('01')}
+        if (py == fy) {
+            w10 = w00;
+            w11 = w01;
+        } else {
+            ${load('10')}
+            if (whole_x) w11 = w10; else ${load('11')}
+        }
+%else:
+        ${load('01')}
+        ${load('10')}
+        ${load('11')}
+%endif
 %endif
 %for c in range(3):
         {

@@ -154,7 +154,9 @@ def test_non_finite_matrix_reads_nothing_and_gives_border(device):
 
 # --------------------------------------------------------------------------- letterbox
 
-@pytest.mark.parametrize("size", [(640, 640), (320, 192), (333, 257)])
+# (200, 200) is a 1/3 downscale: every source row is an integer (ay == 0), the kernel's path
+# that reads its zero-weight second row from the first.
+@pytest.mark.parametrize("size", [(640, 640), (320, 192), (333, 257), (200, 200)])
 def test_letterbox_matches_opencv_pipeline(device, size):
     img = photo("coffee")  # 600 x 400: bands above and below
     blob, d2i = clkernels.letterbox(img, size=size, device=device)
@@ -297,6 +299,10 @@ def test_every_code_path_gives_the_same_values(device, monkeypatch):
     M = np.array([[0.7, -0.3, 2.0], [0.25, 0.9, -1.0]])
     ref, _ = clkernels.letterbox(images, size=(16, 8), device=device)
     ref_w = clkernels.warp_affine(images[0], M, (16, 5), device=device)
+    # A 1/3 downscale: integer source rows and columns, whose zero-weight corners the CPU
+    # path (word loads) does not read and the byte-load path does.
+    third = noise(12, 18, seed=14)
+    ref_third, _ = clkernels.letterbox(third, size=(16, 4), device=device)
     variants = [dict(_zero_copy=False)]
     if not device.info.is_simulator:  # Oclgrind counts host-pointer memory as uninitialised
         variants.append(dict(_zero_copy=True))
@@ -313,6 +319,7 @@ def test_every_code_path_gives_the_same_values(device, monkeypatch):
         assert np.array_equal(clkernels.letterbox(images[1], size=(16, 8), device=device)[0],
                               ref[1:2])
         assert np.array_equal(clkernels.warp_affine(images[0], M, (16, 5), device=device), ref_w)
+        assert np.array_equal(clkernels.letterbox(third, size=(16, 4), device=device)[0], ref_third)
         monkeypatch.undo()
     # Host images: the outputs of two images fill a buffer, so three take two launches.
     monkeypatch.setattr(wa, "_alloc_limit", lambda runtime: 16 * 8 * 3 * 4 * 2)
