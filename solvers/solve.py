@@ -370,14 +370,18 @@ class _GeneralCore:
             self.device_name = "host"
         else:
             from clkernels import get_runtime
-            self.device_name = get_runtime(problem.device).info.name
+            rt = get_runtime(problem.device)
+            self.device_name = rt.info.name
+            # The Schur reduction of dense reduced matrices runs there (solvers.pair_schur_device).
+            if opts.schur_backend != "numpy":
+                self.runtime = rt
 
     def make_state(self, evaluator, options, runtime, x0):
         from .sparse_state import SparseState
         if options.device_resident is True:
             raise ValueError("device_resident=True, but this problem runs the general core on the host "
                              "(several groups per residual, several residual kinds or constant parameters)")
-        return SparseState(evaluator, options, x0)
+        return SparseState(evaluator, options, x0, runtime=runtime)
 
     @property
     def checkpoint_problem(self):

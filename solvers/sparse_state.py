@@ -89,7 +89,7 @@ class SparseState:
 
     where = "host"
 
-    def __init__(self, evaluator, options, x0):
+    def __init__(self, evaluator, options, x0, runtime=None):
         self.ev, self.o = evaluator, options
         self.layout = lay = evaluator.layout
         self.kinds = [_Kind(b, lay) for b in evaluator.problem.residuals]
@@ -119,18 +119,28 @@ class SparseState:
                                             shape=(self.ne_rows, k.n))
             self.e_indices = np.concatenate(e_ind).astype(np.int32) if e_ind else np.zeros(0, np.int32)
             self.e_indptr = np.concatenate(e_ptr)
-        # One kind touches the eliminated group: its reduction by pairs of observations
-        # (solvers.pair_schur) while its index fits in memory, else scipy's sparse products.
+        # One kind touches the eliminated group: its reduction by pairs of observations, on
+        # the OpenCL device where the reduced matrix is dense (solvers.pair_schur_device), else
+        # on the host (solvers.pair_schur) while its index fits in memory, else scipy's sparse
+        # products.
         self.pair = None
         with_e = [i for i, k in enumerate(self.kinds) if self.ne and k.e_slot is not None]
         if len(with_e) == 1 and self.kinds[with_e[0]].f_slots:
             from .pair_schur import PairSchur, TooLarge
             i = with_e[0]
-            try:
-                self.pair = PairSchur(self.kinds[i], evaluator.problem.residuals[i], self.nf, self.ne_rows)
-                self.pair_kind = i
-            except TooLarge:
-                pass
+            args = (self.kinds[i], evaluator.problem.residuals[i], self.nf, self.ne_rows)
+            if runtime is not None:
+                from .pair_schur_device import DevicePairSchur, NotDense
+                try:
+                    self.pair = DevicePairSchur(*args, runtime)
+                except (NotDense, TooLarge):
+                    pass
+            if self.pair is None:
+                try:
+                    self.pair = PairSchur(*args)
+                except TooLarge:
+                    pass
+            self.pair_kind = i
         self.x = np.array(x0, dtype=np.float64)
         self.best_x = self.x.copy()
         self.linear_solver_time = 0.0
@@ -166,8 +176,9 @@ class SparseState:
             self.V = V.reshape(-1, ke, ke)
             if self.pair is not None:
                 i = self.pair_kind
-                kd = self.kinds[i]
-                self.pair.prepare(full[i] if kd.all_kept else full[i] * kd.f_keep[:, None, :], E_blocks[i])
+                # Constant entries' Jacobian columns stay: their rows and columns of the
+                # products land nowhere (solvers.pair_schur, solvers.pair_schur_device).
+                self.pair.prepare(full[i], E_blocks[i])
             else:
                 self.W = (self.F.T @ self.E).tocsr()
             col2 = np.concatenate([col2, np.einsum("pii->pi", self.V).ravel()])
@@ -352,10 +363,19 @@ class SparseState:
     def transfers(self) -> dict:
         return {}
 
+    def close(self):
+        """The solve is over (the Minimizer calls this last): the device reduction's kernel
+        objects go back to their pools."""
+        close = getattr(self.pair, "close", None)
+        if close is not None:
+            close()
+
     @property
     def linear_solver_detail(self) -> str:
         n = self.nf
         what = "Reduced matrix" if self.ne else "Normal equations"
+        reduced_on = f"; W V^-1 W^T from the {self.pair.description}" \
+            if getattr(self.pair, "description", None) else ""
         if self.o.linear_solver == "iterative_schur":
-            return f"{what}: {n} x {n}, CG with block-Jacobi preconditioner on the host"
-        return f"{what}: {n} x {n}, {self.factorised_with or 'not factorised'} on the host"
+            return f"{what}: {n} x {n}, CG with block-Jacobi preconditioner on the host{reduced_on}"
+        return f"{what}: {n} x {n}, {self.factorised_with or 'not factorised'} on the host{reduced_on}"

@@ -365,9 +365,11 @@ def test_pair_reduction_equals_scipy_products(device, monkeypatch, dense):
     s = scene(seed=3)
     if not dense:
         monkeypatch.setattr(pair_schur, "DENSE_FRACTION", 2.0)
-    a = solvers.solve(three_group_problem(s, device=device), max_iterations=10, handle_sigint=False)
+    # The host's reductions (schur_backend="numpy"; the device's: test_solver_pair_schur_device).
+    kw = dict(max_iterations=10, handle_sigint=False, schur_backend="numpy")
+    a = solvers.solve(three_group_problem(s, device=device), **kw)
     monkeypatch.setattr(pair_schur, "MAX_BLOCK_ENTRIES", 0)
-    b = solvers.solve(three_group_problem(s, device=device), max_iterations=10, handle_sigint=False)
+    b = solvers.solve(three_group_problem(s, device=device), **kw)
     assert len(a.history) == len(b.history)
     for x, y in zip(a.history, b.history):
         assert x.cost == pytest.approx(y.cost, rel=1e-10)

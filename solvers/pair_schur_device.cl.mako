@@ -1,0 +1,35 @@
+## The general core's reduction W V^-1 W^T on the device (solvers/pair_schur_device.py), summed
+## from the columns of the observations' keys into the problem's columns.
+##
+## The keys' matrix A (the "virtual" columns: K per key, key k's columns k*K .. k*K+K-1) is
+## written by schur_reduced.cl.mako's reduced_blocks with B = 0 and Dc^2 = 0, so it holds
+## -W V^-1 W^T, its block lower triangle (rows of key b, columns of key a <= b; a key's diagonal
+## block whole). A virtual column is a copy of one problem column (or of none: a constant
+## entry); a column of a group that many keys share (intrinsics) has many copies.
+## Parameters: K.
+<%namespace name="common" file="/clkernels/common.cl.mako"/>
+${common.fp64_pragma()}
+
+// One work-item per entry (i, j) of the problem's nf x nf matrix (row-major, both triangles):
+// out[i, j] = sum over the copies u of column i and v of column j of (W V^-1 W^T)[u, v].
+__kernel void compress(__global const double *restrict A,          // (ld, ld) keys' matrix
+                       const int ld,
+                       __global const int *restrict copy_start,    // (nf + 1) into copy_col
+                       __global const int *restrict copy_col,      // virtual columns per column
+                       __global double *restrict out,              // (nf, nf)
+                       const int nf)
+{
+    const size_t gid = get_global_id(0);
+    if (gid >= (size_t)nf * nf) return;
+    const int i = (int)(gid / nf), j = (int)(gid - (size_t)i * nf);
+    double acc = 0.0;
+    for (int a = copy_start[i]; a < copy_start[i + 1]; ++a) {
+        const int u = copy_col[a], key_u = u / ${K};
+        for (int b = copy_start[j]; b < copy_start[j + 1]; ++b) {
+            const int v = copy_col[b];
+            // The written triangle: the row's key at or after the column's.
+            acc += v / ${K} <= key_u ? A[(size_t)u * ld + v] : A[(size_t)v * ld + u];
+        }
+    }
+    out[gid] = -acc;
+}

@@ -1,0 +1,151 @@
+"""The general core's Schur reduction ``W V^-1 W^T`` on the OpenCL device: :class:`DevicePairSchur`
+has :class:`solvers.pair_schur.PairSchur`'s methods and results (to rounding), for reduced
+matrices that are dense.
+
+Every observation of the kind has a key: the tuple of its non-eliminated rows (for COLMAP: the
+image, which fixes the camera). Taken as a camera with K columns (the kind's non-eliminated
+entries), a key gives the bundle adjuster's structure, one camera and one point per observation,
+so the bundle-adjustment core's kernels (:mod:`solvers.schur_reduced`) assemble the keys' dense
+``-W V^-1 W^T`` (``B = 0``, ``Dc^2 = 0``). A problem column shared by many keys (the intrinsics
+of a camera that every image uses) has a copy per key; ``pair_schur_device.cl.mako`` sums the
+copies into the problem's ``nf x nf`` matrix, which comes back to the host for the
+factorisation. numpy's pair products cost seconds there (1,000 images with a shared camera:
+1.9 s per Jacobian, and 5.3 s to index the pairs once); the device's take a fraction of that.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyopencl as cl
+
+from clkernels import arrays
+from clkernels.launch import presets, release_kernels
+from clkernels.templates import get_program
+
+from . import ordering
+from . import pair_schur
+from .pair_schur import PairSchur, TooLarge
+from .schur_reduced import MAX_RUN_CPU, MAX_RUN_GPU, ReducedCameraSystem, ReducedPattern
+
+TEMPLATE = "solvers/pair_schur_device.cl.mako"
+
+
+class NotDense(ValueError):
+    """The reduced matrix is sparse: :class:`solvers.pair_schur.PairSchur` (CSR) serves it."""
+
+
+class DevicePairSchur:
+    """``W V^-1 W^T``, ``W V^-1 g_E`` and ``W^T y`` for one residual kind ``kind`` (a
+    :class:`solvers.sparse_state._Kind` with an eliminated slot) on ``runtime``'s device.
+    Raises :class:`NotDense` or :class:`TooLarge` where :class:`PairSchur` should serve."""
+
+    dense = True
+
+    def __init__(self, kind, block, nf: int, ne_rows: int, runtime):
+        self.rt = rt = runtime
+        if not rt.info.fp64:
+            raise TooLarge(f"{rt.info.name!r} has no fp64")
+        if nf > pair_schur.DENSE_MAX_UNKNOWNS:
+            raise NotDense(f"{nf} unknowns")
+        C = kind.f_cols_full                          # (n, K) problem columns, -1 where constant
+        obs = np.flatnonzero(kind.e_rank >= 0)
+        e = kind.e_rank[obs]
+        order = ordering.stable_order(e, ne_rows)
+        self.obs, self.e = obs[order], e[order]
+        self.nf, self.ne_rows = nf, ne_rows
+        self.K, self.kE, self.R = C.shape[1], kind.e_free.size, kind.R
+        uniq, key = np.unique(PairSchur._keys(kind, block)[self.obs], return_inverse=True)
+        key = key.ravel().astype(np.int64)
+        nk = uniq.size
+        first = np.zeros(nk, np.int64)
+        first[key[::-1]] = np.arange(key.size)[::-1]      # an observation of each key
+        key_cols = C[self.obs[first]]                     # (nk, K)
+        pattern = ReducedPattern(key, self.e, nk, ne_rows,
+                                 max_run=MAX_RUN_CPU if rt.info.is_cpu else MAX_RUN_GPU)
+        # The kernels read the kind's Jacobians as they come, all n observations: the pattern's
+        # observations (positions in the point-sorted valid ones) become positions in those.
+        pattern.obs = self.obs[pattern.obs]
+        # For W^T y on the host, per observation of the kind: its columns (constant entries and
+        # observations of constant eliminated rows: a zero pad) and eliminated row.
+        n = kind.e_rank.size
+        self.cols_or_pad = np.where(C >= 0, C, nf)
+        self.cols_or_pad[kind.e_rank < 0] = nf
+        self.e_all = np.maximum(kind.e_rank, 0)
+        # The entries the blocks give the problem's matrix (copies counted), as PairSchur counts.
+        free = (key_cols >= 0).sum(axis=1)
+        br, bc = pattern.block_row, pattern.block_col
+        entries = int(np.sum(free[br] * free[bc] * np.where(br != bc, 2, 1)))
+        if entries < pair_schur.DENSE_FRACTION * nf * nf:
+            raise NotDense(f"{pattern.nblocks} blocks of {self.K} x {self.K} in {nf} x {nf}")
+        nv = self.nv = nk * self.K
+        if max(nv * nv, nf * nf) * 8 > rt.info.max_alloc_bytes:
+            raise TooLarge(f"a {nv} x {nv} matrix of the keys' columns")
+        self.system = ReducedCameraSystem(rt, pattern, C=self.K, P=self.kE, R=self.R)
+        # Each problem column's copies among the keys' columns, as a CSR list.
+        real = key_cols.ravel()
+        virtual = np.flatnonzero(real >= 0)
+        by_real = virtual[np.argsort(real[virtual], kind="stable")]
+        self.copy_of = real                               # problem column of each key column
+        start = np.concatenate(([0], np.cumsum(np.bincount(real[virtual], minlength=nf))))
+        i32 = lambda a: arrays.to_device(rt, np.ascontiguousarray(a, np.int32))  # noqa: E731
+        self.copy_start, self.copy_col = i32(start), i32(by_real if by_real.size else [0])
+        f64 = lambda size: arrays.scratch(rt, max(1, int(size)), np.float64)  # noqa: E731
+        # The keys' matrix: reduced_blocks writes the same blocks at every call, the rest stays 0.
+        self.A = arrays.zeros(rt, nv * nv, np.float64)
+        self.zero_B = arrays.zeros(rt, nk * self.K * (self.K + 1) // 2, np.float64)
+        self.zero_v = arrays.zeros(rt, nv, np.float64)    # Dc^2 and the rhs' gc
+        self.flag = arrays.zeros(rt, 1, np.int32)
+        self.red, self.rhs = f64(nf * nf), f64(nv)
+        self.Jc, self.Jp = f64(n * self.R * self.K), f64(n * self.R * self.kE)
+        self.Vinv, self.gp = f64(ne_rows * self.kE * self.kE), f64(ne_rows * self.kE)
+        self.k = presets(get_program(TEMPLATE, rt, K=self.K), self)
+        self.ls = arrays.work_group_size(rt, self.k["compress"].kernel, 64 if rt.info.is_cpu else 256)
+        self.description = f"keys' {nv} x {nv} matrix on {rt.info.name}"
+
+    def _upload(self, dev, host):
+        cl.enqueue_copy(self.rt.queue, dev.data, np.ascontiguousarray(host, np.float64), is_blocking=False)
+
+    def prepare(self, F_full, E):
+        """Per Jacobian: the kind's (n, R, K) and (n, R, kE) blocks (observations of constant
+        eliminated rows: E zero)."""
+        self.F, self.E = np.ascontiguousarray(F_full), np.ascontiguousarray(E)
+        self._upload(self.Jc, self.F)
+        self._upload(self.Jp, self.E)
+
+    def reduction(self, Vinv):
+        """``(W V^-1 W^T, None)`` for the blocks ``Vinv`` (ne_rows, kE, kE): a dense (nf, nf)
+        array (the second item stands for PairSchur's ``ZV``; :meth:`w_times` ignores it)."""
+        rt, nf = self.rt, self.nf
+        self._upload(self.Vinv, Vinv)
+        self.system.enqueue_groups(self.Jc, self.Jp, self.Vinv)
+        self.system.enqueue_dense(self.zero_B, self.zero_v, self.A, self.nv, self.flag)
+        if nf:
+            self.k["compress"](rt.queue, (arrays.round_up(nf * nf, self.ls),), (self.ls,), self.A.data,
+                               np.int32(self.nv), self.copy_start.data, self.copy_col.data, self.red.data,
+                               np.int32(nf))
+        out = np.empty((nf, nf))
+        cl.enqueue_copy(rt.queue, out, self.red.data)
+        return out, None
+
+    def w_times(self, ZV, u):
+        """``W V^-1 u`` for a per-row vector ``u`` (ne_rows, kE) -> (nf,), with the ``V^-1`` of the
+        last :meth:`reduction`."""
+        self._upload(self.gp, u)
+        self.system.enqueue_rhs(self.zero_v, self.gp, self.rhs, self.flag)
+        v = np.empty(self.nv)
+        cl.enqueue_copy(self.rt.queue, v, self.rhs.data)
+        keep = self.copy_of >= 0
+        # rhs = 0 - W V^-1 u over the keys' columns; each problem column sums its copies.
+        return -np.bincount(self.copy_of[keep], weights=v[keep], minlength=self.nf)[:self.nf]
+
+    def wt_times(self, y):
+        """``W^T y`` per eliminated row (ne_rows, kE) for an F vector ``y`` (nf,)."""
+        yp = np.append(y, 0.0)[self.cols_or_pad]                   # (m, K)
+        t = np.einsum("nrk,nk->nr", self.F, yp)
+        u = np.einsum("nre,nr->ne", self.E, t)
+        out = np.zeros((self.ne_rows, self.kE))
+        for k in range(self.kE):
+            out[:, k] = np.bincount(self.e_all, weights=u[:, k], minlength=self.ne_rows)
+        return out
+
+    def close(self):
+        release_kernels(self, self.system)
