@@ -10,18 +10,20 @@
 <%namespace name="common" file="/clkernels/common.cl.mako"/>
 ${common.fp64_pragma()}
 
-// One work-item per entry (i, j) of the problem's nf x nf matrix (row-major, both triangles):
-// out[i, j] = sum over the copies u of column i and v of column j of (W V^-1 W^T)[u, v].
+// One work-item per entry (i, j) of the problem's nf x nf matrix (row-major, ld_out columns;
+// both triangles, or with lower != 0 the lower one, j <= i):
+// out[i, j] = sign * sum over the copies u of column i and v of column j of (W V^-1 W^T)[u, v].
 __kernel void compress(__global const double *restrict A,          // (ld, ld) keys' matrix
                        const int ld,
                        __global const int *restrict copy_start,    // (nf + 1) into copy_col
                        __global const int *restrict copy_col,      // virtual columns per column
-                       __global double *restrict out,              // (nf, nf)
-                       const int nf)
+                       __global double *restrict out,
+                       const int ld_out, const int nf, const int lower, const double sign)
 {
     const size_t gid = get_global_id(0);
     if (gid >= (size_t)nf * nf) return;
     const int i = (int)(gid / nf), j = (int)(gid - (size_t)i * nf);
+    if (lower && j > i) return;
     double acc = 0.0;
     for (int a = copy_start[i]; a < copy_start[i + 1]; ++a) {
         const int u = copy_col[a], key_u = u / ${K};
@@ -31,5 +33,25 @@ __kernel void compress(__global const double *restrict A,          // (ld, ld) k
             acc += v / ${K} <= key_u ? A[(size_t)u * ld + v] : A[(size_t)v * ld + u];
         }
     }
-    out[gid] = -acc;
+    // A holds -W V^-1 W^T.
+    out[(size_t)i * ld_out + j] = -sign * acc;
+}
+
+// One work-item per row i: the lower triangle of out (row-major, ld columns) gets the entries of
+// row i of the CSR matrix M at columns j <= i, and d[i] on its diagonal.
+__kernel void add_lower(__global double *restrict out, const int ld,
+                        __global const int *restrict indptr,       // (nf + 1)
+                        __global const int *restrict indices,
+                        __global const double *restrict data,
+                        __global const double *restrict d,         // (nf)
+                        const int nf)
+{
+    const int i = get_global_id(0);
+    if (i >= nf) return;
+    __global double *row = out + (size_t)i * ld;
+    for (int k = indptr[i]; k < indptr[i + 1]; ++k) {
+        const int j = indices[k];
+        if (j <= i) row[j] += data[k];
+    }
+    row[i] += d[i];
 }

@@ -29,6 +29,12 @@ from .schur_reduced import MAX_RUN_CPU, MAX_RUN_GPU, ReducedCameraSystem, Reduce
 TEMPLATE = "solvers/pair_schur_device.cl.mako"
 
 
+def factors_on_device(runtime) -> bool:
+    """Where sparse_schur's dense S is factorised: on GPUs on the device (no nf x nf matrix
+    crosses to the host), on CPUs by LAPACK on the host, faster there than the OpenCL Cholesky."""
+    return not runtime.info.is_cpu
+
+
 class NotDense(ValueError):
     """The reduced matrix is sparse: :class:`solvers.pair_schur.PairSchur` (CSR) serves it."""
 
@@ -100,6 +106,8 @@ class DevicePairSchur:
         self.k = presets(get_program(TEMPLATE, rt, K=self.K), self)
         self.ls = arrays.work_group_size(rt, self.k["compress"].kernel, 64 if rt.info.is_cpu else 256)
         self.description = f"keys' {nv} x {nv} matrix on {rt.info.name}"
+        self.factors = factors_on_device(rt)
+        self.cholesky = None
 
     def _upload(self, dev, host):
         cl.enqueue_copy(self.rt.queue, dev.data, np.ascontiguousarray(host, np.float64), is_blocking=False)
@@ -111,20 +119,65 @@ class DevicePairSchur:
         self._upload(self.Jc, self.F)
         self._upload(self.Jp, self.E)
 
+    def enqueue_keys(self, Vinv):
+        """Enqueue the keys' ``-W V^-1 W^T`` for the blocks ``Vinv`` (ne_rows, kE, kE), and the
+        groups' products that :meth:`w_times` reads."""
+        self._upload(self.Vinv, Vinv)
+        cl.enqueue_copy(self.rt.queue, self.flag.data, np.zeros(1, np.int32), is_blocking=False)
+        self.system.enqueue_groups(self.Jc, self.Jp, self.Vinv)
+        self.system.enqueue_dense(self.zero_B, self.zero_v, self.A, self.nv, self.flag)
+
+    def _compress(self, out, ld_out, lower, sign):
+        if self.nf:
+            self.k["compress"](self.rt.queue, (arrays.round_up(self.nf * self.nf, self.ls),), (self.ls,),
+                               self.A.data, np.int32(self.nv), self.copy_start.data, self.copy_col.data,
+                               out.data, np.int32(ld_out), np.int32(self.nf), np.int32(lower),
+                               np.float64(sign))
+
     def reduction(self, Vinv):
         """``(W V^-1 W^T, None)`` for the blocks ``Vinv`` (ne_rows, kE, kE): a dense (nf, nf)
         array (the second item stands for PairSchur's ``ZV``; :meth:`w_times` ignores it)."""
-        rt, nf = self.rt, self.nf
-        self._upload(self.Vinv, Vinv)
-        self.system.enqueue_groups(self.Jc, self.Jp, self.Vinv)
-        self.system.enqueue_dense(self.zero_B, self.zero_v, self.A, self.nv, self.flag)
-        if nf:
-            self.k["compress"](rt.queue, (arrays.round_up(nf * nf, self.ls),), (self.ls,), self.A.data,
-                               np.int32(self.nv), self.copy_start.data, self.copy_col.data, self.red.data,
-                               np.int32(nf))
-        out = np.empty((nf, nf))
-        cl.enqueue_copy(rt.queue, out, self.red.data)
+        self.enqueue_keys(Vinv)
+        self._compress(self.red, self.nf, 0, 1.0)
+        out = np.empty((self.nf, self.nf))
+        cl.enqueue_copy(self.rt.queue, out, self.red.data)
         return out, None
+
+    def factor_solve(self, FtF, d2, b):
+        """``(y, ok, message)``: ``y = (FtF + diag(d2) - W V^-1 W^T)^-1 b`` assembled, factorised
+        and solved on the device (:class:`solvers.dense_cholesky.DenseCholesky`), after
+        :meth:`enqueue_keys`; ``FtF`` a scipy sparse matrix, ``d2`` and ``b`` host vectors (nf)."""
+        from .dense_cholesky import DenseCholesky
+        rt, nf, q = self.rt, self.nf, self.rt.queue
+        if not (np.all(np.isfinite(FtF.data)) and np.all(np.isfinite(b))):
+            return None, False, "Linear solver failure: non-finite matrix."
+        if self.cholesky is None:
+            self.cholesky = DenseCholesky(rt, nf)
+            self.x = arrays.scratch(rt, max(1, nf), np.float64)
+        dc = self.cholesky
+        dc.clear()
+        self._compress(dc.A, dc.m, 1, -1.0)
+        M = FtF.tocsr()
+        i32 = lambda a: np.ascontiguousarray(a, np.int32)  # noqa: E731
+        parts = [arrays.to_device(rt, a) for a in (i32(M.indptr), i32(M.indices if M.nnz else [0]),
+                                                  np.ascontiguousarray(M.data if M.nnz else [0.0], np.float64),
+                                                  np.ascontiguousarray(d2, np.float64))]
+        self.k["add_lower"](q, (arrays.round_up(nf, self.ls),), (self.ls,), dc.A.data, np.int32(dc.m),
+                            *(p.data for p in parts), np.int32(nf))
+        padded = np.zeros(dc.m)          # the whole of b: its padding too (zero)
+        padded[:nf] = b
+        cl.enqueue_copy(q, dc.b.data, padded)
+        dc.factor()
+        dc.solve(self.x)
+        y = np.empty(nf)
+        cl.enqueue_copy(q, y, self.x.data, is_blocking=False)
+        flag = np.empty(1, np.int32)
+        cl.enqueue_copy(q, flag, self.flag.data)
+        if flag[0]:
+            return None, False, "Linear solver failure: non-finite matrix."
+        if dc.failed():
+            return None, False, "Linear solver failure: the matrix is not positive definite."
+        return y, True, "Success."
 
     def w_times(self, ZV, u):
         """``W V^-1 u`` for a per-row vector ``u`` (ne_rows, kE) -> (nf,), with the ``V^-1`` of the
@@ -148,4 +201,4 @@ class DevicePairSchur:
         return out
 
     def close(self):
-        release_kernels(self, self.system)
+        release_kernels(self, self.system, *([self.cholesky] if self.cholesky is not None else []))

@@ -236,6 +236,18 @@ class SparseState:
                 Vinv = np.linalg.inv(Vd)
             except np.linalg.LinAlgError:
                 Vinv = np.linalg.pinv(Vd, hermitian=True)
+        if self.pair is not None and getattr(self.pair, "factors", False) \
+                and self.o.linear_solver != "iterative_schur":
+            # S assembled, factorised and solved on the device (solvers.pair_schur_device).
+            self.pair.enqueue_keys(Vinv)
+            b = self.gf - self.pair.w_times(None, self.ge.reshape(-1, ke))
+            yf, ok, msg = self.pair.factor_solve(self.FtF, d2[:nf], b)
+            self.factorised_with = f"dense Cholesky on {self.pair.rt.info.name}"
+            if not ok:
+                return None, False, 1, msg
+            t = self.ge.reshape(-1, ke) - self.pair.wt_times(yf)
+            ye = np.einsum("pij,pj->pi", Vinv, t).ravel()
+            return np.concatenate([yf, ye]), True, 1, msg
         if self.pair is not None:
             red, ZV = self.pair.reduction(Vinv)
             if self.pair.dense:
@@ -378,4 +390,5 @@ class SparseState:
             if getattr(self.pair, "description", None) else ""
         if self.o.linear_solver == "iterative_schur":
             return f"{what}: {n} x {n}, CG with block-Jacobi preconditioner on the host{reduced_on}"
-        return f"{what}: {n} x {n}, {self.factorised_with or 'not factorised'} on the host{reduced_on}"
+        where = "" if " on " in self.factorised_with else " on the host"
+        return f"{what}: {n} x {n}, {self.factorised_with or 'not factorised'}{where}{reduced_on}"

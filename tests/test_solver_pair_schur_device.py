@@ -7,7 +7,7 @@ import pytest
 import scipy.linalg
 
 import solvers
-from solvers import pair_schur
+from solvers import pair_schur, pair_schur_device
 from solvers.pair_schur_device import DevicePairSchur
 from solvers.solve import _GeneralCore
 from solvers.sparse_state import SparseState
@@ -47,18 +47,30 @@ def test_products_equal_dense_references(device, n_cameras):
     y = rng.normal(size=st.nf)
     np.testing.assert_allclose(st.pair.wt_times(y).ravel(), W.T @ y, rtol=1e-12,
                                atol=1e-13 * np.abs(W).max() * np.abs(y).sum())
+    # S = F^T F + diag(d2) - W V^-1 W^T assembled, factorised and solved on the device.
+    d2 = rng.uniform(1.0, 2.0, st.nf)
+    b = rng.normal(size=st.nf)
+    st.pair.enqueue_keys(Vinv)
+    x, ok, message = st.pair.factor_solve(st.FtF, d2, b)
+    assert ok, message
+    np.testing.assert_allclose(x, np.linalg.solve(F.T @ F + np.diag(d2) - ref, b), rtol=1e-9)
     st.close()
 
 
-@pytest.mark.parametrize("linear_solver", ["sparse_schur", "iterative_schur"])
-def test_solves_equal_the_host_reduction(device, linear_solver):
+@pytest.mark.parametrize("linear_solver,factor", [("sparse_schur", False), ("sparse_schur", True),
+                                                  ("iterative_schur", False)])
+def test_solves_equal_the_host_reduction(device, monkeypatch, linear_solver, factor):
+    """The device's reduction, with S factorised on the host (LAPACK: CPUs) or on the device
+    (the dense Cholesky: GPUs), against the host's reduction."""
     if not device.info.fp64:
         pytest.skip("the device reduction needs fp64")
+    monkeypatch.setattr(pair_schur_device, "factors_on_device", lambda runtime: factor)
     s = scene(seed=3, n_images=6, n_cameras=1)
     kw = dict(linear_solver=linear_solver, max_iterations=10, handle_sigint=False)
     a = solvers.solve(three_group_problem(s, device=device), **kw)
     b = solvers.solve(three_group_problem(s, device=device), schur_backend="numpy", **kw)
     assert "keys'" in a.linear_solver_detail and "keys'" not in b.linear_solver_detail
+    assert ("dense Cholesky on " + device.info.name in a.linear_solver_detail) == factor
     assert len(a.history) == len(b.history) > 2
     for x, y in zip(a.history, b.history):
         assert x.cost == pytest.approx(y.cost, rel=1e-10)
