@@ -112,6 +112,17 @@ class PairSchur:
         data = np.bincount(self.slot, weights=blocks.ravel()[self.src], minlength=self.nnz)
         return sp.csr_matrix((data, self.indices, self.indptr), shape=(self.nf, self.nf)), ZV
 
+    def reduced_matrix(self, Vinv, FtF, d2):
+        """``(S, ZV)``: ``S = FtF + diag(d2) - W V^-1 W^T`` (dense where :attr:`dense`, else CSR)
+        for the sparse ``FtF`` (nf x nf) and the diagonal ``d2`` (nf)."""
+        red, ZV = self.reduction(Vinv)
+        if self.dense:
+            S = FtF.toarray()
+            S -= red
+            S[np.arange(self.nf), np.arange(self.nf)] += d2
+            return S, ZV
+        return (FtF - red + sp.diags(d2)).tocsr(), ZV
+
     def w_times(self, ZV, u):
         """``W V^-1 u`` for a per-row vector ``u`` (ne_rows, kE) -> (nf,)."""
         t = np.einsum("nke,ne->nk", ZV, u[self.e])

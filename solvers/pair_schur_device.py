@@ -143,6 +143,22 @@ class DevicePairSchur:
         cl.enqueue_copy(self.rt.queue, out, self.red.data)
         return out, None
 
+    def reduced_matrix(self, Vinv, FtF, d2):
+        """``(S, None)``: the dense ``S = FtF + diag(d2) - W V^-1 W^T`` on the host, for the sparse
+        ``FtF`` (nf x nf) and ``d2`` (nf); the device's part comes back already negated, and
+        ``FtF``'s entries are added where they are (a dense copy of it would cost a pass over
+        nf^2 entries)."""
+        self.enqueue_keys(Vinv)
+        self._compress(self.red, self.nf, 0, -1.0)
+        S = np.empty((self.nf, self.nf))
+        cl.enqueue_copy(self.rt.queue, S, self.red.data)
+        M = FtF.tocsr()
+        M.sum_duplicates()
+        rows = np.repeat(np.arange(self.nf), np.diff(M.indptr))
+        S[rows, M.indices] += M.data
+        S[np.arange(self.nf), np.arange(self.nf)] += d2
+        return S, None
+
     def factor_solve(self, FtF, d2, b):
         """``(y, ok, message)``: ``y = (FtF + diag(d2) - W V^-1 W^T)^-1 b`` assembled, factorised
         and solved on the device (:class:`solvers.dense_cholesky.DenseCholesky`), after

@@ -249,13 +249,7 @@ class SparseState:
             ye = np.einsum("pij,pj->pi", Vinv, t).ravel()
             return np.concatenate([yf, ye]), True, 1, msg
         if self.pair is not None:
-            red, ZV = self.pair.reduction(Vinv)
-            if self.pair.dense:
-                S = self.FtF.toarray()
-                S -= red
-                S[np.arange(nf), np.arange(nf)] += d2[:nf]
-            else:
-                S = (self.FtF - red + sp.diags(d2[:nf])).tocsr()
+            S, ZV = self.pair.reduced_matrix(Vinv, self.FtF, d2[:nf])
             b = self.gf - self.pair.w_times(ZV, self.ge.reshape(-1, ke))
         else:
             Vi = sp.bsr_matrix((Vinv, np.arange(self.ne_rows), np.arange(self.ne_rows + 1)),

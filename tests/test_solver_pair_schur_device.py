@@ -47,8 +47,11 @@ def test_products_equal_dense_references(device, n_cameras):
     y = rng.normal(size=st.nf)
     np.testing.assert_allclose(st.pair.wt_times(y).ravel(), W.T @ y, rtol=1e-12,
                                atol=1e-13 * np.abs(W).max() * np.abs(y).sum())
-    # S = F^T F + diag(d2) - W V^-1 W^T assembled, factorised and solved on the device.
+    # S = F^T F + diag(d2) - W V^-1 W^T for the host's factorisation, and assembled, factorised
+    # and solved on the device.
     d2 = rng.uniform(1.0, 2.0, st.nf)
+    S, _ = st.pair.reduced_matrix(Vinv, st.FtF, d2)
+    np.testing.assert_allclose(S, F.T @ F + np.diag(d2) - ref, rtol=1e-12, atol=1e-13 * scale)
     b = rng.normal(size=st.nf)
     st.pair.enqueue_keys(Vinv)
     x, ok, message = st.pair.factor_solve(st.FtF, d2, b)
