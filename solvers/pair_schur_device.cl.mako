@@ -6,9 +6,46 @@
 ## -W V^-1 W^T, its block lower triangle (rows of key b, columns of key a <= b; a key's diagonal
 ## block whole). A virtual column is a copy of one problem column (or of none: a constant
 ## entry); a column of a group that many keys share (intrinsics) has many copies.
-## Parameters: K.
+## Parameters: K, R.
 <%namespace name="common" file="/clkernels/common.cl.mako"/>
 ${common.fp64_pragma()}
+<%
+    # B's stored upper triangle, row-major (i <= j): as schur_reduced.cl.mako reads it.
+    T = K * (K + 1) // 2
+    row_start = [sum(K - m for m in range(i)) for i in range(K)]
+%>
+__constant int ROW_START[${K}] = {${', '.join(str(v) for v in row_start)}};
+
+// One work-item per (key k, row i): row i of B_k = sum over the key's observations o of
+// F_o^T F_o (the key's block of F^T F, which reduced_blocks puts on the keys' diagonal blocks),
+// its entries j >= i into the stored upper triangle. Each observation's row is read once per i.
+__kernel void key_normal(__global const double *restrict Jc,         // (n, R, K)
+                         __global const int *restrict obs,           // positions in Jc, key order
+                         __global const int *restrict key_start,     // (nk + 1) into obs
+                         __global double *restrict B,                // (nk, T)
+                         const int nk)
+{
+    const int gid = get_global_id(0), k = gid / ${K}, i = gid - k * ${K};
+    if (k >= nk) return;
+%for j in range(K):
+    double acc${j} = 0.0;
+%endfor
+    for (int a = key_start[k]; a < key_start[k + 1]; ++a) {
+        __global const double *F = Jc + (size_t)obs[a] * ${R * K};
+%for r in range(R):
+        {
+            const double fi = F[${r * K} + i];
+%for j in range(K):
+            acc${j} += fi * F[${r * K + j}];
+%endfor
+        }
+%endfor
+    }
+    __global double *out = B + (size_t)k * ${T} + ROW_START[i] - i;    // entry (i, j) at out[j]
+%for j in range(K):
+    if (${j} >= i) out[${j}] = acc${j};
+%endfor
+}
 
 // One work-item per entry (i, j) of the problem's nf x nf matrix (row-major, ld_out columns;
 // both triangles, or with lower != 0 the lower one, j <= i):

@@ -103,7 +103,13 @@ class DevicePairSchur:
         self.red, self.rhs = f64(nf * nf), f64(nv)
         self.Jc, self.Jp = f64(n * self.R * self.K), f64(n * self.R * self.kE)
         self.Vinv, self.gp = f64(ne_rows * self.kE * self.kE), f64(ne_rows * self.kE)
-        self.k = presets(get_program(TEMPLATE, rt, K=self.K), self)
+        self.k = presets(get_program(TEMPLATE, rt, K=self.K, R=self.R), self)
+        # The keys' blocks of F^T F (key_normal), over the pattern's observations in key order.
+        self.normal = f64(nk * self.K * (self.K + 1) // 2)
+        self.key_start = i32(pattern.group_start[pattern.cam_group])
+        # The rows of F (n, R per observation) whose F^T F the keys' matrix holds: the rest
+        # (observations of constant eliminated rows) is the caller's (covered_rows).
+        self.covered = self.obs
         self.ls = arrays.work_group_size(rt, self.k["compress"].kernel, 64 if rt.info.is_cpu else 256)
         self.description = f"keys' {nv} x {nv} matrix on {rt.info.name}"
         self.factors = factors_on_device(rt)
@@ -119,13 +125,27 @@ class DevicePairSchur:
         self._upload(self.Jc, self.F)
         self._upload(self.Jp, self.E)
 
-    def enqueue_keys(self, Vinv):
-        """Enqueue the keys' ``-W V^-1 W^T`` for the blocks ``Vinv`` (ne_rows, kE, kE), and the
-        groups' products that :meth:`w_times` reads."""
+    def covered_rows(self, offset: int) -> np.ndarray:
+        """The rows of the problem's F (the kind's first at ``offset``) whose ``F^T F`` is part
+        of :meth:`reduced_matrix` and :meth:`factor_solve`: every residual of an observation of an
+        active eliminated row."""
+        return (offset + self.covered[:, None] * self.R + np.arange(self.R)).ravel()
+
+    def enqueue_keys(self, Vinv, with_normal=True):
+        """Enqueue the keys' ``F^T F - W V^-1 W^T`` (``-W V^-1 W^T`` without ``with_normal``) for
+        the blocks ``Vinv`` (ne_rows, kE, kE), and the groups' products that :meth:`w_times`
+        reads."""
+        rt = self.rt
         self._upload(self.Vinv, Vinv)
-        cl.enqueue_copy(self.rt.queue, self.flag.data, np.zeros(1, np.int32), is_blocking=False)
+        cl.enqueue_copy(rt.queue, self.flag.data, np.zeros(1, np.int32), is_blocking=False)
         self.system.enqueue_groups(self.Jc, self.Jp, self.Vinv)
-        self.system.enqueue_dense(self.zero_B, self.zero_v, self.A, self.nv, self.flag)
+        B = self.zero_B
+        if with_normal:
+            self.k["key_normal"](rt.queue, (arrays.round_up(self.nv, self.ls),), (self.ls,),
+                                 self.Jc.data, self.system.obs.data, self.key_start.data, self.normal.data,
+                                 np.int32(self.nv // self.K))
+            B = self.normal
+        self.system.enqueue_dense(B, self.zero_v, self.A, self.nv, self.flag)
 
     def _compress(self, out, ld_out, lower, sign):
         if self.nf:
@@ -137,17 +157,17 @@ class DevicePairSchur:
     def reduction(self, Vinv):
         """``(W V^-1 W^T, None)`` for the blocks ``Vinv`` (ne_rows, kE, kE): a dense (nf, nf)
         array (the second item stands for PairSchur's ``ZV``; :meth:`w_times` ignores it)."""
-        self.enqueue_keys(Vinv)
+        self.enqueue_keys(Vinv, with_normal=False)
         self._compress(self.red, self.nf, 0, 1.0)
         out = np.empty((self.nf, self.nf))
         cl.enqueue_copy(self.rt.queue, out, self.red.data)
         return out, None
 
     def reduced_matrix(self, Vinv, FtF, d2):
-        """``(S, None)``: the dense ``S = FtF + diag(d2) - W V^-1 W^T`` on the host, for the sparse
-        ``FtF`` (nf x nf) and ``d2`` (nf); the device's part comes back already negated, and
-        ``FtF``'s entries are added where they are (a dense copy of it would cost a pass over
-        nf^2 entries)."""
+        """``(S, None)``: the dense ``S = F^T F + diag(d2) - W V^-1 W^T`` on the host, where
+        ``FtF`` (sparse, nf x nf) is ``F^T F`` of the rows outside :meth:`covered_rows` (the
+        device has the rest) and ``d2`` (nf) the diagonal; ``FtF``'s entries are added where they
+        are (a dense copy of it would cost a pass over nf^2 entries)."""
         self.enqueue_keys(Vinv)
         self._compress(self.red, self.nf, 0, -1.0)
         S = np.empty((self.nf, self.nf))
@@ -160,9 +180,10 @@ class DevicePairSchur:
         return S, None
 
     def factor_solve(self, FtF, d2, b):
-        """``(y, ok, message)``: ``y = (FtF + diag(d2) - W V^-1 W^T)^-1 b`` assembled, factorised
-        and solved on the device (:class:`solvers.dense_cholesky.DenseCholesky`), after
-        :meth:`enqueue_keys`; ``FtF`` a scipy sparse matrix, ``d2`` and ``b`` host vectors (nf)."""
+        """``(y, ok, message)``: ``y = (F^T F + diag(d2) - W V^-1 W^T)^-1 b`` assembled,
+        factorised and solved on the device (:class:`solvers.dense_cholesky.DenseCholesky`), after
+        :meth:`enqueue_keys`; ``FtF`` (scipy sparse) is ``F^T F`` of the rows outside
+        :meth:`covered_rows`, ``d2`` and ``b`` host vectors (nf)."""
         from .dense_cholesky import DenseCholesky
         rt, nf, q = self.rt, self.nf, self.rt.queue
         if not (np.all(np.isfinite(FtF.data)) and np.all(np.isfinite(b))):

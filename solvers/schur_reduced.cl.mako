@@ -23,7 +23,8 @@
 ## A camera-point group is one camera's observations of one point (usually one): the index
 ## arrays list observations in camera order, grouped so. Every block is owned by one work-item
 ## (a gather; no atomics but the integer flag). A value that is not finite sets flag bit 0 (1).
-## Parameters: C, P, R (block sizes), OUT.
+## Parameters: C, P, R (block sizes), OUT, WHOLE_RUN (pair_partials: a work-item per run, not per
+## row of it).
 <%namespace name="common" file="/clkernels/common.cl.mako"/>
 ${common.fp64_pragma()}
 <%
@@ -109,6 +110,41 @@ __kernel void reduced_rhs(__global const double *restrict gc,          // (nc, C
     if (!isfinite(v)) atomic_or(flag, NOT_FINITE);
 }
 
+%if WHOLE_RUN:
+// One work-item per run of one block's group pairs (CPUs): the run's whole C x C sum of
+// Z_ga G_gb^T, each pair's Z and G read once (the work-item per row below reads G once per
+// row: C times). Every entry sums the same terms in the same order as there.
+__kernel void pair_partials(__global const double *restrict GZ,        // (ngroups, 2, C, P)
+                            __global const int *restrict pair_a,       // (npairs): group of camera a
+                            __global const int *restrict pair_b,       // (npairs): group of camera b
+                            __global const int *restrict run_start,    // (nruns + 1) into the pairs
+                            __global double *restrict partial,         // (nruns, C, C)
+                            const int nruns)
+{
+    const int s = get_global_id(0);
+    if (s >= nruns) return;
+%for i in range(C):
+%for j in range(C):
+    double acc${i}_${j} = 0.0;
+%endfor
+%endfor
+    for (int e = run_start[s]; e < run_start[s + 1]; ++e) {
+        __global const double *z = GZ + (size_t)pair_a[e] * ${2 * C * P} + ${C * P};
+        __global const double *G = GZ + (size_t)pair_b[e] * ${2 * C * P};
+%for i in range(C):
+%for j in range(C):
+        acc${i}_${j} += ${' + '.join(f'z[{i * P + k}] * G[{j * P + k}]' for k in range(P))};
+%endfor
+%endfor
+    }
+    __global double *out = partial + (size_t)s * ${C * C};
+%for i in range(C):
+%for j in range(C):
+    out[${i * C + j}] = acc${i}_${j};
+%endfor
+%endfor
+}
+%else:
 // One work-item per (run of one block's group pairs, row i): row i of the run's sum of
 // Z_ga G_gb^T (= F_a^T E_a V_p^-1 E_b^T F_b summed over the groups' observations).
 __kernel void pair_partials(__global const double *restrict GZ,        // (ngroups, 2, C, P)
@@ -138,6 +174,7 @@ __kernel void pair_partials(__global const double *restrict GZ,        // (ngrou
     out[${j}] = acc${j};
 %endfor
 }
+%endif
 
 __kernel void reduced_blocks(__global const double *restrict B,          // (nc, T) upper triangles
                              __global const double *restrict dc2,        // (nc, C)

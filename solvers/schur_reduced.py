@@ -118,9 +118,13 @@ class ReducedCameraSystem:
     triangles (nc, C (C + 1) / 2), ``dc2`` (nc * C), ``gc`` (nc * C), ``gp`` (npt * P). ``flag``
     (int32) gets bit 0 set when a value of S or rhs is not finite."""
 
-    def __init__(self, runtime, pattern: ReducedPattern, C=9, P=3, R=2):
+    def __init__(self, runtime, pattern: ReducedPattern, C=9, P=3, R=2, whole_run=None):
         self.rt, self.pat = runtime, pattern
         self.C, self.P, self.R = C, P, R
+        # pair_partials: on CPUs a work-item sums a run's whole C x C block, reading each pair's
+        # G and Z once (PoCL runs the work-item per row as scalar loops that read G C times:
+        # 3-5x slower); GPUs want the C times more work-items.
+        self.whole_run = runtime.info.is_cpu if whole_run is None else bool(whole_run)
         if max(pattern.n, pattern.npairs, C * pattern.nc, pattern.nruns * C * C,
                2 * C * P * pattern.ngroups) >= 2 ** 31:
             raise ValueError("the reduced camera system indexes with 32-bit ints: problem too large")
@@ -156,7 +160,8 @@ class ReducedCameraSystem:
     def _kernel(self, name, out):
         key = (name, "blocks" if name != "reduced_blocks" else out)
         if key not in self._k:
-            prg = get_program(TEMPLATE, self.rt, C=self.C, P=self.P, R=self.R, OUT=key[1])
+            prg = get_program(TEMPLATE, self.rt, C=self.C, P=self.P, R=self.R, OUT=key[1],
+                              WHOLE_RUN=self.whole_run)
             self._k[key] = Preset(owned_kernel(prg, name, self))   # this instance's own, arguments set when they change
         return self._k[key]
 
@@ -164,7 +169,7 @@ class ReducedCameraSystem:
         if items <= 0:
             return
         ls = self._ls[name]
-        if name in ("rhs_partials", "reduced_rhs", "pair_partials"):
+        if name in ("rhs_partials", "reduced_rhs") or (name == "pair_partials" and not self.whole_run):
             items *= self.C                 # a work-item per row
         e = self._kernel(name, out)(self.rt.queue, (arrays.round_up(items, ls),), (ls,), *args)
         if self.events is not None:

@@ -131,9 +131,9 @@ def device_inputs(device, neq, jc, jp, Vinv, Dc2):
                 gc=dev(neq.gc), gp=dev(neq.gp))
 
 
-def assemble_on_device(device, st, inputs, max_run, keep):
+def assemble_on_device(device, st, inputs, max_run, keep, whole_run=None):
     pat = ReducedPattern(st.cam, st.pt, st.nc, st.npt, max_run=max_run)
-    system = ReducedCameraSystem(device, pat)
+    system = ReducedCameraSystem(device, pat, whole_run=whole_run)
     n, k = 9 * st.nc, inputs
     flag = arrays.to_device(device, np.zeros(1, np.int32))
     rhs = arrays.scratch(device, n, np.float64)
@@ -152,11 +152,11 @@ def assemble_on_device(device, st, inputs, max_run, keep):
     return pat, S.reshape(n, n), dense.get().reshape(n, n), rhs.get(), int(flag.get()[0])
 
 
-def check_assembly(device, st, r, jc, jp, max_run, keep=lambda *a: None):
+def check_assembly(device, st, r, jc, jp, max_run, keep=lambda *a: None, whole_run=None):
     neq, Vinv, Dc2, S, rhs = host_system(st, r, jc, jp, seed=st.nc)
     inputs = device_inputs(device, neq, jc, jp, Vinv, Dc2)
     keep(inputs)
-    pat, S_blocks, S_dense, rhs_dev, flag = assemble_on_device(device, st, inputs, max_run, keep)
+    pat, S_blocks, S_dense, rhs_dev, flag = assemble_on_device(device, st, inputs, max_run, keep, whole_run)
     assert flag == 0
     scale = np.abs(S).max()
     np.testing.assert_allclose(S_blocks, S, rtol=0, atol=1e-12 * scale)
@@ -171,11 +171,13 @@ def check_assembly(device, st, r, jc, jp, max_run, keep=lambda *a: None):
 
 @pytest.mark.oclgrind
 @pytest.mark.parametrize("max_run", [4096, 1], ids=["whole-blocks", "one-pair-runs"])
-def test_assembly_matches_the_host_on_odd_cases(device, max_run, keep_on_simulator):
-    """A point seen once, a camera that sees a point twice, an unobserved camera and point."""
+@pytest.mark.parametrize("whole_run", [True, False], ids=["item-per-run", "item-per-row"])
+def test_assembly_matches_the_host_on_odd_cases(device, max_run, whole_run, keep_on_simulator):
+    """A point seen once, a camera that sees a point twice, an unobserved camera and point;
+    pair_partials as CPUs run it (a work-item per run) and as GPUs do (one per row of it)."""
     needs_fp64(device)
     st, r, jc, jp = small_system()
-    pat = check_assembly(device, st, r, jc, jp, max_run, keep_on_simulator)
+    pat = check_assembly(device, st, r, jc, jp, max_run, keep_on_simulator, whole_run)
     if max_run == 1:
         assert pat.nruns == pat.npairs > pat.nblocks
 
