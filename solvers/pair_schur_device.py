@@ -6,11 +6,13 @@ Every observation of the kind has a key: the tuple of its non-eliminated rows (f
 image, which fixes the camera). Taken as a camera with K columns (the kind's non-eliminated
 entries), a key gives the bundle adjuster's structure, one camera and one point per observation,
 so the bundle-adjustment core's kernels (:mod:`solvers.schur_reduced`) assemble the keys' dense
-``-W V^-1 W^T`` (``B = 0``, ``Dc^2 = 0``). A problem column shared by many keys (the intrinsics
-of a camera that every image uses) has a copy per key; ``pair_schur_device.cl.mako`` sums the
-copies into the problem's ``nf x nf`` matrix, which comes back to the host for the
-factorisation. numpy's pair products cost seconds there (1,000 images with a shared camera:
-1.9 s per Jacobian, and 5.3 s to index the pairs once); the device's take a fraction of that.
+``F^T F - W V^-1 W^T`` (the keys' blocks of ``F^T F`` from ``key_normal``, ``Dc^2 = 0``). A
+problem column shared by many keys (the intrinsics of a camera that every image uses) has a copy
+per key; ``pair_schur_device.cl.mako`` sums the copies into the problem's ``nf x nf`` matrix.
+On CPUs that matrix comes back to the host for LAPACK; on GPUs it is factorised and solved on the
+device (:meth:`DevicePairSchur.factor_solve`). numpy's pair products cost seconds there (1,000
+images with a shared camera: 1.9 s per Jacobian, and 5.3 s to index the pairs once); the
+device's take a fraction of that.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from clkernels.templates import get_program
 
 from . import ordering
 from . import pair_schur
-from .pair_schur import PairSchur, TooLarge
+from .pair_schur import PairSchur
 from .schur_reduced import MAX_RUN_CPU, MAX_RUN_GPU, ReducedCameraSystem, ReducedPattern
 
 TEMPLATE = "solvers/pair_schur_device.cl.mako"
@@ -35,23 +37,23 @@ def factors_on_device(runtime) -> bool:
     return not runtime.info.is_cpu
 
 
-class NotDense(ValueError):
-    """The reduced matrix is sparse: :class:`solvers.pair_schur.PairSchur` (CSR) serves it."""
+class Unsuitable(ValueError):
+    """The device reduction does not serve this problem (the message says why: a sparse reduced
+    matrix, no fp64, a matrix larger than one device buffer); the host's
+    (:class:`solvers.pair_schur.PairSchur`) does."""
 
 
 class DevicePairSchur:
     """``W V^-1 W^T``, ``W V^-1 g_E`` and ``W^T y`` for one residual kind ``kind`` (a
     :class:`solvers.sparse_state._Kind` with an eliminated slot) on ``runtime``'s device.
-    Raises :class:`NotDense` or :class:`TooLarge` where :class:`PairSchur` should serve."""
-
-    dense = True
+    Raises :class:`Unsuitable` where :class:`PairSchur` should serve."""
 
     def __init__(self, kind, block, nf: int, ne_rows: int, runtime):
         self.rt = rt = runtime
         if not rt.info.fp64:
-            raise TooLarge(f"{rt.info.name!r} has no fp64")
+            raise Unsuitable(f"{rt.info.name!r} has no fp64")
         if nf > pair_schur.DENSE_MAX_UNKNOWNS:
-            raise NotDense(f"{nf} unknowns")
+            raise Unsuitable(f"{nf} unknowns: more than a dense reduced matrix takes")
         C = kind.f_cols_full                          # (n, K) problem columns, -1 where constant
         obs = np.flatnonzero(kind.e_rank >= 0)
         e = kind.e_rank[obs]
@@ -81,10 +83,10 @@ class DevicePairSchur:
         br, bc = pattern.block_row, pattern.block_col
         entries = int(np.sum(free[br] * free[bc] * np.where(br != bc, 2, 1)))
         if entries < pair_schur.DENSE_FRACTION * nf * nf:
-            raise NotDense(f"{pattern.nblocks} blocks of {self.K} x {self.K} in {nf} x {nf}")
+            raise Unsuitable(f"sparse: {pattern.nblocks} blocks of {self.K} x {self.K} in {nf} x {nf}")
         nv = self.nv = nk * self.K
         if max(nv * nv, nf * nf) * 8 > rt.info.max_alloc_bytes:
-            raise TooLarge(f"a {nv} x {nv} matrix of the keys' columns")
+            raise Unsuitable(f"a {nv} x {nv} matrix of the keys' columns exceeds a device buffer")
         self.system = ReducedCameraSystem(rt, pattern, C=self.K, P=self.kE, R=self.R)
         # Each problem column's copies among the keys' columns, as a CSR list.
         real = key_cols.ravel()
@@ -218,7 +220,7 @@ class DevicePairSchur:
 
     def w_times(self, ZV, u):
         """``W V^-1 u`` for a per-row vector ``u`` (ne_rows, kE) -> (nf,), with the ``V^-1`` of the
-        last :meth:`reduction`."""
+        last :meth:`enqueue_keys` (which :meth:`reduction` and :meth:`reduced_matrix` call)."""
         self._upload(self.gp, u)
         self.system.enqueue_rhs(self.zero_v, self.gp, self.rhs, self.flag)
         v = np.empty(self.nv)

@@ -138,10 +138,10 @@ class SparseState:
             i = with_e[0]
             args = (self.kinds[i], evaluator.problem.residuals[i], self.nf, self.ne_rows)
             if runtime is not None:
-                from .pair_schur_device import DevicePairSchur, NotDense
+                from .pair_schur_device import DevicePairSchur, Unsuitable
                 try:
                     self.pair = DevicePairSchur(*args, runtime)
-                except (NotDense, TooLarge):
+                except Unsuitable:
                     pass
             if self.pair is None:
                 try:
