@@ -48,6 +48,15 @@ def angle_axis_to_quaternion(w) -> np.ndarray:
     return np.where(q[:, :1] < 0, -q, q)
 
 
+def quaternion_to_matrix(q) -> np.ndarray:
+    """(n, 4) quaternions ``(qw, qx, qy, qz)`` (normalised here) -> (n, 3, 3) rotation matrices."""
+    q = np.asarray(q, np.float64)
+    w, x, y, z = (q / np.linalg.norm(q, axis=1, keepdims=True)).T
+    return np.stack([np.stack([1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)], 1),
+                     np.stack([2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)], 1),
+                     np.stack([2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], 1)], 1)
+
+
 def _parameter_kinds(model: cameras.CameraModel):
     """Indices of the focal lengths, principal point and extra parameters (COLMAP's split)."""
     focal = [i for i, p in enumerate(model.params) if p in ("f", "fx", "fy")]
@@ -96,8 +105,10 @@ def problem_from_reconstruction(model, refine_focal_length: bool = True, refine_
     - ``refine_*``: which intrinsics move (COLMAP's ``BundleAdjustmentOptions`` defaults); the
       others are constant entries of every row.
     - ``fix``: ``"gauge"`` removes the 7 gauge degrees of freedom as COLMAP's default
-      ``TWO_CAMS_FROM_WORLD`` gauge does: the first image's pose, and the largest coordinate of
-      the second image's translation. ``"first-two-poses"`` holds both poses; a list of image ids
+      ``TWO_CAMS_FROM_WORLD`` gauge does: the first image's pose (by id), and one coordinate of
+      the translation of the next image whose centre differs: the one along which their
+      baseline (the translation of ``first_from_world * inverse(second_from_world)``) is
+      largest. ``"first-two-poses"`` holds both poses; a list of image ids
       holds those; ``"none"`` or None nothing (the gauge then stays free: LM's diagonal keeps the
       steps finite).
     - ``loss`` / ``loss_scale``: the robust loss of every observation.
@@ -148,14 +159,20 @@ def _fix(prob, rec, fix):
             return
         first = int(order[0])
         prob.set_constant("poses", rows=[first])
-        if n > 1:
-            second = int(order[1])
-            if fix == "first-two-poses":
-                prob.set_constant("poses", rows=[second])
-            else:
-                # COLMAP's TWO_CAMS_FROM_WORLD: the largest coordinate of the second pose's translation.
-                k = int(np.argmax(np.abs(rec.image_tvec[second])))
-                prob.set_constant("poses", rows=[second], columns=[3 + k])
+        if n > 1 and fix == "first-two-poses":
+            prob.set_constant("poses", rows=[int(order[1])])
+        elif n > 1:
+            # COLMAP's TWO_CAMS_FROM_WORLD: the next image (by id) whose centre differs from the
+            # first's holds the coordinate of its translation along which the baseline, the
+            # translation of first_from_world * inverse(second_from_world), is largest.
+            R = quaternion_to_matrix(rec.image_qvec[order])
+            t = rec.image_tvec[order]
+            baseline = t[0] - np.einsum("ij,njk,nk->ni", R[0], R.transpose(0, 2, 1), t)
+            size = np.abs(baseline).max(axis=1)
+            later = np.flatnonzero(size[1:] > 1e-9)
+            if later.size:     # else every centre is the first's: the scale is not observable
+                k = 1 + int(later[0])
+                prob.set_constant("poses", rows=[int(order[k])], columns=[3 + int(np.argmax(np.abs(baseline[k])))])
         return
     rows, missing = _rows_of(rec.image_ids, np.atleast_1d(np.asarray(fix, np.int64)))
     if missing.size:
