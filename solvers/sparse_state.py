@@ -206,6 +206,8 @@ class SparseState:
             self.ge = ge.ravel()
         else:
             g = gf
+        # F^T F; with the device reduction only of the rows it does not hold (other kinds,
+        # observations of constant eliminated rows): its keys' matrix has the rest.
         if self.rest_rows is None:
             self.FtF = (self.F.T @ self.F).tocsr()
         elif self.rest_rows.size:
