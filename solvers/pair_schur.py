@@ -37,23 +37,12 @@ class PairSchur:
 
     def __init__(self, kind, block, nf: int, ne_rows: int):
         C = kind.f_cols_full                         # (n, K) tangent columns, -1 where constant
-        valid = kind.e_rank >= 0
-        self.obs = np.flatnonzero(valid)
-        e = kind.e_rank[self.obs]
-        order = ordering.stable_order(e, ne_rows)
-        self.obs = self.obs[order]
-        e = e[order]
+        self.obs, e, key, key_cols = observation_keys(kind, block, ne_rows)
+        nk = key_cols.shape[0]
         self.e = e
         self.nf, self.ne_rows = nf, ne_rows
         self.cols = C[self.obs]                      # (m, K)
         self.cols_or_pad = np.where(self.cols >= 0, self.cols, nf)    # -1 -> a zero pad entry
-        keys = self._keys(kind, block)[self.obs]
-        uniq, key = np.unique(keys, return_inverse=True)
-        key = key.ravel()
-        nk = uniq.size
-        first = np.zeros(nk, np.int64)
-        first[key[::-1]] = np.arange(key.size)[::-1]     # an observation of each key
-        key_cols = self.cols[first]                      # (nk, K)
         counts = np.bincount(e, minlength=ne_rows)
         self.pairs = enumerate_pairs(key, e, counts, nk, diagonal_only=False)
         K = C.shape[1]
@@ -83,19 +72,6 @@ class PairSchur:
         self.indices = uc.astype(np.int32)
         self.indptr = np.concatenate([[0], np.cumsum(np.bincount(ur, minlength=nf))]).astype(np.int64)
         self.nnz = uniq_lin.size
-
-    @staticmethod
-    def _keys(kind, block):
-        """One integer per observation for the tuple of its non-eliminated rows."""
-        key = np.zeros(block.num_blocks, np.int64)
-        span = 1
-        for j, _ in kind.f_slots:
-            rows = block.groups[j].num_rows
-            if span * rows >= 2 ** 62:               # too many combinations for one integer
-                return np.unique(kind.f_cols_full, axis=0, return_inverse=True)[1].ravel()
-            key = key * rows + block.columns[j]
-            span *= rows
-        return key
 
     def prepare(self, F_full, E):
         """Per Jacobian: ``Z_o = F_o^T E_o`` from the kind's (n, R, K) and (n, R, kE) blocks."""
@@ -136,6 +112,33 @@ class PairSchur:
         for k in range(t.shape[1]):
             out[:, k] = np.bincount(self.e, weights=t[:, k], minlength=self.ne_rows)
         return out
+
+
+def observation_keys(kind, block, ne_rows: int):
+    """The kind's observations of active eliminated rows and their keys, which both pair
+    reductions group by: ``(obs, e, key, key_cols)``, the observations (positions in the kind)
+    sorted by eliminated row ``e`` (stable), each one's key numbered from 0 (the tuple of its
+    non-eliminated rows; for COLMAP: the image), and each key's problem columns (nk, K), -1
+    where constant."""
+    obs = np.flatnonzero(kind.e_rank >= 0)
+    e = kind.e_rank[obs]
+    order = ordering.stable_order(e, ne_rows)
+    obs, e = obs[order], e[order]
+    # One integer per observation for the tuple of its rows, while the combinations fit one.
+    tuple_id = np.zeros(block.num_blocks, np.int64)
+    span = 1
+    for j, _ in kind.f_slots:
+        rows = block.groups[j].num_rows
+        if span * rows >= 2 ** 62:
+            tuple_id = np.unique(kind.f_cols_full, axis=0, return_inverse=True)[1].ravel()
+            break
+        tuple_id = tuple_id * rows + block.columns[j]
+        span *= rows
+    uniq, key = np.unique(tuple_id[obs], return_inverse=True)
+    key = key.ravel().astype(np.int64)
+    first = np.zeros(uniq.size, np.int64)
+    first[key[::-1]] = np.arange(key.size)[::-1]       # an observation of each key
+    return obs, e, key, kind.f_cols_full[obs[first]]
 
 
 def _unique_inverse(lin, bound):

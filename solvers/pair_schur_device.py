@@ -23,9 +23,8 @@ from clkernels import arrays
 from clkernels.launch import presets, release_kernels
 from clkernels.templates import get_program
 
-from . import ordering
 from . import pair_schur
-from .pair_schur import PairSchur
+from .pair_schur import observation_keys
 from .schur_reduced import MAX_RUN_CPU, MAX_RUN_GPU, ReducedCameraSystem, ReducedPattern
 
 TEMPLATE = "solvers/pair_schur_device.cl.mako"
@@ -55,18 +54,10 @@ class DevicePairSchur:
         if nf > pair_schur.DENSE_MAX_UNKNOWNS:
             raise Unsuitable(f"{nf} unknowns: more than a dense reduced matrix takes")
         C = kind.f_cols_full                          # (n, K) problem columns, -1 where constant
-        obs = np.flatnonzero(kind.e_rank >= 0)
-        e = kind.e_rank[obs]
-        order = ordering.stable_order(e, ne_rows)
-        self.obs, self.e = obs[order], e[order]
+        self.obs, self.e, key, key_cols = observation_keys(kind, block, ne_rows)
+        nk = key_cols.shape[0]
         self.nf, self.ne_rows = nf, ne_rows
         self.K, self.kE, self.R = C.shape[1], kind.e_free.size, kind.R
-        uniq, key = np.unique(PairSchur._keys(kind, block)[self.obs], return_inverse=True)
-        key = key.ravel().astype(np.int64)
-        nk = uniq.size
-        first = np.zeros(nk, np.int64)
-        first[key[::-1]] = np.arange(key.size)[::-1]      # an observation of each key
-        key_cols = C[self.obs[first]]                     # (nk, K)
         pattern = ReducedPattern(key, self.e, nk, ne_rows,
                                  max_run=MAX_RUN_CPU if rt.info.is_cpu else MAX_RUN_GPU)
         # The kernels read the kind's Jacobians as they come, all n observations: the pattern's
