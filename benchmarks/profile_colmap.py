@@ -22,7 +22,6 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 import bench_colmap  # noqa: E402
-import solvers  # noqa: E402
 from solvers import colmap, pair_schur_device, sparse_state  # noqa: E402
 
 PHASES = {sparse_state.SparseState: ["evaluate_jacobian"],

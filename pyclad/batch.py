@@ -21,11 +21,13 @@ import pyopencl as cl
 import pyopencl.array as cla
 
 from clkernels import arrays, get_runtime, launch, simulator, templates
+from clkernels import multi_device as md
 from clkernels.runtime import Runtime
 
-from . import backends, multi_device
+from . import backends
 from .trace import trace
 
+MIN_TIMED_TUPLES = 1024
 BACKENDS = tuple(backends.BACKENDS)   # ("auto", "codegen", "tape", "numpy")
 
 # Past this many nodes a straight-line kernel takes the OpenCL compiler too long (and
@@ -84,7 +86,8 @@ class BatchFunction:
         self._sources = {}
         self._plans = {}          # (context, device, jacobians) -> _Plan: what a launch needs, found once
         self._device_op = None    # the launch-layer Op of device calls, made on first use
-        self._throughputs = multi_device.throughputs()   # per device, for devices= splits
+        # Per device, for devices= splits; a share under MIN_TIMED_TUPLES tuples is too short to time.
+        self._throughputs = md.Throughputs(min_timed=MIN_TIMED_TUPLES)
 
     # -- public API --------------------------------------------------------------------
     @property
@@ -121,7 +124,7 @@ class BatchFunction:
         wait) for a caller that checked this very array once and calls again with it; params
         with fewer rows than then would corrupt memory. ``devices``: a list of devices (specs,
         ``pyopencl.Device`` or ``Runtime``) or ``"all"`` splits host arrays' tuples across them
-        (:mod:`pyclad.multi_device`)."""
+        (:meth:`_run_split`)."""
         return self._dispatch(params, index, data, False, device, index_checked, devices)[0]
 
     def values_and_jacobians(self, params, index, data=None, device=None, index_checked=False,
@@ -139,7 +142,27 @@ class BatchFunction:
         if not self._impl.on_device:
             raise ValueError(f"devices= splits the work across OpenCL devices; backend "
                              f"{self.backend!r} runs on the host")
-        return multi_device.run(self, params, index, data, jacobians, devices)
+        return self._run_split(params, index, data, jacobians, devices)
+
+    def _run_split(self, params, index, data, jacobians, devices):
+        """:meth:`_run`'s result for host arrays, the tuples split across ``devices``
+        (:mod:`clkernels.multi_device`: contiguous ranges in proportion to each device's measured
+        rate, the devices at once). Every device gets the parameter tables whole (a tuple may use
+        any row) and its range of the index and data; every tuple is the one-device kernel's
+        arithmetic, so on devices that compile alike the result equals one device's bit for bit."""
+        md.refuse_device_arrays([*(params if isinstance(params, (list, tuple)) else [params]), index, data])
+        params, index, data = self._check(params, index, data)
+        self._validate_range(None, params, index)          # once, for every range
+
+        def work(rt, a, b):
+            return self._run(params, index[a:b], data[a:b] if data is not None else None, jacobians, rt,
+                             index_checked=True)
+
+        parts = md.split(index.shape[0], devices, self._throughputs, work)
+        if len(parts) == 1:
+            return parts[0]
+        out = np.concatenate([p[0] for p in parts])
+        return out, [np.concatenate([p[1][g] for p in parts]) for g in range(len(parts[0][1]))]
 
     def backend_for(self, device=None) -> str:
         """The backend that evaluates on a device: ``backend`` itself, or what ``"auto"``

@@ -36,6 +36,11 @@ _MODULES = {"cholmod": "sksparse.cholmod", "cholespy": "cholespy", "superlu": "s
             "lapack": "scipy.linalg"}
 
 
+# The general core's failures of a factorisation, on the host or on the device (its messages).
+MSG_NOT_FINITE = "Linear solver failure: non-finite matrix."
+MSG_NOT_PD = "Linear solver failure: the matrix is not positive definite."
+
+
 class NotPositiveDefinite(ArithmeticError):
     """The matrix is not (numerically) positive definite."""
 

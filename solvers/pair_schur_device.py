@@ -24,6 +24,7 @@ from clkernels.launch import presets, release_kernels
 from clkernels.templates import get_program
 
 from . import pair_schur
+from .host_cholesky import MSG_NOT_FINITE, MSG_NOT_PD
 from .pair_schur import observation_keys
 from .schur_reduced import MAX_RUN_CPU, MAX_RUN_GPU, ReducedCameraSystem, ReducedPattern
 
@@ -180,7 +181,7 @@ class DevicePairSchur:
         from .dense_cholesky import DenseCholesky
         rt, nf, q = self.rt, self.nf, self.rt.queue
         if not (np.all(np.isfinite(FtF.data)) and np.all(np.isfinite(b))):
-            return None, False, "Linear solver failure: non-finite matrix."
+            return None, False, MSG_NOT_FINITE
         if self.cholesky is None:
             self.cholesky = DenseCholesky(rt, nf)
             self.x = arrays.scratch(rt, max(1, nf), np.float64)
@@ -204,9 +205,9 @@ class DevicePairSchur:
         flag = np.empty(1, np.int32)
         cl.enqueue_copy(q, flag, self.flag.data)
         if flag[0]:
-            return None, False, "Linear solver failure: non-finite matrix."
+            return None, False, MSG_NOT_FINITE
         if dc.failed():
-            return None, False, "Linear solver failure: the matrix is not positive definite."
+            return None, False, MSG_NOT_PD
         return y, True, "Success."
 
     def w_times(self, ZV, u):

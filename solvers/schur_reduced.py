@@ -12,7 +12,6 @@ assembly, either as S's nonzero blocks (for a host factorisation) or into a dens
 from __future__ import annotations
 
 import numpy as np
-import pyopencl as cl
 
 from clkernels import arrays
 from clkernels.launch import Preset, owned_kernel

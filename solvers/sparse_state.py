@@ -23,7 +23,8 @@ import scipy.linalg
 import scipy.sparse as sp
 
 from .cg import _norm, conjugate_gradients
-from .host_cholesky import LABELS, NotPositiveDefinite, cholmod_cholesky, installed, lapack_cholesky, superlu_ldlt
+from .host_cholesky import (LABELS, MSG_NOT_FINITE, MSG_NOT_PD, NotPositiveDefinite, cholmod_cholesky, installed,
+                            lapack_cholesky, superlu_ldlt)
 from .host_state import StepSolution
 from .schur import DENSE_MAX, spd_block_inverses
 
@@ -264,31 +265,28 @@ class SparseState:
                 Vinv = np.linalg.inv(Vd)
             except np.linalg.LinAlgError:
                 Vinv = np.linalg.pinv(Vd, hermitian=True)
-        if self.pair is not None and getattr(self.pair, "factors", False) \
-                and self.o.linear_solver != "iterative_schur":
+        iterative = self.o.linear_solver == "iterative_schur"
+        if self.pair is not None and getattr(self.pair, "factors", False) and not iterative:
             # S assembled, factorised and solved on the device (solvers.pair_schur_device).
             self.pair.enqueue_keys(Vinv)
             b = self.gf - self.pair.w_times(None, self.ge.reshape(-1, ke))
             yf, ok, msg = self.pair.factor_solve(self.FtF, d2[:nf], b)
             self.factorised_with = f"dense Cholesky on {self.pair.rt.info.name}"
-            if not ok:
-                return None, False, 1, msg
-            t = self.ge.reshape(-1, ke) - self.pair.wt_times(yf)
-            ye = np.einsum("pij,pj->pi", Vinv, t).ravel()
-            return np.concatenate([yf, ye]), True, 1, msg
-        if self.pair is not None:
-            S, ZV = self.pair.reduced_matrix(Vinv, self.FtF, d2[:nf])
-            b = self.gf - self.pair.w_times(ZV, self.ge.reshape(-1, ke))
-        else:
-            Vi = sp.bsr_matrix((Vinv, np.arange(self.ne_rows), np.arange(self.ne_rows + 1)),
-                               shape=(self.ne, self.ne)).tocsr()
-            S = (self.FtF - (self.W @ Vi) @ self.W.T + sp.diags(d2[:nf])).tocsr()
-            b = self.gf - self.W @ (Vi @ self.ge)
-        if self.o.linear_solver == "iterative_schur":
-            yf, ok, its, msg = self._pcg(S, b)
-        else:
-            yf, ok, msg = self._factor_solve(S, b)
             its = 1
+        else:
+            if self.pair is not None:
+                S, ZV = self.pair.reduced_matrix(Vinv, self.FtF, d2[:nf])
+                b = self.gf - self.pair.w_times(ZV, self.ge.reshape(-1, ke))
+            else:
+                Vi = sp.bsr_matrix((Vinv, np.arange(self.ne_rows), np.arange(self.ne_rows + 1)),
+                                   shape=(self.ne, self.ne)).tocsr()
+                S = (self.FtF - (self.W @ Vi) @ self.W.T + sp.diags(d2[:nf])).tocsr()
+                b = self.gf - self.W @ (Vi @ self.ge)
+            if iterative:
+                yf, ok, its, msg = self._pcg(S, b)
+            else:
+                yf, ok, msg = self._factor_solve(S, b)
+                its = 1
         if not ok:
             return None, False, its, msg
         if self.pair is not None:
@@ -305,7 +303,7 @@ class SparseState:
             return np.zeros(0), True, "Success."
         dense = isinstance(A, np.ndarray)
         if not np.all(np.isfinite(A if dense else A.data)) or not np.all(np.isfinite(b)):
-            return None, False, "Linear solver failure: non-finite matrix."
+            return None, False, MSG_NOT_FINITE
         try:
             if dense or n <= DENSE_MAX:
                 name = "lapack"
@@ -325,7 +323,7 @@ class SparseState:
                 name = "superlu"
                 y = superlu_ldlt(A.tocsc()).solve(b)
         except NotPositiveDefinite:
-            return None, False, "Linear solver failure: the matrix is not positive definite."
+            return None, False, MSG_NOT_PD
         self.factorised_with = LABELS[name]
         return y, True, "Success."
 

@@ -1,4 +1,4 @@
-"""``devices=``: a batch split across several OpenCL devices (pyclad.multi_device).
+"""``devices=``: a batch split across several OpenCL devices (pyclad.BatchFunction._run_split).
 
 Two real devices come from PoCL itself (``POCL_DEVICES="pthread pthread"``), which must be set
 before PoCL starts, so those checks run in a subprocess; the rest runs here on one device."""
