@@ -5,7 +5,8 @@ Phases (wall clock, each waiting for the device at its end): the Jacobian's eval
 assembly (``evaluate_jacobian``, which includes the device reduction's upload, ``prepare``), the
 keys' matrix (``enqueue_keys``), the reduced matrix for the host
 (``reduced_matrix``), its device assembly, factorisation and solve (``factor_solve``), and the two
-products of the right-hand side and the back-substitution.
+products of the right-hand side and the back-substitution; within them the sum of the
+keys' copies (``_compress``) and the device Cholesky (``factor``, ``solve``).
 
     python benchmarks/profile_colmap.py [--images N] [--per-image] [--top N]
 """
@@ -22,11 +23,12 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 import bench_colmap  # noqa: E402
-from solvers import colmap, pair_schur_device, sparse_state  # noqa: E402
+from solvers import colmap, dense_cholesky, pair_schur_device, sparse_state  # noqa: E402
 
 PHASES = {sparse_state.SparseState: ["evaluate_jacobian"],
           pair_schur_device.DevicePairSchur: ["prepare", "enqueue_keys", "reduced_matrix", "factor_solve",
-                                              "w_times", "wt_times"]}
+                                              "w_times", "wt_times", "_compress"],
+          dense_cholesky.DenseCholesky: ["factor", "solve"]}
 
 
 def timed(cls, name, totals):

@@ -122,6 +122,10 @@ def problem_from_reconstruction(model, refine_focal_length: bool = True, refine_
                              f"solvers.cameras does not have; supported: "
                              f"{', '.join(m.name for m in _MODEL_IDS.values())}")
     image_row, point_row, xy = observations(rec)
+    # Observations by point: the Schur complement's device kernels read them in that order, so
+    # none is gathered per iteration (solvers.implicit_schur_device).
+    by_point = np.argsort(point_row, kind="stable")
+    image_row, point_row, xy = image_row[by_point], point_row[by_point], xy[by_point]
     prob = Problem(dtype=dtype, device=device, backend=backend, name="colmap")
     poses = np.concatenate([quaternion_to_angle_axis(rec.image_qvec), rec.image_tvec], axis=1)
     prob.add_parameter_block("poses", poses)

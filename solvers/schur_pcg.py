@@ -375,6 +375,28 @@ class DevicePCG:
                 event.wait()
         return self._result(state, q_tolerance, read_x)
 
+    def apply(self, Vinv, v=None):
+        """Per camera (nc, C), the sum over its observations of ``F_o^T w_o`` with
+        ``w = (I - E V^-1 E^T) t`` per point, for ``t = F v`` (``v`` a host camera vector, nc * C:
+        ``S v`` without ``Dc^2``) or, with ``v`` None, ``t`` = the bound residuals (the reduced
+        right-hand side ``gc - W V^-1 gp``). For a caller that runs its own CG on the host (the
+        general core's iterative_schur, :mod:`solvers.implicit_schur_device`)."""
+        self._check_bound()
+        q, pending = self.rt.queue, []
+        self._upload_vinv(Vinv, pending)
+        arrays.write_async(self.rt, self.states[0], np.zeros(8, self.acc), pending)     # RUNNING
+        if v is not None:
+            arrays.write_async(self.rt, self.p, np.ascontiguousarray(v, self.dtype), pending)
+        out = np.zeros((self.nc, self.C))
+        if self.nseg:
+            self._apply("f" if v is None else "p", 0)
+            part = np.empty((self.nseg, self.C), self.acc)
+            cl.enqueue_copy(q, part, self.partial.data)
+            out[self._seen_cams] = np.add.reduceat(part.astype(np.float64), self._seen_first_run, axis=0)
+        for event in pending:
+            event.wait()
+        return out
+
     def jacobi_blocks(self):
         """Enqueue ``jacobi_blocks`` into ``self.blocks`` (nseg, T) from the device ``self.Vinv``."""
         self._check_bound()

@@ -138,7 +138,14 @@ class SparseState:
             from .pair_schur import PairSchur, TooLarge
             i = with_e[0]
             args = (self.kinds[i], evaluator.problem.residuals[i], self.nf, self.ne_rows)
-            if runtime is not None:
+            if runtime is not None and options.linear_solver == "iterative_schur":
+                # CG on S applied implicitly, never formed (solvers.implicit_schur_device).
+                from .implicit_schur_device import DeviceImplicitSchur, Unsuitable as NoImplicit
+                try:
+                    self.pair = DeviceImplicitSchur(*args, runtime, self._group_blocks())
+                except NoImplicit:
+                    pass
+            if runtime is not None and self.pair is None:
                 from .pair_schur_device import DevicePairSchur, Unsuitable
                 try:
                     self.pair = DevicePairSchur(*args, runtime)
@@ -199,7 +206,10 @@ class SparseState:
                 i = self.pair_kind
                 # Constant entries' Jacobian columns stay: their rows and columns of the
                 # products land nowhere (solvers.pair_schur, solvers.pair_schur_device).
-                self.pair.prepare(full[i], E_blocks[i])
+                if getattr(self.pair, "implicit", False):
+                    self.pair.prepare(full[i], E_blocks[i], kinds[i][0])
+                else:
+                    self.pair.prepare(full[i], E_blocks[i])
             else:
                 self.W = (self.F.T @ self.E).tocsr()
             col2 = np.concatenate([col2, np.einsum("pii->pi", self.V).ravel()])
@@ -214,8 +224,10 @@ class SparseState:
         elif self.rest_rows.size:
             F = self.F[self.rest_rows]
             self.FtF = (F.T @ F).tocsr()
+            self.gf_rest = F.T @ self.r[self.rest_rows]
         else:
             self.FtF = sp.csr_matrix((self.nf, self.nf))
+            self.gf_rest = np.zeros(self.nf)
         self.gf = gf
         self.col2 = col2
         if first:
@@ -265,6 +277,8 @@ class SparseState:
                 Vinv = np.linalg.inv(Vd)
             except np.linalg.LinAlgError:
                 Vinv = np.linalg.pinv(Vd, hermitian=True)
+        if getattr(self.pair, "implicit", False):
+            return self._solve_implicit(d2, Vinv)
         iterative = self.o.linear_solver == "iterative_schur"
         if self.pair is not None and getattr(self.pair, "factors", False) and not iterative:
             # S assembled, factorised and solved on the device (solvers.pair_schur_device).
@@ -328,14 +342,90 @@ class SparseState:
         return y, True, "Success."
 
     def _pcg(self, S, b):
-        """CG on ``S`` with the inverses of its diagonal blocks (one per active row of each
-        group, over that row's free entries)."""
-        C = sp.coo_matrix(S) if isinstance(S, np.ndarray) else S.tocoo()
+        """CG on ``S`` (scipy sparse, or dense from the device reduction) with the inverses of its
+        diagonal blocks (one per active row of each group, over that row's free entries)."""
+        blocks = self._diagonal_blocks_dense(S) if isinstance(S, np.ndarray) else self._diagonal_blocks_sparse(S)
+        return conjugate_gradients(S.dot, b, self._preconditioner(blocks).dot, q_tolerance=self.o.eta,
+                                   max_iterations=self.o.max_linear_solver_iterations)
+
+    def _solve_implicit(self, d2, Vinv):
+        """iterative_schur with ``S y`` from the device (solvers.implicit_schur_device): CG on the
+        host, ``S`` never formed. The rows the device does not hold add ``FtF`` (theirs) and
+        ``gf_rest``."""
+        nf, pair, FtF = self.nf, self.pair, self.FtF
+        dF = d2[:nf]
+        b = self.gf_rest + pair.reduced_residuals(Vinv)
+        flat = pair.jacobi_blocks(Vinv)
+        blocks = []
+        for (T, D), off in zip(self._diagonal_blocks_sparse(FtF), pair.offsets):
+            rows, k = T.shape
+            D = D + flat[off:off + rows * k * k].reshape(rows, k, k)
+            rr, ii = np.nonzero(T >= 0)
+            D[rr, ii, ii] += dF[T[rr, ii]]
+            blocks.append((T, D))
+
+        def product(y):
+            return pair.product(Vinv, y) + FtF @ y + dF * y
+
+        yf, ok, its, msg = conjugate_gradients(product, b, self._preconditioner(blocks).dot,
+                                               q_tolerance=self.o.eta,
+                                               max_iterations=self.o.max_linear_solver_iterations)
+        if not ok:
+            return None, False, its, msg
+        ye = pair.back_substitute(Vinv, self.ge.reshape(-1, self.ke), yf).ravel()
+        return np.concatenate([yf, ye]), True, its, msg
+
+    def _preconditioner(self, blocks):
+        """The block-diagonal inverse of ``[(T, D)]`` (per group: tangent indices and diagonal
+        blocks) as a CSR matrix over the F columns."""
+        pr, pc, pv = [], [], []
+        for T, D in blocks:
+            inv = spd_block_inverses(D)
+            both = (T[:, :, None] >= 0) & (T[:, None, :] >= 0)
+            rr, ii, jj = np.nonzero(both)
+            pr.append(T[rr, ii])
+            pc.append(T[rr, jj])
+            pv.append(inv[rr, ii, jj])
+        if not pr:
+            return sp.csr_matrix((self.nf, self.nf))
+        return sp.csr_matrix((np.concatenate(pv), (np.concatenate(pr), np.concatenate(pc))), shape=(self.nf, self.nf))
+
+    def _group_blocks(self):
+        """``[(T, base)]`` per non-eliminated group with free entries: its active rows' tangent
+        indices (rows, size), -1 at constant entries, and its first diagonal block's number."""
+        out, base = [], 0
+        for T in self._group_tangents():
+            out.append((T, base))
+            base += T.shape[0]
+        return out
+
+    def _group_tangents(self):
+        """Per non-eliminated group with free entries: its active rows' tangent indices
+        (rows, size), -1 at constant entries."""
+        return [g.tangent[g.rows] for g in self.layout.groups
+                if g.name != self.layout.eliminated and g.t_size]
+
+    def _diagonal_blocks_dense(self, S):
+        """``[(T, D)]`` per group: the diagonal blocks ``D`` (rows, size, size) of a dense ``S``
+        over each active row's entries ``T`` (constant entries: identity there)."""
+        out = []
+        for T in self._group_tangents():
+            k = T.shape[1]
+            t = np.maximum(T, 0)
+            D = S[t[:, :, None], t[:, None, :]]
+            both = (T[:, :, None] >= 0) & (T[:, None, :] >= 0)
+            D = np.where(both, D, 0.0)
+            D[:, np.arange(k), np.arange(k)] += T < 0
+            out.append((T, D))
+        return out
+
+    def _diagonal_blocks_sparse(self, S):
+        """As :meth:`_diagonal_blocks_dense` for a scipy sparse ``S``."""
+        C = S.tocoo()
         blk, pos = self._block_of_column()
         same = blk[C.row] == blk[C.col]
         r, c, v = C.row[same], C.col[same], C.data[same]
-        pr, pc, pv = [], [], []
-        base = 0
+        out, base = [], 0
         for g in self.layout.groups:
             if g.name == self.layout.eliminated or g.t_size == 0:
                 continue
@@ -343,19 +433,11 @@ class SparseState:
             k, rows = g.size, g.rows.size
             inside = (r >= g.t_offset) & (r < g.t_offset + g.t_size)
             D = np.zeros((rows, k, k))
-            missing = T < 0                                    # constant entries: identity there
-            D[:, np.arange(k), np.arange(k)] += missing
+            D[:, np.arange(k), np.arange(k)] += T < 0          # constant entries: identity there
             np.add.at(D, (blk[r[inside]] - base, pos[r[inside]], pos[c[inside]]), v[inside])
-            inv = spd_block_inverses(D)
-            both = (T[:, :, None] >= 0) & (T[:, None, :] >= 0)
-            rr, ii, jj = np.nonzero(both)
-            pr.append(T[rr, ii])
-            pc.append(T[rr, jj])
-            pv.append(inv[rr, ii, jj])
+            out.append((T, D))
             base += rows
-        P = sp.csr_matrix((np.concatenate(pv), (np.concatenate(pr), np.concatenate(pc))), shape=(self.nf, self.nf))
-        return conjugate_gradients(lambda x: S @ x, b, lambda x: P @ x, q_tolerance=self.o.eta,
-                                   max_iterations=self.o.max_linear_solver_iterations)
+        return out
 
     def _block_of_column(self):
         """For every F column: its diagonal block (one per active row of each group, numbered
@@ -408,6 +490,8 @@ class SparseState:
         what = "Reduced matrix" if self.ne else "Normal equations"
         reduced_on = f"; W V^-1 W^T from the {self.pair.description}" \
             if getattr(self.pair, "description", None) else ""
+        if getattr(self.pair, "implicit", False):
+            return f"{what}: {n} x {n}, not formed: CG with Schur-Jacobi preconditioner on the host, S y from the {self.pair.description}"
         if self.o.linear_solver == "iterative_schur":
             return f"{what}: {n} x {n}, CG with block-Jacobi preconditioner on the host{reduced_on}"
         where = "" if " on " in self.factorised_with else " on the host"

@@ -60,8 +60,7 @@ def test_products_equal_dense_references(device, n_cameras):
     st.close()
 
 
-@pytest.mark.parametrize("linear_solver,factor", [("sparse_schur", False), ("sparse_schur", True),
-                                                  ("iterative_schur", False)])
+@pytest.mark.parametrize("linear_solver,factor", [("sparse_schur", False), ("sparse_schur", True)])
 def test_solves_equal_the_host_reduction(device, monkeypatch, linear_solver, factor):
     """The device's reduction, with S factorised on the host (LAPACK: CPUs) or on the device
     (the dense Cholesky: GPUs), against the host's reduction."""

@@ -54,7 +54,8 @@ def scene(seed=0, n_images=5, n_cameras=2, n_points=40, noise=0.5):
         a = 0.4 * (i - n_images / 2 + 0.25) / n_images     # never 0: the numpy rotation divides by the angle
         poses[i, :3] = [0.0, a, 0.0]
         poses[i, 3:] = [0.3 * i - 0.6, 0.1 * i, 6.0]
-    intr = np.array([[500.0, 320.0, 240.0, 0.02], [450.0, 300.0, 250.0, -0.01]])[:n_cameras]
+    intr = np.array([[500.0, 320.0, 240.0, 0.02], [450.0, 300.0, 250.0, -0.01]]
+                    + [[480.0 + 10 * k, 310.0, 245.0, 0.01] for k in range(max(0, n_cameras - 2))])[:n_cameras]
     img = np.repeat(np.arange(n_images), n_points)
     pt = np.tile(np.arange(n_points), n_images)
     cam = img % n_cameras
