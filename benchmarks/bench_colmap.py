@@ -82,7 +82,10 @@ def main():
     p = harness.parser(__doc__)
     p.add_argument("--sizes", default=None, help="numbers of images (default 30,100,300,1000,2000; --quick 30,100)")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="pycolmap's threads (default: every core)")
-    p.add_argument("--linear-solvers", default="sparse_schur", help="ours: comma-separated (sparse_schur, iterative_schur)")
+    p.add_argument("--linear-solvers", default="auto",
+                   help="ours: comma-separated (sparse_schur, iterative_schur), or auto (default): the kind "
+                        "pycolmap chose for the case (COLMAP: ITERATIVE_SCHUR above 1,000 images)")
+    p.add_argument("--cameras", default="shared,per-image", help="comma-separated: shared, per-image")
     p.add_argument("--repeat-large", type=int, default=1,
                    help="timed runs per side above 200,000 observations (default 1: minutes each)")
     p.set_defaults(repeat=3)
@@ -93,7 +96,8 @@ def main():
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
         warm = True
-        for per_image in (False, True):
+        variants = {"shared": False, "per-image": True}
+        for per_image in [variants[v] for v in args.cameras.split(",")]:
             for n in sizes:
                 rec = reconstruction(n, per_image)
                 path = os.path.join(tmp, f"m{n}{'p' if per_image else 's'}")
@@ -101,14 +105,16 @@ def main():
                 rec.write(path)
                 ours_rec = colmap.read_model(path)
                 prob = colmap.problem_from_reconstruction(ours_rec, device=args.device)
-                if warm:        # kernel builds (or pyopencl's cache of them) outside the timings
-                    ours_solve(prob, "sparse_schur")
-                    warm = False
                 repeat = args.repeat if ours_rec.num_observations <= 200_000 else args.repeat_large
                 peer = [pycolmap_solve(rec, args.threads) for _ in range(repeat)]
                 t_peer = statistics.median(t for t, _ in peer)
                 cs = peer[0][1]
-                for ls in args.linear_solvers.split(","):
+                chosen = "iterative_schur" if "ITERATIVE" in str(cs.linear_solver_type_used) else "sparse_schur"
+                solvers_here = [chosen if ls == "auto" else ls for ls in args.linear_solvers.split(",")]
+                if warm:        # kernel builds (or pyopencl's cache of them) outside the timings
+                    ours_solve(prob, solvers_here[0])
+                    warm = False
+                for ls in solvers_here:
                     mine = [ours_solve(prob, ls) for _ in range(repeat)]
                     t_ours = statistics.median(t for t, _ in mine)
                     r = mine[0][1]
@@ -118,8 +124,9 @@ def main():
                             cost_ratio=r.final_cost / cs.final_cost, ours_iterations=r.iterations,
                             pycolmap_iterations=cs.num_successful_steps + cs.num_unsuccessful_steps - 1,
                             jacobian_s=r.times["jacobian_evaluation"], linear_s=r.times["linear_solver"],
-                            core=r.core, state=r.state, runs=repeat)
-    rep.write(["case", "variant", "observations", "ours_s", "pycolmap_s", "time_ratio", "ours_cost",
+                            core=r.core, state=r.state, runs=repeat,
+                            pycolmap_solver=str(cs.linear_solver_type_used).split(".")[-1])
+    rep.write(["case", "variant", "pycolmap_solver", "observations", "ours_s", "pycolmap_s", "time_ratio", "ours_cost",
                "pycolmap_cost", "cost_ratio", "ours_iterations", "pycolmap_iterations", "jacobian_s",
                "linear_s", "state"])
 

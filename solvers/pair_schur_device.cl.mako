@@ -47,29 +47,47 @@ __kernel void key_normal(__global const double *restrict Jc,         // (n, R, K
 %endfor
 }
 
-// One work-item per entry (i, j) of the problem's nf x nf matrix (row-major, ld_out columns;
-// both triangles, or with lower != 0 the lower one, j <= i):
-// out[i, j] = sign * sum over the copies u of column i and v of column j of (W V^-1 W^T)[u, v].
-__kernel void compress(__global const double *restrict A,          // (ld, ld) keys' matrix
-                       const int ld,
-                       __global const int *restrict copy_start,    // (nf + 1) into copy_col
-                       __global const int *restrict copy_col,      // virtual columns per column
-                       __global double *restrict out,
-                       const int ld_out, const int nf, const int lower, const double sign)
+// The keys' matrix summed into the problem's columns in two passes, so that no work-item sums
+// more than one column's copies (a shared camera's intrinsics have one per image: summed in one
+// pass, each of their nf x nf entries would add copies x copies terms in one work-item, a
+// serial chain of a million loads at 1,000 images).
+//
+// compress_columns: one work-item per (virtual row u, problem column j):
+//   C[u, j] = sum over the copies v of column j of (W V^-1 W^T)[u, v]   (nv x nf, row-major)
+__kernel void compress_columns(__global const double *restrict A,  // (ld, ld) keys' matrix
+                               const int ld,
+                               __global const int *restrict copy_start, // (nf + 1) into copy_col
+                               __global const int *restrict copy_col,   // virtual columns per column
+                               __global double *restrict C,
+                               const int nf)
+{
+    const size_t gid = get_global_id(0);
+    if (gid >= (size_t)ld * nf) return;
+    const int u = (int)(gid / nf), j = (int)(gid - (size_t)u * nf), key_u = u / ${K};
+    double acc = 0.0;
+    for (int b = copy_start[j]; b < copy_start[j + 1]; ++b) {
+        const int v = copy_col[b];
+        // The written triangle: the row's key at or after the column's.
+        acc += v / ${K} <= key_u ? A[(size_t)u * ld + v] : A[(size_t)v * ld + u];
+    }
+    C[gid] = acc;
+}
+
+// compress_rows: one work-item per entry (i, j) of the problem's nf x nf matrix (row-major,
+// ld_out columns; both triangles, or with lower != 0 the lower one, j <= i):
+//   out[i, j] = sign * sum over the copies u of column i of C[u, j]
+__kernel void compress_rows(__global const double *restrict C,     // (nv, nf)
+                            __global const int *restrict copy_start,
+                            __global const int *restrict copy_col,
+                            __global double *restrict out,
+                            const int ld_out, const int nf, const int lower, const double sign)
 {
     const size_t gid = get_global_id(0);
     if (gid >= (size_t)nf * nf) return;
     const int i = (int)(gid / nf), j = (int)(gid - (size_t)i * nf);
     if (lower && j > i) return;
     double acc = 0.0;
-    for (int a = copy_start[i]; a < copy_start[i + 1]; ++a) {
-        const int u = copy_col[a], key_u = u / ${K};
-        for (int b = copy_start[j]; b < copy_start[j + 1]; ++b) {
-            const int v = copy_col[b];
-            // The written triangle: the row's key at or after the column's.
-            acc += v / ${K} <= key_u ? A[(size_t)u * ld + v] : A[(size_t)v * ld + u];
-        }
-    }
+    for (int a = copy_start[i]; a < copy_start[i + 1]; ++a) acc += C[(size_t)copy_col[a] * nf + j];
     // A holds -W V^-1 W^T.
     out[(size_t)i * ld_out + j] = -sign * acc;
 }

@@ -77,7 +77,7 @@ class DevicePairSchur:
         if entries < pair_schur.DENSE_FRACTION * nf * nf:
             raise Unsuitable(f"sparse: {pattern.nblocks} blocks of {self.K} x {self.K} in {nf} x {nf}")
         nv = self.nv = nk * self.K
-        if max(nv * nv, nf * nf) * 8 > rt.info.max_alloc_bytes:
+        if max(nv * nv, nf * nf, nv * nf) * 8 > rt.info.max_alloc_bytes:
             raise Unsuitable(f"a {nv} x {nv} matrix of the keys' columns exceeds a device buffer")
         self.system = ReducedCameraSystem(rt, pattern, C=self.K, P=self.kE, R=self.R)
         # Each problem column's copies among the keys' columns, as a CSR list.
@@ -95,6 +95,7 @@ class DevicePairSchur:
         self.zero_v = arrays.zeros(rt, nv, np.float64)    # Dc^2 and the rhs' gc
         self.flag = arrays.zeros(rt, 1, np.int32)
         self.red, self.rhs = f64(nf * nf), f64(nv)
+        self.by_column = f64(nv * nf)                     # the keys' rows summed per problem column
         self.Jc, self.Jp = f64(n * self.R * self.K), f64(n * self.R * self.kE)
         self.Vinv, self.gp = f64(ne_rows * self.kE * self.kE), f64(ne_rows * self.kE)
         self.k = presets(get_program(TEMPLATE, rt, K=self.K, R=self.R), self)
@@ -104,7 +105,7 @@ class DevicePairSchur:
         # The rows of F (n, R per observation) whose F^T F the keys' matrix holds: the rest
         # (observations of constant eliminated rows) is the caller's (covered_rows).
         self.covered = self.obs
-        self.ls = arrays.work_group_size(rt, self.k["compress"].kernel, 64 if rt.info.is_cpu else 256)
+        self.ls = arrays.work_group_size(rt, self.k["compress_rows"].kernel, 64 if rt.info.is_cpu else 256)
         self.description = f"keys' {nv} x {nv} matrix on {rt.info.name}"
         self.factors = factors_on_device(rt)
         self.cholesky = None
@@ -142,11 +143,13 @@ class DevicePairSchur:
         self.system.enqueue_dense(B, self.zero_v, self.A, self.nv, self.flag)
 
     def _compress(self, out, ld_out, lower, sign):
-        if self.nf:
-            self.k["compress"](self.rt.queue, (arrays.round_up(self.nf * self.nf, self.ls),), (self.ls,),
-                               self.A.data, np.int32(self.nv), self.copy_start.data, self.copy_col.data,
-                               out.data, np.int32(ld_out), np.int32(self.nf), np.int32(lower),
-                               np.float64(sign))
+        nf, nv, q, ls = self.nf, self.nv, self.rt.queue, self.ls
+        if nf:
+            self.k["compress_columns"](q, (arrays.round_up(nv * nf, ls),), (ls,), self.A.data, np.int32(nv),
+                                       self.copy_start.data, self.copy_col.data, self.by_column.data, np.int32(nf))
+            self.k["compress_rows"](q, (arrays.round_up(nf * nf, ls),), (ls,), self.by_column.data,
+                                    self.copy_start.data, self.copy_col.data, out.data, np.int32(ld_out),
+                                    np.int32(nf), np.int32(lower), np.float64(sign))
 
     def reduction(self, Vinv):
         """``(W V^-1 W^T, None)`` for the blocks ``Vinv`` (ne_rows, kE, kE): a dense (nf, nf)
