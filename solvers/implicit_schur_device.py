@@ -27,7 +27,7 @@ from clkernels.launch import owned_kernel, release_kernels
 from clkernels.templates import get_program
 
 from . import ordering, pair_schur_device
-from .pair_schur import observation_keys
+from .pair_schur import unique_inverse, observation_keys
 from .schur_pcg import DevicePCG
 
 
@@ -117,9 +117,9 @@ class DeviceImplicitSchur:
             # One group per (shared block, eliminated row): the sum of its observations' rows;
             # numbered block by block, so that the groups' products sum per block by reduceat.
             gid = o_b * max(1, self.ne_rows) + o_e
-            uniq, inv = np.unique(gid, return_inverse=True)
+            uniq, inv = unique_inverse(gid, block_base.size * max(1, self.ne_rows))
             self.h_obs, self.h_col = o_obs, np.searchsorted(shared_cols, o_j)
-            self.h_group, self.h_pos = inv.ravel(), pos[c[o_k, o_j]]
+            self.h_group, self.h_pos = inv, pos[c[o_k, o_j]]
             self.h_e, h_block = uniq % max(1, self.ne_rows), uniq // max(1, self.ne_rows)
             self.h_first = np.flatnonzero(np.concatenate(([True], h_block[1:] != h_block[:-1])))
             blocks_h = h_block[self.h_first]

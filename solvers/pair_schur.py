@@ -67,7 +67,7 @@ class PairSchur:
         if self.dense:
             self.lin = lin
             return
-        uniq_lin, self.slot = _unique_inverse(lin, nf * nf)
+        uniq_lin, self.slot = unique_inverse(lin, nf * nf)
         ur, uc = uniq_lin // nf, uniq_lin % nf
         self.indices = uc.astype(np.int32)
         self.indptr = np.concatenate([[0], np.cumsum(np.bincount(ur, minlength=nf))]).astype(np.int64)
@@ -131,20 +131,23 @@ def observation_keys(kind, block, ne_rows: int):
         rows = block.groups[j].num_rows
         if span * rows >= 2 ** 62:
             tuple_id = np.unique(kind.f_cols_full, axis=0, return_inverse=True)[1].ravel()
+            span = block.num_blocks
             break
         tuple_id = tuple_id * rows + block.columns[j]
         span *= rows
-    uniq, key = np.unique(tuple_id[obs], return_inverse=True)
-    key = key.ravel().astype(np.int64)
+    uniq, key = unique_inverse(tuple_id[obs], span)
+    key = key.astype(np.int64)
     first = np.zeros(uniq.size, np.int64)
     first[key[::-1]] = np.arange(key.size)[::-1]       # an observation of each key
     return obs, e, key, kind.f_cols_full[obs[first]]
 
 
-def _unique_inverse(lin, bound):
-    """``np.unique(lin, return_inverse=True)`` for values in ``[0, bound)``: by a marker array
-    (no sort) while ``bound`` is small enough, else by numpy's sort."""
-    if bound <= 1 << 28:
+def unique_inverse(lin, bound):
+    """``np.unique(lin, return_inverse=True)`` for values in ``[0, bound)`` (the inverse as int32
+    or int64): by a marker array (no sort) while ``bound`` is small enough, absolutely and next to
+    the number of values, else by numpy's sort."""
+    lin = np.asarray(lin)
+    if bound <= 1 << 28 and bound <= 64 * max(1, lin.size):
         mark = np.zeros(bound, np.bool_)
         mark[lin] = True
         uniq = np.flatnonzero(mark)
