@@ -11,7 +11,8 @@ columns, split as ``J = [F | E]`` with ``E`` the eliminated group's columns (blo
   LAPACK Cholesky while small, SuperLU otherwise); the eliminated step follows by
   back-substitution.
 - ``iterative_schur``: CG on the same ``S``, preconditioned by the inverses of its diagonal blocks
-  (one per row of every group: Ceres' SCHUR_JACOBI).
+  (one per row of every group: Ceres' SCHUR_JACOBI). With an fp64 OpenCL device ``S`` is not
+  formed: the device applies it (:mod:`solvers.implicit_schur_device`).
 - ``sparse_normal_cholesky`` (nothing eliminated): ``J^T J + D^2`` factorised as above.
 """
 from __future__ import annotations
