@@ -55,6 +55,16 @@ class DeviceImplicitSchur:
         self.in_order = self.obs.size == kind.n and bool(np.all(self.obs == np.arange(kind.n)))
         self.nf, self.ne_rows, self.nk, self.K = nf, ne_rows, nk, K
         self.kE, self.R = kind.e_free.size, kind.R
+        n, R, kE = self.obs.size, self.R, self.kE
+        if max(n * R * max(K, kE), nk * K, kE * kE * ne_rows) >= 2 ** 31:
+            raise Unsuitable(f"{n} observations of {nk} keys: more than the device CG's 32-bit indices")
+        # The Jacobian blocks, residuals and the CG's per-observation vectors, with room for the
+        # rest: a problem that does not fit stays with the host (a device allocation that fails
+        # would only show mid-solve).
+        need = 8 * n * R * (K + kE + 4) + 8 * nk * K * (3 * K + 12) + 8 * ne_rows * kE * (2 * kE + 4)
+        if need > 0.8 * rt.info.global_mem_bytes or 8 * n * R * K > rt.info.max_alloc_bytes:
+            raise Unsuitable(f"about {need / 2**30:.1f} GiB for the device products; "
+                             f"{rt.info.name!r} has {rt.info.global_mem_bytes / 2**30:.1f} GiB")
         self.pcg = DevicePCG(rt, key.astype(np.int32), e.astype(np.int32), nk, ne_rows, C=K, P=self.kE, R=self.R)
         # Gather and scatter between problem columns and the keys' copies (constant: a zero pad).
         self.copy_of = key_cols.ravel()

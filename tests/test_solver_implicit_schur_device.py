@@ -84,3 +84,23 @@ def test_solves_equal_the_host_reduction(device, n_cameras):
         assert x.linear_solver_iterations == y.linear_solver_iterations
     for name in a.parameters:
         np.testing.assert_allclose(a.parameters[name], b.parameters[name], rtol=1e-6, atol=1e-8)
+
+
+def test_a_problem_too_large_for_the_device_stays_on_the_host(device, monkeypatch):
+    """A device without room for the products: they refuse it before allocating anything, and
+    the solve goes on without them (the keys' matrix here)."""
+    if not device.info.fp64:
+        pytest.skip("the device products need fp64")
+    import dataclasses
+
+    from solvers.implicit_schur_device import Unsuitable
+    s = scene(seed=3, n_images=6, n_cameras=1)
+    st = iterative_state(three_group_problem(s, device=device), device)
+    kind, block = st.kinds[st.pair_kind], st.ev.problem.residuals[st.pair_kind]
+    st.close()
+    monkeypatch.setattr(device, "info", dataclasses.replace(device.info, global_mem_bytes=1 << 16))
+    with pytest.raises(Unsuitable, match="GiB for the device products"):
+        DeviceImplicitSchur(kind, block, st.nf, st.ne_rows, device, st._group_blocks())
+    r = solvers.solve(three_group_problem(s, device=device), linear_solver="iterative_schur",
+                      max_iterations=5, handle_sigint=False)
+    assert "implicit" not in r.linear_solver_detail and "keys'" in r.linear_solver_detail and r.usable
