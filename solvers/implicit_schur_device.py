@@ -120,7 +120,9 @@ class DeviceImplicitSchur:
             o_k = np.repeat(key, shared_cols.size)
             o_j = np.tile(shared_cols, key.size)
             o_b = b[o_k, o_j]
-            keep = o_b >= 0
+            # Only shared blocks: a column can be shared in one key's row and not in another's
+            # (a camera of two images beside a camera of one), whose block the key's sums give.
+            keep = (o_b >= 0) & (copies[np.maximum(o_b, 0)] > 1)
             o_k, o_j, o_b = o_k[keep], o_j[keep], o_b[keep]
             o_obs = np.repeat(np.arange(key.size), shared_cols.size)[keep]
             o_e = e[o_obs]

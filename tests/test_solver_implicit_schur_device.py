@@ -24,9 +24,10 @@ def iterative_state(prob, runtime):
 
 
 @pytest.mark.oclgrind
-@pytest.mark.parametrize("n_images,n_cameras", [(4, 1), (4, 2), (4, 4)])
+@pytest.mark.parametrize("n_images,n_cameras", [(4, 1), (4, 2), (4, 3), (4, 4)])
 def test_products_equal_dense_references(device, n_images, n_cameras):
-    """A camera shared by every image, by two, or one per image (no row shared by two keys)."""
+    """A camera shared by every image, by two, by two beside cameras of one image each, or one
+    per image (no row shared by two keys)."""
     if not device.info.fp64:
         pytest.skip("the device products need fp64; the host's reduction serves this device")
     s = scene(seed=4, n_images=n_images, n_cameras=n_cameras, n_points=7)
