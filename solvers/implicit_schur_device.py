@@ -27,7 +27,7 @@ from clkernels.launch import owned_kernel, release_kernels
 from clkernels.templates import get_program
 
 from . import ordering, pair_schur_device
-from .pair_schur import unique_inverse, observation_keys
+from .pair_schur import observation_keys, sum_copies, unique_inverse
 from .schur_pcg import DevicePCG
 
 
@@ -40,11 +40,13 @@ class DeviceImplicitSchur:
     back-substitution for one residual kind ``kind`` (a :class:`solvers.sparse_state._Kind` with
     an eliminated slot) on ``runtime``'s device, and the Schur-Jacobi blocks of ``S``.
     ``blocks`` is ``[(T, base)]`` per non-eliminated group with free entries: its active rows'
-    tangent indices (rows, size), -1 at constant entries, and its first block's number."""
+    tangent indices (rows, size), -1 at constant entries, and its first block's number; ``blk``
+    and ``pos`` (nf) each problem column's block and its position in the row
+    (:meth:`solvers.sparse_state.SparseState._block_of_column`)."""
 
     implicit = True
 
-    def __init__(self, kind, block, nf: int, ne_rows: int, runtime, blocks):
+    def __init__(self, kind, block, nf: int, ne_rows: int, runtime, blocks, blk, pos):
         self.rt = rt = runtime
         if not rt.info.fp64:
             raise Unsuitable(f"{rt.info.name!r} has no fp64")
@@ -76,31 +78,24 @@ class DeviceImplicitSchur:
             ([0], np.cumsum(np.bincount(key, minlength=nk)))).astype(np.int32))
         self.normal = arrays.scratch(rt, max(1, nk * K * (K + 1) // 2), np.float64)
         self.ls = arrays.work_group_size(rt, self.k_normal, 64 if rt.info.is_cpu else 256)
-        self._preconditioner_index(blocks, key, e)
+        self._preconditioner_index(blocks, blk, pos, key, e)
         self.description = f"implicit products over {nk} keys of {K} columns on {rt.info.name}"
         self.covered = self.obs
         self.Jc = self.Jp = self.f = None
 
-    def _preconditioner_index(self, blocks, key, e):
+    def _preconditioner_index(self, blocks, blk, pos, key, e):
         """Where the keys' K x K sums land in the diagonal blocks, and the shared rows' columns."""
         nf, K, nk = self.nf, self.K, self.nk
-        blk = np.full(nf + 1, -1, np.int64)
-        pos = np.zeros(nf + 1, np.int64)
-        self.sizes = []
-        self.offsets = []
-        total = 0
-        for T, base in blocks:
-            rr, jj = np.nonzero(T >= 0)
-            blk[T[rr, jj]] = base + rr
-            pos[T[rr, jj]] = jj
-            self.offsets.append(total)
-            self.sizes.append(T.shape[1])
-            total += T.shape[0] * T.shape[1] ** 2
-        self.flat_size = total
-        # Each block's first entry in a flat array of all blocks (size x size each, row-major).
+        blk, pos = np.append(blk, -1), np.append(pos, 0)             # the pad column: no block
+        # Every group's blocks (size x size each, row-major) in one flat array, in turn.
+        sizes = [T.shape[1] for T, _ in blocks]
+        counts = [T.shape[0] * k * k for (T, _), k in zip(blocks, sizes)]
+        self.offsets = [int(v) for v in np.cumsum([0] + counts[:-1])] if blocks else []
+        self.flat_size = int(sum(counts))
+        # Each block's first entry in that array, and its size.
         block_base = np.zeros(max(1, sum(T.shape[0] for T, _ in blocks)), np.int64)
         block_size = np.zeros_like(block_base)
-        for (T, base), off, k in zip(blocks, self.offsets, self.sizes):
+        for (T, base), off, k in zip(blocks, self.offsets, sizes):
             block_base[base:base + T.shape[0]] = off + np.arange(T.shape[0]) * k * k
             block_size[base:base + T.shape[0]] = k
         c = np.where(self.copy_of >= 0, self.copy_of, nf).reshape(nk, K)
@@ -113,7 +108,11 @@ class DeviceImplicitSchur:
         # Rows held by more than one key: their W V^-1 W^T blocks are summed per point on the host.
         kb = np.unique(np.flatnonzero(b >= 0) // K * block_base.size + b[b >= 0])   # (key, block) pairs
         copies = np.bincount(kb % block_base.size, minlength=block_base.size)        # keys per block
-        self.key_unshared = copies[np.maximum(b, 0)][kk, ii] == 1
+        # The keys' own W V^-1 W^T (jacobi_sums) serves the rows one key holds, exactly.
+        unshared = copies[np.maximum(b, 0)][kk, ii] == 1
+        self.unshared_mask = np.zeros(nk * K * K, bool)
+        self.unshared_mask[self.key_src[unshared]] = True
+        self.unshared_mask = self.unshared_mask.reshape(nk, K, K)
         shared_cols = np.flatnonzero(((b >= 0) & (copies[np.maximum(b, 0)] > 1)).any(axis=0))
         self.shared_cols = shared_cols
         if shared_cols.size:
@@ -167,18 +166,14 @@ class DeviceImplicitSchur:
         return (offset + self.covered[:, None] * self.R + np.arange(self.R)).ravel()
 
     # -- per linear system --------------------------------------------------------------------
-    def _scatter(self, per_key):
-        keep = self.copy_of >= 0
-        return np.bincount(self.copy_of[keep], weights=per_key.ravel()[keep], minlength=self.nf)[:self.nf]
-
     def product(self, Vinv, y):
         """The kind's ``(F^T F - W V^-1 W^T) y`` for a problem vector ``y`` (nf)."""
         yv = np.append(y, 0.0)[self.gather]
-        return self._scatter(self.pcg.apply(Vinv, yv))
+        return sum_copies(self.copy_of, self.pcg.apply(Vinv, yv), self.nf)
 
     def reduced_residuals(self, Vinv):
         """The kind's ``F^T (f - E V^-1 E^T f)``: ``F^T f - W V^-1 g_E`` over its covered rows."""
-        return self._scatter(self.pcg.apply(Vinv))
+        return sum_copies(self.copy_of, self.pcg.apply(Vinv), self.nf)
 
     def back_substitute(self, Vinv, ge, y):
         """``V^-1 (g_E - W^T y)`` per eliminated row (ne_rows, kE)."""
@@ -199,19 +194,11 @@ class DeviceImplicitSchur:
             rows, cols = np.triu_indices(K)
             full[:, rows, cols] = tri
             full[:, cols, rows] = tri
-            # The keys' own W V^-1 W^T: exact for the rows one key holds.
-            full -= np.where(self._unshared_mask(), self.pcg.jacobi_sums(Vinv), 0.0)
+            full -= np.where(self.unshared_mask, self.pcg.jacobi_sums(Vinv), 0.0)
             flat += np.bincount(self.key_dst, weights=full.ravel()[self.key_src], minlength=self.flat_size)
         if self.shared_cols.size:
             flat -= self._shared_products(Vinv)
         return flat
-
-    def _unshared_mask(self):
-        if getattr(self, "_mask", None) is None:
-            m = np.zeros(self.nk * self.K * self.K, bool)
-            m[self.key_src[self.key_unshared]] = True
-            self._mask = m.reshape(self.nk, self.K, self.K)
-        return self._mask
 
     def _shared_products(self, Vinv):
         """``sum over eliminated rows p of H_pb V_p^-1 H_pb^T`` for the shared blocks b, with

@@ -142,6 +142,13 @@ def observation_keys(kind, block, ne_rows: int):
     return obs, e, key, kind.f_cols_full[obs[first]]
 
 
+def sum_copies(copy_of, values, nf: int) -> np.ndarray:
+    """Per problem column (nf), the sum of ``values`` over its copies among the keys' columns
+    (``copy_of``: each key column's problem column, -1 for a constant entry)."""
+    keep = copy_of >= 0
+    return np.bincount(copy_of[keep], weights=np.ravel(values)[keep], minlength=nf)[:nf]
+
+
 def unique_inverse(lin, bound):
     """``np.unique(lin, return_inverse=True)`` for values in ``[0, bound)`` (the inverse as int32
     or int64): by a marker array (no sort) while ``bound`` is small enough, absolutely and next to

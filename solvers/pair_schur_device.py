@@ -25,7 +25,7 @@ from clkernels.templates import get_program
 
 from . import pair_schur
 from .host_cholesky import MSG_NOT_FINITE, MSG_NOT_PD
-from .pair_schur import observation_keys
+from .pair_schur import observation_keys, sum_copies
 from .schur_reduced import MAX_RUN_CPU, MAX_RUN_GPU, ReducedCameraSystem, ReducedPattern
 
 TEMPLATE = "solvers/pair_schur_device.cl.mako"
@@ -220,9 +220,8 @@ class DevicePairSchur:
         self.system.enqueue_rhs(self.zero_v, self.gp, self.rhs, self.flag)
         v = np.empty(self.nv)
         cl.enqueue_copy(self.rt.queue, v, self.rhs.data)
-        keep = self.copy_of >= 0
         # rhs = 0 - W V^-1 u over the keys' columns; each problem column sums its copies.
-        return -np.bincount(self.copy_of[keep], weights=v[keep], minlength=self.nf)[:self.nf]
+        return -sum_copies(self.copy_of, v, self.nf)
 
     def wt_times(self, y):
         """``W^T y`` per eliminated row (ne_rows, kE) for an F vector ``y`` (nf,)."""

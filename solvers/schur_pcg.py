@@ -252,11 +252,15 @@ class DevicePCG:
         cl.enqueue_nd_range_kernel(q, self.k_jacobi, (self.gs_segments,), (self.ls_partials,))
         part = np.empty((self.nseg, self.T), self.acc)
         cl.enqueue_copy(q, part, self.blocks.data)
-        tri = np.add.reduceat(part.astype(np.float64), self._seen_first_run, axis=0)  # (cameras seen, T)
+        tri = self._per_camera(part)                                                # (cameras seen, T)
         rows, cols = np.triu_indices(C)
         out[self._seen_cams[:, None], rows, cols] = tri
         out[self._seen_cams[:, None], cols, rows] = tri
         return out
+
+    def _per_camera(self, part):
+        """Per-run partial sums (nseg, ...) summed per camera with observations (in order)."""
+        return np.add.reduceat(part.astype(np.float64), self._seen_first_run, axis=0)
 
     def back_substitute(self, Vinv, gp, yc):
         """The points' step ``V^-1 (gp - W^T yc)`` per point (npt, P), on the device."""
@@ -392,7 +396,7 @@ class DevicePCG:
             self._apply("f" if v is None else "p", 0)
             part = np.empty((self.nseg, self.C), self.acc)
             cl.enqueue_copy(q, part, self.partial.data)
-            out[self._seen_cams] = np.add.reduceat(part.astype(np.float64), self._seen_first_run, axis=0)
+            out[self._seen_cams] = self._per_camera(part)
         for event in pending:
             event.wait()
         return out

@@ -143,7 +143,7 @@ class SparseState:
                 # CG on S applied implicitly, never formed (solvers.implicit_schur_device).
                 from .implicit_schur_device import DeviceImplicitSchur, Unsuitable as NoImplicit
                 try:
-                    self.pair = DeviceImplicitSchur(*args, runtime, self._group_blocks())
+                    self.pair = DeviceImplicitSchur(*args, runtime, self._group_blocks(), *self._block_of_column())
                 except NoImplicit:
                     pass
             if runtime is not None and self.pair is None:
@@ -158,6 +158,7 @@ class SparseState:
                 except TooLarge:
                     pass
             self.pair_kind = i
+        self.implicit = getattr(self.pair, "implicit", False)
         # The device reduction holds F^T F of its kind's rows: the host's is of the others.
         self.rest_rows = None
         if hasattr(self.pair, "covered_rows"):
@@ -207,7 +208,7 @@ class SparseState:
                 i = self.pair_kind
                 # Constant entries' Jacobian columns stay: their rows and columns of the
                 # products land nowhere (solvers.pair_schur, solvers.pair_schur_device).
-                if getattr(self.pair, "implicit", False):
+                if self.implicit:
                     self.pair.prepare(full[i], E_blocks[i], kinds[i][0])
                 else:
                     self.pair.prepare(full[i], E_blocks[i])
@@ -278,7 +279,7 @@ class SparseState:
                 Vinv = np.linalg.inv(Vd)
             except np.linalg.LinAlgError:
                 Vinv = np.linalg.pinv(Vd, hermitian=True)
-        if getattr(self.pair, "implicit", False):
+        if self.implicit:
             return self._solve_implicit(d2, Vinv)
         iterative = self.o.linear_solver == "iterative_schur"
         if self.pair is not None and getattr(self.pair, "factors", False) and not iterative:
@@ -426,34 +427,25 @@ class SparseState:
         blk, pos = self._block_of_column()
         same = blk[C.row] == blk[C.col]
         r, c, v = C.row[same], C.col[same], C.data[same]
-        out, base = [], 0
-        for g in self.layout.groups:
-            if g.name == self.layout.eliminated or g.t_size == 0:
-                continue
-            T = g.tangent[g.rows]                              # (rows, size)
-            k, rows = g.size, g.rows.size
-            inside = (r >= g.t_offset) & (r < g.t_offset + g.t_size)
+        out = []
+        for T, base in self._group_blocks():
+            rows, k = T.shape
+            inside = (blk[r] >= base) & (blk[r] < base + rows)
             D = np.zeros((rows, k, k))
             D[:, np.arange(k), np.arange(k)] += T < 0          # constant entries: identity there
             np.add.at(D, (blk[r[inside]] - base, pos[r[inside]], pos[c[inside]]), v[inside])
             out.append((T, D))
-            base += rows
         return out
 
     def _block_of_column(self):
         """For every F column: its diagonal block (one per active row of each group, numbered
-        over the groups in turn) and its entry's position in the row."""
+        over the groups in turn, :meth:`_group_blocks`) and its entry's position in the row."""
         if getattr(self, "_blocks", None) is None:
             blk, pos = np.zeros(self.nf, np.int64), np.zeros(self.nf, np.int64)
-            base = 0
-            for g in self.layout.groups:
-                if g.name == self.layout.eliminated or g.t_size == 0:
-                    continue
-                T = g.tangent[g.rows]
+            for T, base in self._group_blocks():
                 rr, jj = np.nonzero(T >= 0)
                 blk[T[rr, jj]] = base + rr
                 pos[T[rr, jj]] = jj
-                base += g.rows.size
             self._blocks = (blk, pos)
         return self._blocks
 
@@ -491,7 +483,7 @@ class SparseState:
         what = "Reduced matrix" if self.ne else "Normal equations"
         reduced_on = f"; W V^-1 W^T from the {self.pair.description}" \
             if getattr(self.pair, "description", None) else ""
-        if getattr(self.pair, "implicit", False):
+        if self.implicit:
             return f"{what}: {n} x {n}, not formed: CG with Schur-Jacobi preconditioner on the host, S y from the {self.pair.description}"
         if self.o.linear_solver == "iterative_schur":
             return f"{what}: {n} x {n}, CG with block-Jacobi preconditioner on the host{reduced_on}"

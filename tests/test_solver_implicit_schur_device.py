@@ -101,7 +101,7 @@ def test_a_problem_too_large_for_the_device_stays_on_the_host(device, monkeypatc
     st.close()
     monkeypatch.setattr(device, "info", dataclasses.replace(device.info, global_mem_bytes=1 << 16))
     with pytest.raises(Unsuitable, match="GiB for the device products"):
-        DeviceImplicitSchur(kind, block, st.nf, st.ne_rows, device, st._group_blocks())
+        DeviceImplicitSchur(kind, block, st.nf, st.ne_rows, device, st._group_blocks(), *st._block_of_column())
     r = solvers.solve(three_group_problem(s, device=device), linear_solver="iterative_schur",
                       max_iterations=5, handle_sigint=False)
     assert "implicit" not in r.linear_solver_detail and "keys'" in r.linear_solver_detail and r.usable
