@@ -13,6 +13,8 @@
 ##   camera_regularize  Dc^2 = (sqrt(diag / radius) / s)^2
 ##   point_regularize   V^-1 of V + Dp^2 per point
 ##   schur_jacobi       per camera: the inverse of S's diagonal block B + Dc^2 - sum G V^-1 G^T
+##                      (of each of its parameter blocks' diagonal blocks, for a merged camera)
+##   hold_constants     per observation: zero the Jacobian columns of constant camera entries
 ##   make_step          y = raw / s, delta = -y s, candidate = x + delta
 ##   model_change       per observation: m = Jc dc + Jp dp and m . (r + m / 2)
 ##   reduce_*, finish   two-stage reductions (fixed shape: the same sums in the same order every run)
@@ -20,7 +22,8 @@
 ## Vectors over all parameters are a camera part (nc * C) and a point part (npt * P), two buffers:
 ## a kernel over "i < total" reads the camera part for i < ncC and the point part after it.
 ## Parameters: C, P, R, L (reduction work-group size, a power of two), LOSS (Ceres' loss name),
-## REAL (the storage type) and ACC (the arithmetic and the sums: double where the device has it).
+## REAL (the storage type), ACC (the arithmetic and the sums: double where the device has it) and
+## BLOCKS (the sizes of the parameter blocks a camera merges, solvers.merged_groups; (C,) for one).
 <%!
     # A vector over all parameters as its two buffers, and element i of it (see the header).
     def vec_args(name, const=True):
@@ -139,6 +142,34 @@ ${correct_block(P, 'Jp')}
     ro[${k}] = r0[${k}] * residual_scaling;
 %endfor
 %endif
+}
+
+// Entries held constant (solvers.merged_groups): their Jacobian columns are zeroed, after the
+// loss correction (which maps each column on its own, so a zero column stays zero), and so they
+// get no gradient, no coupling in the normal equations and a step of exactly zero.
+__kernel void hold_constants(__global real *restrict Jc,             // (n, R, C)
+                             __global real *restrict Jp,             // (n, R, P)
+                             __global const int *restrict cam,       // (n) camera of each observation
+                             __global const int *restrict pt,        // (n) point of each observation
+                             __global const uchar *restrict free_c,  // (cameras, C) 1 where it moves
+                             __global const uchar *restrict free_p,  // (points, P)
+                             const int n)
+{
+    const int o = get_global_id(0);
+    if (o >= n) return;
+%for X, M, K, idx in (('Jc', 'free_c', C, 'cam'), ('Jp', 'free_p', P, 'pt')):
+    {
+        __global const uchar *f = ${M} + (size_t)${idx}[o] * ${K};
+        __global real *J = ${X} + (size_t)o * ${R * K};
+%for j in range(K):
+        if (!f[${j}]) {
+%for r in range(R):
+            J[${r * K + j}] = 0;
+%endfor
+        }
+%endfor
+    }
+%endfor
 }
 
 __kernel void point_normal(__global const real *restrict Jp,       // (n, R, P)
@@ -355,7 +386,15 @@ __kernel void schur_jacobi(__global const real *restrict B,        // (nc, T)
     const int c = get_global_id(0);
     if (c >= nc) return;
     acc m[${C * C}];
+<%
+    # Each camera entry's parameter block: Ceres' SCHUR_JACOBI inverts the diagonal block of each
+    # parameter block, so a merged camera's blocks are inverted apart (no coupling between them).
+    part = [k for k, size in enumerate(BLOCKS) for _ in range(size)]
+%>
 %for t, (a, b) in enumerate(tri):
+%if part[a] != part[b]:
+    m[${a * C + b}] = m[${b * C + a}] = 0;
+%else:
     {
         acc v = B[(size_t)c * ${T} + ${t}];
         for (int s = cam_seg[c]; s < cam_seg[c + 1]; ++s) v -= blocks[(size_t)s * ${T} + ${t}];
@@ -367,6 +406,7 @@ __kernel void schur_jacobi(__global const real *restrict B,        // (nc, T)
         m[${b * C + a}] = v;
 %endif
     }
+%endif
 %endfor
     int ok = 1;
     acc inv[${C * C}];

@@ -96,7 +96,10 @@ class DeviceState:
 
     where = "device"
 
-    def __init__(self, evaluator, options, runtime, x0, profile: bool = False):
+    def __init__(self, evaluator, options, runtime, x0, profile: bool = False, camera_blocks=None):
+        """``camera_blocks``: the sizes of the parameter blocks that one camera row merges
+        (solvers.merged_groups), whose diagonal blocks the Schur-Jacobi preconditioner inverts
+        apart; None: one block of C."""
         from .schur_pcg import DevicePCG, accumulator_dtype
         ev = evaluator
         # A queue without timestamps unless they are asked for: the iterations make thousands of
@@ -135,8 +138,11 @@ class DeviceState:
         # sums run in the same order every time).
         self.L = arrays.work_group_size(rt, None, 64 if rt.info.is_cpu else 256)
         self.groups = max(1, (2 if rt.info.is_cpu else 4) * rt.info.compute_units)
+        blocks = (C,) if camera_blocks is None else tuple(int(b) for b in camera_blocks)
+        if sum(blocks) != C or min(blocks) < 1:
+            raise ValueError(f"camera_blocks {camera_blocks} must be positive sizes that add up to C = {C}")
         prg = get_program(TEMPLATE, rt, C=C, P=P, R=R, L=self.L, LOSS=ev.loss.name,
-                          REAL=ctype(self.dtype), ACC=ctype(self.acc))
+                          REAL=ctype(self.dtype), ACC=ctype(self.acc), BLOCKS=blocks)
         # Kernel objects of this instance alone, each argument set when it changes.
         self.k = presets(prg, self)
         # Small groups on CPUs, as DevicePCG's (schur_jacobi has the most live values).
@@ -167,6 +173,8 @@ class DeviceState:
         self.bytes_to_device += self.index.nbytes + (self.observed.nbytes if self.observed is not None else 0)
         self.loss_a, self.loss_b = self.acc.type(ev.loss.scale), self.acc.type(ev.loss.b)
         self.r = self.jc = self.jp = None
+        # Camera entries held constant (hold_constant), and what |x| leaves out.
+        self.free, self.norm_excluded = None, 0.0
         # What crossed before the first iteration (parameters, index, observations) and after the
         # last (the best parameters) apart from what the iterations move.
         self.bytes_at_start, self.bytes_at_end = self.bytes_to_device, 0
@@ -175,6 +183,24 @@ class DeviceState:
         # the scalars since has brought it (the queue is in order).
         self._norm_read = None
         self.remember_best()
+
+    def hold_constant(self, free_c, free_p, excluded_sq: float = 0.0):
+        """Hold the entries where ``free_c`` (cameras, C) and ``free_p`` (points, P) are False
+        constant: their Jacobian columns are zeroed at every evaluation, so they take no step.
+        ``excluded_sq``: the squared norm of entries that the caller's state leaves out of ``|x|``
+        (the constant parameter blocks, which Ceres drops), subtracted from it
+        (solvers.merged_groups)."""
+        masks = []
+        for name, free, rows, size in (("free_c", free_c, self.nc, self.C), ("free_p", free_p, self.npt, self.P)):
+            free = np.asarray(free, bool)
+            if free.shape != (rows, size):
+                raise ValueError(f"hold_constant: {name} must be ({rows}, {size}), got {free.shape}")
+            masks.append(free.astype(np.uint8).ravel())
+        before = self.bytes_to_device
+        self.free = [self._upload(m) if m.size else arrays.scratch(self.rt, 1, np.uint8) for m in masks]
+        self.bytes_at_start += self.bytes_to_device - before        # before the iterations
+        self.bytes_to_device = before
+        self.norm_excluded = float(excluded_sq)
 
     # -- small helpers -----------------------------------------------------------------------
     def _upload(self, a):
@@ -262,6 +288,9 @@ class DeviceState:
             # (A Jacobian whose cost is not finite gets normal equations too, which go unused.)
             if n:
                 self._reduce_cost(r, with_jacobians=True, read=False)
+                if self.free is not None:
+                    self._run("hold_constants", n, jc.data, jp.data, self.pcg.cam.data, self.pcg.pt.data,
+                              *(f.data for f in self.free), np.int32(n))
         finally:
             ev.num_jacobian_evaluations += 1
             ev.jacobian_time += time.perf_counter() - t0
@@ -365,7 +394,7 @@ class DeviceState:
             self._enqueue_norm()
         if not self._norm_read:
             self._read_scalars()
-        return float(np.sqrt(self._scalars[NORM]))
+        return float(np.sqrt(max(self._scalars[NORM] - self.norm_excluded, 0.0)))
 
     def remember_best(self):
         q = self.rt.queue

@@ -133,15 +133,16 @@ def _camera_first(fn):
     return _swapped[fn]
 
 
-def core_shape(problem, eliminated: Optional[str]):
+def core_shape(problem, eliminated: Optional[str], constants: bool = False):
     """``(camera group, point group, residual kind, swapped)`` when the problem has the
-    bundle-adjustment core's shape (module docstring), else None."""
+    bundle-adjustment core's shape (module docstring), else None; ``constants``: the two groups
+    may have constant entries (held on the device: solvers.merged_groups)."""
     if eliminated is None or len(problem.residuals) != 1:
         return None
     block = problem.residuals[0]
     if len(block.groups) != 2 or block.groups[0] is block.groups[1]:
         return None
-    if any(g.has_constants for g in block.groups):
+    if not constants and any(g.has_constants for g in block.groups):
         return None
     if any(g is not block.groups[0] and g is not block.groups[1] and not g.is_constant
            for g in problem.groups.values()):
@@ -210,6 +211,17 @@ def solve(problem, linear_solver: str = "sparse_schur", eliminate="auto", max_it
         core = _BACore(problem, shape, opts, model)
         if not core.runs(opts):
             core = None
+    elif (linear_solver in SCHUR_METHODS and model is None and ck is None and opts.checkpoint is None
+          and opts.device_resident is not False and opts.schur_backend != "numpy"):
+        # Groups always used together (a pose and its image's own camera) as one camera group,
+        # constant entries held on the device: the bundle-adjustment core, where it runs there.
+        from .merged_groups import merge_groups
+        merged = merge_groups(problem, eliminated)
+        if merged is not None:
+            core = _BACore(merged.problem, core_shape(merged.problem, eliminated, constants=True),
+                           opts, None, merged=merged, original=problem)
+            if not core.runs(opts):
+                core = None
     if core is None:
         if model is not None:
             raise ValueError("model= is for a problem of one residual kind over a camera group and an "
@@ -284,9 +296,12 @@ class _BACore:
     """The bundle-adjustment core (module docstring)."""
     name = "bundle-adjustment"
 
-    def __init__(self, problem, shape, opts, model):
+    def __init__(self, problem, shape, opts, model, merged=None, original=None):
         from .evaluator import Evaluator
         self.problem = problem
+        # A merge (solvers.merged_groups) of ``original``'s groups, whose constant entries the
+        # device holds: reports and results are of the original problem.
+        self.merged, self.original = merged, original
         cam, pt, block, swapped = shape
         self.cam, self.pt, self.block = cam, pt, block
         ci, pi = (block.columns[1], block.columns[0]) if swapped else (block.columns[0], block.columns[1])
@@ -328,12 +343,28 @@ class _BACore:
         why = device_unavailable_reason(self.evaluator, opts, self.runtime)
         if why is None:
             return True
+        if self.merged is not None:
+            return False                # the host reference holds nothing constant
         bal_sizes = (self.evaluator.C, self.evaluator.P, self.num_residuals) == (9, 3, 2)
         if opts.device_resident is True and not bal_sizes:
             raise ValueError(f"device_resident=True, but {why}")
         return bal_sizes
 
-    make_state = None           # solvers.lm.Minimizer's own choice: device, else the host reference
+    @property
+    def make_state(self):
+        """solvers.lm.Minimizer's own choice (None: the device, else the host reference), or, for
+        a merge, the device with the constant entries held."""
+        if self.merged is None:
+            return None
+        merged = self.merged
+
+        def make(evaluator, options, runtime, x0):
+            from .lm_device import DeviceState
+            state = DeviceState(evaluator, options, runtime, x0, profile=options.profile_kernels,
+                                camera_blocks=merged.block_sizes)
+            state.hold_constant(merged.free, merged.free_points, merged.excluded_sq)
+            return state
+        return make
 
     def x0(self):
         return np.concatenate([self.cam.values.ravel(), self.pt.values.ravel()])
@@ -344,10 +375,16 @@ class _BACore:
     def parameters(self, x) -> dict:
         cams, pts = self.evaluator.split(x)
         solved = {self.cam.name: cams.copy(), self.pt.name: pts.copy()}
+        if self.merged is not None:
+            return self.merged.parameters(solved)
         # The other groups are constant here: copies of them as given.
         return {k: solved[k] if k in solved else g.values.copy() for k, g in self.problem.groups.items()}
 
     def counts(self, problem) -> dict:
+        if self.merged is not None:          # the original problem's, as the general core counts them
+            from .problem_evaluator import Layout
+            self.original.residuals[0].num_residuals = self.num_residuals
+            return _layout_counts(self.original, Layout(self.original, self.pt.name))
         C, P = self.evaluator.C, self.evaluator.P
         rows = self.cam.num_rows + self.pt.num_rows
         params = C * self.cam.num_rows + P * self.pt.num_rows
@@ -397,12 +434,15 @@ class _GeneralCore:
         return {name: self.layout.values(self.problem, x, name).copy() for name in self.problem.groups}
 
     def counts(self, problem) -> dict:
-        lay = self.layout
-        rows = sum(g.rows.size for g in lay.groups)
-        R = {r.num_residuals for r in problem.residuals}
-        e = lay.by_name.get(lay.eliminated) if lay.eliminated else None
-        f_sizes = {g.free.size for g in lay.groups if g is not e and g.rows.size}
-        schur = (f"{R.pop() if len(R) == 1 else 'd'},{e.free.size},"
-                 f"{f_sizes.pop() if len(f_sizes) == 1 else 'd'}") if e is not None else ""
-        return _counts(problem, rows, lay.x_size, lay.t_size, lay.eliminated, schur)
+        return _layout_counts(problem, self.layout)
 
+
+def _layout_counts(problem, lay) -> dict:
+    """The report's counts of a general problem with its :class:`solvers.problem_evaluator.Layout`."""
+    rows = sum(g.rows.size for g in lay.groups)
+    R = {r.num_residuals for r in problem.residuals}
+    e = lay.by_name.get(lay.eliminated) if lay.eliminated else None
+    f_sizes = {g.free.size for g in lay.groups if g is not e and g.rows.size}
+    schur = (f"{R.pop() if len(R) == 1 else 'd'},{e.free.size},"
+             f"{f_sizes.pop() if len(f_sizes) == 1 else 'd'}") if e is not None else ""
+    return _counts(problem, rows, lay.x_size, lay.t_size, lay.eliminated, schur)

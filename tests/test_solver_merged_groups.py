@@ -1,0 +1,99 @@
+"""solvers.merged_groups: a problem whose poses and intrinsics are always used together (a
+camera per image) solved by the device-resident bundle-adjustment core, with its constant rows
+and entries held on the device. Reference: the general core on the host (scipy), the same
+problem, the same options: the same iterations, CG steps and costs, the same solution, and the
+constant entries untouched."""
+import numpy as np
+import pytest
+
+import solvers
+from solvers.merged_groups import merge_groups
+
+from test_solver_problem import scene, three_group_problem
+
+
+def per_image_problem(n_images, n_points, device=None, loss=None, unused_point=True):
+    """A camera per image, the constants of three_group_problem (a constant pose, one
+    coordinate of another, the principal point, a constant point), and a point nobody sees."""
+    s = scene(seed=7, n_images=n_images, n_cameras=n_images, n_points=n_points)
+    if unused_point:
+        s["points"] = np.vstack([s["points"], [[0.5, -0.5, 4.0]]])
+    return three_group_problem(s, with_prior=False, loss=loss, device=device)
+
+
+def test_merge_takes_groups_used_together_only():
+    m = merge_groups(per_image_problem(4, 6), "points")
+    assert m is not None and m.block_sizes == [6, 4] and m.merged_name == "poses+intrinsics"
+    np.testing.assert_array_equal(m.key_rows[0], np.arange(4))
+    np.testing.assert_array_equal(m.key_rows[1], np.arange(4))
+    free = np.ones((4, 10), bool)
+    free[0, :6] = False                  # the constant pose
+    free[2, 5] = False                   # one coordinate of another
+    free[:, 6 + 1:6 + 3] = False         # the principal point
+    np.testing.assert_array_equal(m.free, free)
+    assert not m.free_points[5].any() and m.free_points[:5].all()
+    # |x| leaves out what the general core's state leaves out: the constant pose, the constant
+    # point and the unused one.
+    p = m.original.groups
+    want = np.sum(p["poses"].values[0] ** 2) + np.sum(p["points"].values[[5, 6]] ** 2)
+    assert m.excluded_sq == pytest.approx(want, rel=1e-15)
+    # A camera shared by two images, or a second residual kind: nothing to merge.
+    assert merge_groups(three_group_problem(scene(n_images=4, n_cameras=2), with_prior=False), "points") is None
+    assert merge_groups(three_group_problem(scene(n_images=4, n_cameras=4), with_prior=True), "points") is None
+
+
+def test_parameters_split_back():
+    prob = per_image_problem(3, 5)
+    m = merge_groups(prob, "points")
+    solved = {"poses+intrinsics": np.arange(30, dtype=float).reshape(3, 10), "points": prob.groups["points"].values}
+    out = m.parameters(solved)
+    np.testing.assert_array_equal(out["poses"], np.arange(30).reshape(3, 10)[:, :6])
+    np.testing.assert_array_equal(out["intrinsics"], np.arange(30).reshape(3, 10)[:, 6:])
+
+
+@pytest.mark.oclgrind
+@pytest.mark.parametrize("linear_solver", ["sparse_schur", "iterative_schur"])
+def test_merged_solve_equals_the_general_core(device, linear_solver):
+    if not device.info.fp64:
+        pytest.skip("sparse_schur on the device needs fp64; the general core serves this device")
+    tiny = device.info.is_simulator
+    n_images, n_points, its = (3, 8, 3) if tiny else (6, 40, 20)
+    kw = dict(linear_solver=linear_solver, max_iterations=its, handle_sigint=False)
+    prob = per_image_problem(n_images, n_points, device=device, loss="huber")
+    before = {k: g.values.copy() for k, g in prob.groups.items()}
+    a = solvers.solve(prob, **kw)
+    b = solvers.solve(prob, device_resident=False, **kw)
+    assert (a.core, a.state) == ("bundle-adjustment", "device")
+    assert (b.core, b.state) == ("general", "host")
+    assert len(a.history) == len(b.history) >= 3
+    for x, y in zip(a.history, b.history):
+        assert x.linear_solver_iterations == y.linear_solver_iterations
+        assert x.step_is_successful == y.step_is_successful
+        # CG's rounding differs (the sums run in another order) and grows over iterations of
+        # 20-30 CG steps; the factorised steps agree throughout.
+        rel = 1e-8 if linear_solver == "sparse_schur" or x.iteration < 3 else 1e-3
+        for field in ("cost", "gradient_max_norm", "step_norm", "trust_region_radius"):
+            assert getattr(x, field) == pytest.approx(getattr(y, field), rel=rel, abs=1e-12), field
+    assert a.termination_type == b.termination_type
+    assert a.final_cost == pytest.approx(b.final_cost, rel=1e-9)
+    tol = 1e-9 if linear_solver == "sparse_schur" else 1e-5
+    for k in before:
+        np.testing.assert_allclose(a.parameters[k], b.parameters[k], rtol=tol, atol=tol)
+    # The constant entries and the unused point are the given values, bit for bit.
+    np.testing.assert_array_equal(a.parameters["poses"][0], before["poses"][0])
+    assert a.parameters["poses"][2, 5] == before["poses"][2, 5]
+    np.testing.assert_array_equal(a.parameters["intrinsics"][:, 1:3], before["intrinsics"][:, 1:3])
+    np.testing.assert_array_equal(a.parameters["points"][[5, -1]], before["points"][[5, -1]])
+    assert not np.array_equal(a.parameters["poses"][1], before["poses"][1])
+    # The report counts the original problem's blocks and parameters, as the general core does.
+    for field in ("num_parameter_blocks", "num_parameters", "num_parameter_blocks_reduced",
+                  "num_parameters_reduced", "num_effective_parameters", "num_residuals", "schur_structure"):
+        assert getattr(a, field) == getattr(b, field), field
+
+
+def test_what_the_merge_does_not_serve_goes_to_the_general_core(device):
+    """A checkpoint, device_resident=False, the numpy Schur backend: the general core, as before."""
+    prob = per_image_problem(3, 8, device=device)
+    for kw in (dict(device_resident=False), dict(schur_backend="numpy")):
+        r = solvers.solve(prob, max_iterations=2, handle_sigint=False, **kw)
+        assert r.core == "general"
