@@ -23,7 +23,10 @@
 ## a kernel over "i < total" reads the camera part for i < ncC and the point part after it.
 ## Parameters: C, P, R, L (reduction work-group size, a power of two), LOSS (Ceres' loss name),
 ## REAL (the storage type), ACC (the arithmetic and the sums: double where the device has it) and
-## BLOCKS (the sizes of the parameter blocks a camera merges, solvers.merged_groups; (C,) for one).
+## BLOCKS (the sizes of the parameter blocks a camera merges, solvers.merged_groups; (C,) for one)
+## and COPIES (a camera column may be a copy of a column that other cameras share, as a shared
+## camera's intrinsics in merged groups: the camera part's column norms come summed over the
+## copies in cd, the norms count each column once, by count_c, and Dc^2 is put on one copy).
 <%!
     # A vector over all parameters as its two buffers, and element i of it (see the header).
     def vec_args(name, const=True):
@@ -256,17 +259,40 @@ __kernel void camera_normal(__global const acc *restrict partial,   // (nseg, T 
 <%def name="column_norm2()">
 <% diag_t = [a * C - a * (a - 1) // 2 for a in range(C)] %>
     acc col2;
+%if COPIES:
+    if (i < ncC) {
+        col2 = cd[i];
+    } else {
+%else:
     if (i < ncC) {
         const int c = i / ${C}, a = i - c * ${C};
         const int diag[${C}] = {${', '.join(str(t) for t in diag_t)}};
         col2 = B[(size_t)c * ${C * (C + 1) // 2} + diag[a]];
     } else {
+%endif
         const int j = i - ncC, p = j / ${P}, a = j - p * ${P};
         col2 = V[(size_t)p * ${P * P} + a * ${P + 1}];
     }
 </%def>
 
-__kernel void jacobi_scale(__global const real *restrict B, __global const real *restrict V,
+<%
+    cd_arg = '__global const real *restrict cd, ' if COPIES else ''
+    count_arg = '__global const uchar *restrict count_c, ' if COPIES else ''
+    # A camera entry's weight in the norms: 1, or 0 for all but one copy of a column.
+    weight = '(i < ncC ? (acc)count_c[i] : 1.0) * ' if COPIES else ''
+%>
+%if COPIES:
+// The camera part's column norms: B's diagonal (summed over the copies by the caller).
+__kernel void camera_diagonal(__global const real *restrict B, __global real *restrict cd, const int ncC)
+{
+    const int i = get_global_id(0);
+    if (i >= ncC) return;
+    const int c = i / ${C}, a = i - c * ${C};
+    cd[i] = B[(size_t)c * ${C * (C + 1) // 2} + a * ${C} - a * (a - 1) / 2];
+}
+
+%endif
+__kernel void jacobi_scale(${cd_arg}__global const real *restrict B, __global const real *restrict V,
                            ${vec_args('s', False)}, const int ncC, const int total, const int enabled)
 {
     const int i = get_global_id(0);
@@ -276,7 +302,7 @@ ${column_norm2()}
     ${put('s', 's')}
 }
 
-__kernel void lm_diagonal(__global const real *restrict B, __global const real *restrict V,
+__kernel void lm_diagonal(${cd_arg}__global const real *restrict B, __global const real *restrict V,
                           ${vec_args('s')}, ${vec_args('diag', False)},
                           const int ncC, const int total, const acc lo, const acc hi)
 {
@@ -295,12 +321,17 @@ acc regularizer(const acc diag, const acc s, const acc radius)
     return d * d;
 }
 
-__kernel void camera_regularize(__global const real *restrict diag_c, __global const real *restrict s_c,
+__kernel void camera_regularize(${count_arg}__global const real *restrict diag_c, __global const real *restrict s_c,
                                 __global real *restrict dc2, const acc radius, const int ncC)
 {
     const int i = get_global_id(0);
     if (i >= ncC) return;
+%if COPIES:
+    // On one copy of each column only: the keys' matrix is summed over the copies.
+    dc2[i] = count_c[i] ? regularizer(diag_c[i], s_c[i], radius) : 0.0;
+%else:
     dc2[i] = regularizer(diag_c[i], s_c[i], radius);
+%endif
 }
 
 ## inverse(K, M, out): the inverse of the symmetric positive definite K x K matrix M (private,
@@ -495,16 +526,17 @@ ${group_fold('acc0', 'acc1', second)}
 </%def>
 ${reduction('reduce_sum', '__global const acc *restrict value', '        acc0 += value[i];')}
 ## |x - Plus(x, -g)| as Ceres measures the gradient: max and squared 2-norm.
-${reduction('reduce_gradient', vec_args('x') + ', ' + vec_args('g') + ', const int ncC',
+## (With COPIES, the sums count one copy of each camera column; the copies hold equal values.)
+${reduction('reduce_gradient', count_arg + vec_args('x') + ', ' + vec_args('g') + ', const int ncC',
             '        const acc x = ' + at('x') + ';\n        const acc v = x - (x + (-' + at('g') + '));\n'
-            '        acc0 += v * v;\n        acc1 = fmax(acc1, fabs(v));', second='max')}
+            '        acc0 += ' + weight + 'v * v;\n        acc1 = fmax(acc1, fabs(v));', second='max')}
 ## |x - candidate|^2 and how many entries of the raw linear solution are not finite.
-${reduction('reduce_step', vec_args('x') + ', ' + vec_args('cand') + ', ' + vec_args('raw') + ', const int ncC',
-            '        const acc v = ' + at('x') + ' - ' + at('cand') + ';\n        acc0 += v * v;\n'
+${reduction('reduce_step', count_arg + vec_args('x') + ', ' + vec_args('cand') + ', ' + vec_args('raw') + ', const int ncC',
+            '        const acc v = ' + at('x') + ' - ' + at('cand') + ';\n        acc0 += ' + weight + 'v * v;\n'
             '        acc1 += isfinite(' + at('raw') + ') ? 0.0 : 1.0;')}
 ## |x|^2
-${reduction('reduce_norm', vec_args('x') + ', const int ncC',
-            '        const acc v = ' + at('x') + ';\n        acc0 += v * v;')}
+${reduction('reduce_norm', count_arg + vec_args('x') + ', const int ncC',
+            '        const acc v = ' + at('x') + ';\n        acc0 += ' + weight + 'v * v;')}
 
 __kernel __attribute__((reqd_work_group_size(${L}, 1, 1)))
 void finish(__global const acc *restrict partial, const int groups, const int second_max,

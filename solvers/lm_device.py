@@ -96,10 +96,16 @@ class DeviceState:
 
     where = "device"
 
-    def __init__(self, evaluator, options, runtime, x0, profile: bool = False, camera_blocks=None):
+    def __init__(self, evaluator, options, runtime, x0, profile: bool = False, camera_blocks=None,
+                 copies=None):
         """``camera_blocks``: the sizes of the parameter blocks that one camera row merges
         (solvers.merged_groups), whose diagonal blocks the Schur-Jacobi preconditioner inverts
-        apart; None: one block of C."""
+        apart; None: one block of C. ``copies``: ``(column, count)`` where camera columns are
+        copies of columns that several cameras share (merged groups with a shared camera):
+        ``column`` (nc * C) the shared problem column of each camera column (-1: a constant
+        entry), ``count`` (nc * C, bool) the one copy of each entry that the norms count. The
+        gradient and the column norms are summed over the copies, and sparse_schur solves for
+        the problem's columns (:class:`solvers.key_copies.KeyCopies`)."""
         from .schur_pcg import DevicePCG, accumulator_dtype
         ev = evaluator
         # A queue without timestamps unless they are asked for: the iterations make thousands of
@@ -127,6 +133,13 @@ class DeviceState:
         self.bytes_to_device = self.bytes_to_host = 0
         self.events = [] if profile else None
         self.linear_solver_time = 0.0
+        self.copies = None
+        if copies is not None:
+            if self.dtype != np.float64 or options.linear_solver != "sparse_schur":
+                raise ValueError("cameras with shared columns (copies) take float64 and sparse_schur")
+            from .key_copies import KeyCopies
+            column, count = copies
+            self.copies = KeyCopies(rt, column, int(np.max(column, initial=-1)) + 1, C, R)
         # The Evaluator's camera order: sorted once for everything that needs it.
         self.pcg = DevicePCG(rt, ev.cam, ev.pt, nc, npt, C, P, R, self.dtype, camera_order=ev.camera_order())
         self.pcg.events = self.events
@@ -142,7 +155,8 @@ class DeviceState:
         if sum(blocks) != C or min(blocks) < 1:
             raise ValueError(f"camera_blocks {camera_blocks} must be positive sizes that add up to C = {C}")
         prg = get_program(TEMPLATE, rt, C=C, P=P, R=R, L=self.L, LOSS=ev.loss.name,
-                          REAL=ctype(self.dtype), ACC=ctype(self.acc), BLOCKS=blocks)
+                          REAL=ctype(self.dtype), ACC=ctype(self.acc), BLOCKS=blocks,
+                          COPIES=self.copies is not None)
         # Kernel objects of this instance alone, each argument set when it changes.
         self.k = presets(prg, self)
         # Small groups on CPUs, as DevicePCG's (schur_jacobi has the most live values).
@@ -163,6 +177,16 @@ class DeviceState:
         self.g = (real(self.ncC), self.pcg.gp)
         self.B, self.V = real(nc * self.T), real(npt * P * P)
         self.partial = sums(self.pcg.nseg * (self.T + C))
+        # With copies: the camera part's column norms summed over them (cd), and the entries the
+        # norms count; kernel arguments put before the others (lm_device.cl.mako's COPIES).
+        self._cd, self._count = [], []
+        if self.copies is not None:
+            self.cd = real(self.ncC)
+            # The camera gradient summed over the copies, for the norms (the linear solve sums
+            # the keys' right-hand side itself, so g keeps the keys' own).
+            self.g_sum = (real(self.ncC), self.g[1])
+            self.count_c = self._upload(np.asarray(copies[1], np.uint8).ravel()) if self.ncC else real(1)
+            self._cd, self._count = [self.cd.data], [self.count_c.data]
         self.value = sums(n)
         self.reduce_partial = sums(2 * self.groups)
         self.scalars = sums(N_SCALARS)
@@ -300,10 +324,19 @@ class DeviceState:
         self._run("camera_partials", pcg.nseg, jc.data, r.data, pcg.obs.data, pcg.seg_start.data,
                   self.partial.data, np.int32(pcg.nseg))
         self._run("camera_normal", nc * (self.T + self.C), self.partial.data, pcg.cam_seg.data, self.B.data, g[0].data, np.int32(nc))
+        if self.copies is not None:
+            # A shared column's gradient and norm: the sums over its copies, at every copy.
+            self._run("camera_diagonal", self.ncC, self.B.data, self.cd.data, self._ncC)
+            self.copies.sum_in_place(self.cd)
+            if self.ncC:
+                cl.enqueue_copy(self.rt.queue, self.g_sum[0].data, g[0].data, byte_count=g[0].nbytes)
+            self.copies.sum_in_place(self.g_sum[0])
+            g = self.g_sum
         if first:
-            self._run("jacobi_scale", self.total, self.B.data, self.V.data, *self._pairs(self.s),
+            self._run("jacobi_scale", self.total, *self._cd, self.B.data, self.V.data, *self._pairs(self.s),
                       self._ncC, self._total, np.int32(1 if self.o.jacobi_scaling else 0))
-        self._reduce("reduce_gradient", GRADIENT, self.total, *self._pairs(self.x, g), self._ncC, second_max=True)
+        self._reduce("reduce_gradient", GRADIENT, self.total, *self._count, *self._pairs(self.x, g), self._ncC,
+                     second_max=True)
         sc = self._read_scalars()
         self.linear_solver_time += time.perf_counter() - t0
         cost = self._cost(sc, COST) if n else 0.0
@@ -331,10 +364,10 @@ class DeviceState:
         """Enqueue the LM diagonal (unless reused), Dc^2 and V^-1 = (V + Dp^2)^-1 for ``radius``."""
         o, pcg, npt, ncC, total = self.o, self.pcg, self.npt, self._ncC, self._total
         if not reuse_diagonal:
-            self._run("lm_diagonal", self.total, self.B.data, self.V.data, *self._pairs(self.s, self.diag),
+            self._run("lm_diagonal", self.total, *self._cd, self.B.data, self.V.data, *self._pairs(self.s, self.diag),
                       ncC, total, self.acc.type(o.min_lm_diagonal), self.acc.type(o.max_lm_diagonal))
         radius = self.acc.type(radius)
-        self._run("camera_regularize", self.ncC, self.diag[0].data, self.s[0].data, pcg.dc2.data, radius, ncC)
+        self._run("camera_regularize", self.ncC, *self._count, self.diag[0].data, self.s[0].data, pcg.dc2.data, radius, ncC)
         self._run("point_regularize", npt, self.V.data, self.diag[1].data, self.s[1].data, pcg.Vinv.data,
                   radius, np.int32(npt))
         pcg.device_inputs_written()
@@ -348,7 +381,7 @@ class DeviceState:
         self._run("model_change", self.n, self.jc.data, self.jp.data, self.r.data, pcg.cam.data, pcg.pt.data,
                   self.delta[0].data, self.delta[1].data, self.value.data, np.int32(self.n))
         self._reduce("reduce_sum", CHANGE, self.n, self.value.data)
-        self._reduce("reduce_step", STEP, self.total, *self._pairs(self.x, self.cand, raw), ncC)
+        self._reduce("reduce_step", STEP, self.total, *self._count, *self._pairs(self.x, self.cand, raw), ncC)
         sc = self._read_scalars()
         if outcome is not None:
             ok, msg = outcome()
@@ -385,7 +418,7 @@ class DeviceState:
         self._enqueue_norm()
 
     def _enqueue_norm(self):
-        self._reduce("reduce_norm", NORM, self.total, *self._pairs(self.x), self._ncC)
+        self._reduce("reduce_norm", NORM, self.total, *self._count, *self._pairs(self.x), self._ncC)
         self._norm_read = False
 
     @property
@@ -421,7 +454,7 @@ class DeviceState:
     def close(self):
         """The solve is over (the Minimizer calls this last): kernel objects go back to their
         pools for the next solve, and the Jacobian's memory to the queue's pool."""
-        release_kernels(self, self.pcg)
+        release_kernels(self, self.pcg, *([self.copies] if self.copies is not None else []))
         self.linear.close()
         self.r = self.jc = self.jp = None
         self.pcg.unbind_jacobian()

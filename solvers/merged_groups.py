@@ -11,8 +11,13 @@ are zeroed on the device (:meth:`solvers.lm_device.DeviceState.hold_constant`), 
 step (a zero column and a zero gradient entry decouple from the rest of the system); the eliminated
 group's constant entries (a fixed point) likewise.
 
+A row that several merged rows hold (a camera that many images share) has a copy in each of them:
+the device sums the copies' gradients and column norms and solves sparse_schur for the problem's
+columns (:class:`solvers.key_copies.KeyCopies`), so the iterations are the general core's; the
+merged rows are then keys, the tuples of rows that observations use (``copies``).
+
 Not mergeable, and left to the general core: several residual kinds, a group in two slots of the
-kind, and a row shared by observations of different merged rows (a shared camera).
+kind, and shared rows where copies are not taken (``shared=False``).
 """
 from __future__ import annotations
 
@@ -79,6 +84,26 @@ class MergedGroups:
                              name=block.name, copy=False, index_checked=True)
         self.problem = p
         self.merged_name = name
+        # Each merged entry's original (slot, row, entry) as one id; the copies of an id, where
+        # rows are shared: (the problem column of each merged entry, -1 where constant; the one
+        # copy of each id that the norms count), else None.
+        bases = np.concatenate([[0], np.cumsum([g.num_rows * g.size for _, g in self.slots])])
+        ids = np.concatenate([base + r[:, None] * g.size + np.arange(g.size)[None, :]
+                              for base, (_, g), r in zip(bases, self.slots, key_rows)], axis=1).ravel()
+        distinct, first = np.unique(ids, return_index=True)
+        self.copies = None
+        if distinct.size < ids.size:
+            count = np.zeros(ids.size, bool)
+            count[first] = True
+            free = self.free.ravel()
+            columns = np.unique(ids[free])
+            column = np.full(ids.size, -1, np.int64)
+            column[free] = np.searchsorted(columns, ids[free])
+            self.copies = (column, count)
+            self.num_columns = columns.size
+            # The device counts one copy of each entry in |x| (count); the constant rows come off.
+            self.excluded_sq = float(np.sum((values.ravel() ** 2)[held.ravel() & count])
+                                     + np.sum(e.values[dropped] ** 2))
 
     def parameters(self, solved: dict) -> dict:
         """Every original group's table from the merged problem's ``solved`` tables."""
@@ -95,8 +120,9 @@ class MergedGroups:
         return out
 
 
-def merge_groups(problem, eliminated: Optional[str]) -> Optional[MergedGroups]:
-    """The merge of ``problem`` when it has the structure of the module docstring, else None."""
+def merge_groups(problem, eliminated: Optional[str], shared: bool = False) -> Optional[MergedGroups]:
+    """The merge of ``problem`` when it has the structure of the module docstring, else None;
+    ``shared``: rows that several merged rows hold are taken (as copies)."""
     if eliminated is None or len(problem.residuals) != 1:
         return None
     block = problem.residuals[0]
@@ -122,8 +148,9 @@ def merge_groups(problem, eliminated: Optional[str]) -> Optional[MergedGroups]:
     for j in range(len(rows) - 1, -1, -1):
         uniq[:, j] = codes % sizes[j]
         codes = codes // sizes[j]
-    # No row may belong to two merged rows: each slot's rows are distinct across the keys.
-    for j in range(uniq.shape[1]):
-        if np.unique(uniq[:, j]).size != uniq.shape[0]:
-            return None
+    # Without copies no row may belong to two merged rows: each slot's rows distinct across keys.
+    if not shared:
+        for j in range(uniq.shape[1]):
+            if np.unique(uniq[:, j]).size != uniq.shape[0]:
+                return None
     return MergedGroups(problem, block, e_slot, keys, [uniq[:, j] for j in range(uniq.shape[1])])

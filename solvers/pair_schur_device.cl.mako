@@ -110,3 +110,42 @@ __kernel void add_lower(__global double *restrict out, const int ld,
     }
     row[i] += d[i];
 }
+
+// Vectors over the keys' columns and over the problem's (solvers/key_copies.py). A key column is
+// a copy of one problem column, or of none (a constant entry); column j's copies are
+// copy_col[copy_start[j] .. copy_start[j + 1]).
+//
+// copies_sum: one work-item per problem column j: every copy of j in v gets the sum over them
+// (a column of one copy is left as it is).
+__kernel void copies_sum(__global double *restrict v,
+                         __global const int *restrict copy_start, __global const int *restrict copy_col,
+                         const int nf)
+{
+    const int j = get_global_id(0);
+    if (j >= nf || copy_start[j + 1] - copy_start[j] < 2) return;
+    double acc = 0.0;
+    for (int a = copy_start[j]; a < copy_start[j + 1]; ++a) acc += v[copy_col[a]];
+    for (int a = copy_start[j]; a < copy_start[j + 1]; ++a) v[copy_col[a]] = acc;
+}
+
+// to_columns: out[j] = the sum over the copies of column j of v.
+__kernel void to_columns(__global const double *restrict v,
+                         __global const int *restrict copy_start, __global const int *restrict copy_col,
+                         __global double *restrict out, const int nf)
+{
+    const int j = get_global_id(0);
+    if (j >= nf) return;
+    double acc = 0.0;
+    for (int a = copy_start[j]; a < copy_start[j + 1]; ++a) acc += v[copy_col[a]];
+    out[j] = acc;
+}
+
+// to_copies: out[u] = y[column of u], or 0 for a key column that copies none.
+__kernel void to_copies(__global const double *restrict y, __global const int *restrict column,
+                        __global double *restrict out, const int nv)
+{
+    const int u = get_global_id(0);
+    if (u >= nv) return;
+    const int j = column[u];
+    out[u] = j >= 0 ? y[j] : 0.0;
+}

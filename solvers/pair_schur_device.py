@@ -25,6 +25,7 @@ from clkernels.templates import get_program
 
 from . import pair_schur
 from .host_cholesky import MSG_NOT_FINITE, MSG_NOT_PD
+from .key_copies import KeyCopies
 from .pair_schur import observation_keys, sum_copies
 from .schur_reduced import MAX_RUN_CPU, MAX_RUN_GPU, ReducedCameraSystem, ReducedPattern
 
@@ -80,14 +81,10 @@ class DevicePairSchur:
         if max(nv * nv, nf * nf, nv * nf) * 8 > rt.info.max_alloc_bytes:
             raise Unsuitable(f"a {nv} x {nv} matrix of the keys' columns exceeds a device buffer")
         self.system = ReducedCameraSystem(rt, pattern, C=self.K, P=self.kE, R=self.R)
-        # Each problem column's copies among the keys' columns, as a CSR list.
-        real = key_cols.ravel()
-        virtual = np.flatnonzero(real >= 0)
-        by_real = virtual[np.argsort(real[virtual], kind="stable")]
-        self.copy_of = real                               # problem column of each key column
-        start = np.concatenate(([0], np.cumsum(np.bincount(real[virtual], minlength=nf))))
+        # Each problem column's copies among the keys' columns (solvers.key_copies).
+        self.copy_of = key_cols.ravel()                   # problem column of each key column
+        self.copies = KeyCopies(rt, self.copy_of, nf, self.K, self.R)
         i32 = lambda a: arrays.to_device(rt, np.ascontiguousarray(a, np.int32))  # noqa: E731
-        self.copy_start, self.copy_col = i32(start), i32(by_real if by_real.size else [0])
         f64 = lambda size: arrays.scratch(rt, max(1, int(size)), np.float64)  # noqa: E731
         # The keys' matrix: reduced_blocks writes the same blocks at every call, the rest stays 0.
         self.A = arrays.zeros(rt, nv * nv, np.float64)
@@ -95,7 +92,6 @@ class DevicePairSchur:
         self.zero_v = arrays.zeros(rt, nv, np.float64)    # Dc^2 and the rhs' gc
         self.flag = arrays.zeros(rt, 1, np.int32)
         self.red, self.rhs = f64(nf * nf), f64(nv)
-        self.by_column = f64(nv * nf)                     # the keys' rows summed per problem column
         self.Jc, self.Jp = f64(n * self.R * self.K), f64(n * self.R * self.kE)
         self.Vinv, self.gp = f64(ne_rows * self.kE * self.kE), f64(ne_rows * self.kE)
         self.k = presets(get_program(TEMPLATE, rt, K=self.K, R=self.R), self)
@@ -143,13 +139,7 @@ class DevicePairSchur:
         self.system.enqueue_dense(B, self.zero_v, self.A, self.nv, self.flag)
 
     def _compress(self, out, ld_out, lower, sign):
-        nf, nv, q, ls = self.nf, self.nv, self.rt.queue, self.ls
-        if nf:
-            self.k["compress_columns"](q, (arrays.round_up(nv * nf, ls),), (ls,), self.A.data, np.int32(nv),
-                                       self.copy_start.data, self.copy_col.data, self.by_column.data, np.int32(nf))
-            self.k["compress_rows"](q, (arrays.round_up(nf * nf, ls),), (ls,), self.by_column.data,
-                                    self.copy_start.data, self.copy_col.data, out.data, np.int32(ld_out),
-                                    np.int32(nf), np.int32(lower), np.float64(sign))
+        self.copies.compress(self.A, out, ld_out, bool(lower), sign)
 
     def reduction(self, Vinv):
         """``(W V^-1 W^T, None)`` for the blocks ``Vinv`` (ne_rows, kE, kE): a dense (nf, nf)
@@ -234,4 +224,4 @@ class DevicePairSchur:
         return out
 
     def close(self):
-        release_kernels(self, self.system, *([self.cholesky] if self.cholesky is not None else []))
+        release_kernels(self, self.system, self.copies, *([self.cholesky] if self.cholesky is not None else []))

@@ -216,7 +216,7 @@ def solve(problem, linear_solver: str = "sparse_schur", eliminate="auto", max_it
         # Groups always used together (a pose and its image's own camera) as one camera group,
         # constant entries held on the device: the bundle-adjustment core, where it runs there.
         from .merged_groups import merge_groups
-        merged = merge_groups(problem, eliminated)
+        merged = merge_groups(problem, eliminated, shared=linear_solver == "sparse_schur")
         if merged is not None:
             core = _BACore(merged.problem, core_shape(merged.problem, eliminated, constants=True),
                            opts, None, merged=merged, original=problem)
@@ -344,11 +344,23 @@ class _BACore:
         if why is None:
             return True
         if self.merged is not None:
-            return False                # the host reference holds nothing constant
+            if why is not None:
+                return False            # the host reference holds nothing constant
+            return self.merged.copies is None or self._copies_fit()
         bal_sizes = (self.evaluator.C, self.evaluator.P, self.num_residuals) == (9, 3, 2)
         if opts.device_resident is True and not bal_sizes:
             raise ValueError(f"device_resident=True, but {why}")
         return bal_sizes
+
+    def _copies_fit(self) -> bool:
+        """Whether the device takes a merge's shared columns: the problem's columns factorised
+        densely (on GPUs up to solvers.sparse_schur_device's limit; on CPUs while LAPACK's dense
+        Cholesky is cheap, where a sparse one might win above), the keys' matrix in one buffer."""
+        from . import schur, sparse_schur_device
+        info = self.runtime.info
+        limit = schur.DENSE_MAX if info.is_cpu else sparse_schur_device.DEVICE_DENSE_MAX
+        nv = self.merged.free.size
+        return self.merged.num_columns <= limit and 8 * nv * nv <= info.max_alloc_bytes
 
     @property
     def make_state(self):
@@ -361,7 +373,7 @@ class _BACore:
         def make(evaluator, options, runtime, x0):
             from .lm_device import DeviceState
             state = DeviceState(evaluator, options, runtime, x0, profile=options.profile_kernels,
-                                camera_blocks=merged.block_sizes)
+                                camera_blocks=merged.block_sizes, copies=merged.copies)
             state.hold_constant(merged.free, merged.free_points, merged.excluded_sq)
             return state
         return make

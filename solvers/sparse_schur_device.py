@@ -10,6 +10,11 @@ where that is fastest:
   dense LAPACK Cholesky up to :data:`HOST_DENSE_MAX` unknowns (the host path's choice, and the
   fastest there on the BAL problems), the best sparse Cholesky installed above (CHOLMOD).
 
+With merged groups that share a camera (:mod:`solvers.merged_groups`), the cameras are keys whose
+columns copy the problem's (:class:`solvers.key_copies.KeyCopies`): the keys' dense matrix is
+assembled, summed into the problem's columns, and factorised on the device, or, on CPUs, by LAPACK
+on the host; the solution goes back into every copy.
+
 On a CPU device the "device" is the host's own cores: PoCL's dense Cholesky measured 3-8x slower
 than LAPACK and 1.1-1.8x slower than CHOLMOD on the same two cores (README), so CPU devices
 factorise on the host. The choice is made once per solve and said in :attr:`description`.
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyopencl as cl
+import scipy.linalg
 
 from clkernels import arrays
 from clkernels.launch import release_kernels
@@ -60,18 +66,32 @@ class DeviceSparseSchur:
     structure does not change). :meth:`solve` per linear system."""
 
     def __init__(self, runtime, cam, pt, num_cameras, num_points, C=9, P=3, R=2, other_bytes=0, events=None,
-                 camera_order=None):
-        self.rt, self.C = runtime, C
+                 camera_order=None, copies=None):
+        self.rt, self.C, self.copies = runtime, C, copies
         info = runtime.info
         self.pattern = pat = ReducedPattern(cam, pt, num_cameras, num_points,
                                             max_run=MAX_RUN_CPU if info.is_cpu else MAX_RUN_GPU,
                                             camera_order=camera_order)
         self.system = ReducedCameraSystem(runtime, pat, C, P, R)
         self.system.events = events
-        self.n = n = C * pat.nc
+        self.n = n = C * pat.nc if copies is None else copies.nf
         self.where = choose_factorisation(info, n, other_bytes + self.system.nbytes)
         self.bytes_to_host = self.bytes_to_device = 0
-        if self.where == "device":
+        if copies is not None:
+            # The keys' matrix (the blocks outside the pattern stay zero) and right-hand side.
+            nv = self.nv = C * pat.nc
+            self.A_keys = arrays.zeros(runtime, max(1, nv * nv), np.float64)
+            self.rhs_keys = arrays.scratch(runtime, max(1, nv), np.float64)
+            self.y = arrays.scratch(runtime, max(1, n), np.float64)
+            if self.where != "device":
+                self.where = "lapack"                   # the problem's matrix is dense
+        if copies is not None and self.where != "device":
+            self.dense = None
+            self.S = arrays.scratch(runtime, max(1, n * n), np.float64)
+            self.rhs = arrays.scratch(runtime, max(1, n), np.float64)
+            self.flag = arrays.scratch(runtime, 1, np.int32)
+            how = "dense Cholesky (LAPACK) on the host"
+        elif self.where == "device":
             self.dense = DenseCholesky(runtime, n)
             self._flag = np.zeros(1, np.int32)      # the factorisation's flag, read back into it
             self.dense.events = events
@@ -85,7 +105,11 @@ class DeviceSparseSchur:
             total = pat.nc * (pat.nc + 1) // 2
             how = (f"{pat.nblocks} of {total} blocks nonzero, "
                    f"{host_cholesky.LABELS[self.where]} on the host")
-        self.description = f"Reduced camera matrix: {n} x {n}, {how}"
+        if copies is not None:
+            self.description = (f"Reduced camera matrix: {n} x {n}, summed from the keys' {self.nv} x {self.nv} "
+                                f"on the device, {how}")
+        else:
+            self.description = f"Reduced camera matrix: {n} x {n}, {how}"
         self._check_memory(other_bytes)
         # On the Oclgrind simulator these buffers outlive the solve: released, their shadows would
         # be reused at their old sizes by the next solve's buffers (see arrays.keep_on_simulator).
@@ -97,6 +121,12 @@ class DeviceSparseSchur:
 
     @property
     def nbytes(self) -> int:
+        if self.copies is not None:
+            # The keys' matrix, and the copies' sums by column (nv x n) that compress makes.
+            keys = self.A_keys.nbytes + self.rhs_keys.nbytes + self.y.nbytes + self.copies.nbytes \
+                + 8 * self.nv * self.n
+            factor = self.dense.nbytes if self.dense is not None else self.S.nbytes + self.rhs.nbytes + 4
+            return self.system.nbytes + keys + factor
         if self.dense is not None:
             return self.system.nbytes + self.dense.nbytes
         return self.system.nbytes + self.blocks.nbytes + self.rhs.nbytes + 4
@@ -117,7 +147,11 @@ class DeviceSparseSchur:
         failure flag comes back without a wait, and ``ok`` is None: :meth:`outcome` says, once
         the caller has waited for the queue past this solve (a blocking read after it)."""
         if self.n == 0:
+            if self.copies is not None and self.nv:
+                self.copies.to_copies(self.y, x)          # every camera entry constant: zeros
             return True, "Success."
+        if self.copies is not None:
+            return self._solve_copies(Jc, Jp, Vinv, B, dc2, gc, gp, x, defer)
         if self.dense is not None:
             return self._solve_on_device(Jc, Jp, Vinv, B, dc2, gc, gp, x, defer)
         return self._solve_on_host(Jc, Jp, Vinv, B, dc2, gc, gp, x)
@@ -135,6 +169,45 @@ class DeviceSparseSchur:
         if defer:
             return None, "Success."
         return self.outcome()
+
+    def _solve_copies(self, Jc, Jp, Vinv, B, dc2, gc, gp, x, defer):
+        """The keys' system summed into the problem's columns (module docstring); ``dc2`` is on
+        one copy of each column (lm_device.cl.mako's camera_regularize with COPIES)."""
+        q, sys_, cp, d = self.rt.queue, self.system, self.copies, self.dense
+        flag = d.flag if d is not None else self.flag
+        if d is not None:
+            d.clear()
+        sys_.enqueue_groups(Jc, Jp, Vinv)
+        sys_.enqueue_rhs(gc, gp, self.rhs_keys, flag)
+        sys_.enqueue_dense(B, dc2, self.A_keys, self.nv, flag)
+        if d is not None:
+            # The lower triangle (A holds S itself: sign -1), the right-hand side into b's first n.
+            cp.compress(self.A_keys, d.A, d.m, lower=True, sign=-1.0)
+            cp.to_columns(self.rhs_keys, d.b)
+            d.factor()
+            d.solve(self.y)
+            cp.to_copies(self.y, x)
+            cl.enqueue_copy(q, self._flag, d.flag.data, is_blocking=not defer)
+            self.bytes_to_host += self._flag.nbytes
+            return (None, "Success.") if defer else self.outcome()
+        n = self.n
+        cp.compress(self.A_keys, self.S, n, lower=False, sign=-1.0)
+        cp.to_columns(self.rhs_keys, self.rhs)
+        S, rhs = np.empty((n, n)), np.empty(n)
+        cl.enqueue_copy(q, S, self.S.data, is_blocking=False)
+        cl.enqueue_copy(q, rhs, self.rhs.data)
+        self.bytes_to_host += S.nbytes + rhs.nbytes
+        if not (np.all(np.isfinite(S)) and np.all(np.isfinite(rhs))):
+            return False, MSG_NOT_FINITE
+        try:
+            c = host_cholesky.lapack_cholesky(S, overwrite=True, single_thread=n <= HOST_DENSE_MAX)
+        except host_cholesky.NotPositiveDefinite:
+            return False, MSG_NOT_PD
+        y = np.ascontiguousarray(scipy.linalg.cho_solve(c, rhs, check_finite=False))
+        cl.enqueue_copy(q, self.y.data, y)
+        self.bytes_to_device += y.nbytes
+        cp.to_copies(self.y, x)
+        return True, "Success."
 
     def outcome(self):
         """``(ok, message)`` of the last device solve, from its flag (read by then)."""

@@ -1,8 +1,9 @@
 """solvers.merged_groups: a problem whose poses and intrinsics are always used together (a
-camera per image) solved by the device-resident bundle-adjustment core, with its constant rows
-and entries held on the device. Reference: the general core on the host (scipy), the same
-problem, the same options: the same iterations, CG steps and costs, the same solution, and the
-constant entries untouched."""
+camera per image, or a camera shared by several images, whose columns then have a copy per
+image) solved by the device-resident bundle-adjustment core, with its constant rows and entries
+held on the device. Reference: the general core on the host (scipy), the same problem, the same
+options: the same iterations, CG steps and costs, the same solution, and the constant entries
+untouched."""
 import numpy as np
 import pytest
 
@@ -12,10 +13,11 @@ from solvers.merged_groups import merge_groups
 from test_solver_problem import scene, three_group_problem
 
 
-def per_image_problem(n_images, n_points, device=None, loss=None, unused_point=True):
-    """A camera per image, the constants of three_group_problem (a constant pose, one
-    coordinate of another, the principal point, a constant point), and a point nobody sees."""
-    s = scene(seed=7, n_images=n_images, n_cameras=n_images, n_points=n_points)
+def per_image_problem(n_images, n_points, device=None, loss=None, unused_point=True, n_cameras=None):
+    """A camera per image (or ``n_cameras`` shared in turn), the constants of three_group_problem
+    (a constant pose, one coordinate of another, the principal point, a constant point), and a
+    point nobody sees."""
+    s = scene(seed=7, n_images=n_images, n_cameras=n_cameras or n_images, n_points=n_points)
     if unused_point:
         s["points"] = np.vstack([s["points"], [[0.5, -0.5, 4.0]]])
     return three_group_problem(s, with_prior=False, loss=loss, device=device)
@@ -37,9 +39,23 @@ def test_merge_takes_groups_used_together_only():
     p = m.original.groups
     want = np.sum(p["poses"].values[0] ** 2) + np.sum(p["points"].values[[5, 6]] ** 2)
     assert m.excluded_sq == pytest.approx(want, rel=1e-15)
-    # A camera shared by two images, or a second residual kind: nothing to merge.
-    assert merge_groups(three_group_problem(scene(n_images=4, n_cameras=2), with_prior=False), "points") is None
+    assert m.copies is None
+    # A camera shared by two images: merged only with copies; a second residual kind: never.
+    shared = per_image_problem(4, 6, n_cameras=2)
+    assert merge_groups(shared, "points") is None
     assert merge_groups(three_group_problem(scene(n_images=4, n_cameras=4), with_prior=True), "points") is None
+    m = merge_groups(shared, "points", shared=True)
+    column, count = m.copies
+    column, count = column.reshape(4, 10), count.reshape(4, 10)
+    # Images 0 and 2 share camera 0, images 1 and 3 camera 1: their free intrinsics (f, k) are
+    # one column each, with the first image's copy counted; the principal point is constant.
+    assert (column[:, 7:9] == -1).all() and (column[0, :6] == -1).all()
+    assert column[0, 6] == column[2, 6] and column[1, 9] == column[3, 9] and column[0, 6] != column[1, 6]
+    assert count[:2].all() and not count[2:, 6:].any() and count[2:, :6].all()
+    assert m.num_columns == np.unique(column[column >= 0]).size == 6 + 5 + 6 + 4
+    p = shared.groups
+    want = np.sum(p["poses"].values[0] ** 2) + np.sum(p["points"].values[[5, 6]] ** 2)
+    assert m.excluded_sq == pytest.approx(want, rel=1e-15)
 
 
 def test_parameters_split_back():
@@ -52,19 +68,22 @@ def test_parameters_split_back():
 
 
 @pytest.mark.oclgrind
-@pytest.mark.parametrize("linear_solver", ["sparse_schur", "iterative_schur"])
-def test_merged_solve_equals_the_general_core(device, linear_solver):
+@pytest.mark.parametrize("linear_solver,cameras", [("sparse_schur", "per-image"), ("iterative_schur", "per-image"),
+                                                   ("sparse_schur", "two shared"), ("sparse_schur", "one shared")])
+def test_merged_solve_equals_the_general_core(device, linear_solver, cameras):
     if not device.info.fp64:
         pytest.skip("sparse_schur on the device needs fp64; the general core serves this device")
     tiny = device.info.is_simulator
     n_images, n_points, its = (3, 8, 3) if tiny else (6, 40, 20)
+    n_cameras = {"per-image": None, "two shared": 2, "one shared": 1}[cameras]
     kw = dict(linear_solver=linear_solver, max_iterations=its, handle_sigint=False)
-    prob = per_image_problem(n_images, n_points, device=device, loss="huber")
+    prob = per_image_problem(n_images, n_points, device=device, loss="huber", n_cameras=n_cameras)
     before = {k: g.values.copy() for k, g in prob.groups.items()}
     a = solvers.solve(prob, **kw)
     b = solvers.solve(prob, device_resident=False, **kw)
     assert (a.core, a.state) == ("bundle-adjustment", "device")
     assert (b.core, b.state) == ("general", "host")
+    assert ("summed from the keys'" in a.linear_solver_detail) == (n_cameras is not None)
     assert len(a.history) == len(b.history) >= 3
     for x, y in zip(a.history, b.history):
         assert x.linear_solver_iterations == y.linear_solver_iterations
@@ -91,9 +110,14 @@ def test_merged_solve_equals_the_general_core(device, linear_solver):
         assert getattr(a, field) == getattr(b, field), field
 
 
-def test_what_the_merge_does_not_serve_goes_to_the_general_core(device):
-    """A checkpoint, device_resident=False, the numpy Schur backend: the general core, as before."""
+def test_what_the_merge_does_not_serve_goes_to_the_general_core(device, tmp_path):
+    """A checkpoint, device_resident=False, the numpy Schur backend, and a shared camera with
+    iterative_schur (CG over the keys' columns would not be Ceres' CG): the general core."""
     prob = per_image_problem(3, 8, device=device)
-    for kw in (dict(device_resident=False), dict(schur_backend="numpy")):
+    for kw in (dict(device_resident=False), dict(schur_backend="numpy"),
+               dict(checkpoint=str(tmp_path / "ck.npz"))):
         r = solvers.solve(prob, max_iterations=2, handle_sigint=False, **kw)
         assert r.core == "general"
+    r = solvers.solve(per_image_problem(3, 8, device=device, n_cameras=1), linear_solver="iterative_schur",
+                      max_iterations=2, handle_sigint=False)
+    assert r.core == "general"
