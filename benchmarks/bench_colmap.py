@@ -9,10 +9,11 @@ refined intrinsics (focal length and extra parameters; principal point fixed), t
 translation), Levenberg-Marquardt with tolerances 1e-6 / 1e-10 / 1e-8, at most 50 iterations,
 and pycolmap on every core of the machine. Timed: the solve alone (ours: ``solvers.solve`` on a
 built Problem, reading excluded; pycolmap: ``BundleAdjuster.solve()``), after one warm-up solve
-of the smallest case (kernel builds), median of ``--repeat`` runs (``--repeat-large`` above
-200,000 observations). Reported: both final costs in
+of each case and linear solver (kernel builds: a size can take another kernel variant), median
+of ``--repeat`` runs (``--repeat-large`` above 200,000 observations). Reported: both final costs in
 the same units (Ceres' cost, 1/2 sum of squared pixel residuals), iterations, wall times and
-their ratio, and ours split into Jacobian evaluation and linear solver.
+their ratio, and ours split into Jacobian evaluation, linear solver and the rest of the
+minimizer (``other_s``: the state's setup, index and allocations, and the iterations' own work).
 
     python benchmarks/bench_colmap.py [--quick] [--device SPEC] [--sizes 30,100,...] [--repeat N]
 """
@@ -95,7 +96,6 @@ def main():
                          points_per_image=POINTS_PER_IMAGE)
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
-        warm = True
         variants = {"shared": False, "per-image": True}
         for per_image in [variants[v] for v in args.cameras.split(",")]:
             for n in sizes:
@@ -111,10 +111,10 @@ def main():
                 cs = peer[0][1]
                 chosen = "iterative_schur" if "ITERATIVE" in str(cs.linear_solver_type_used) else "sparse_schur"
                 solvers_here = [chosen if ls == "auto" else ls for ls in args.linear_solvers.split(",")]
-                if warm:        # kernel builds (or pyopencl's cache of them) outside the timings
-                    ours_solve(prob, solvers_here[0])
-                    warm = False
                 for ls in solvers_here:
+                    # Kernel builds (or pyopencl's cache of them) outside the timings: every case,
+                    # since a size can take another variant (the dense Cholesky's solve, say).
+                    ours_solve(prob, ls)
                     mine = [ours_solve(prob, ls) for _ in range(repeat)]
                     t_ours = statistics.median(t for t, _ in mine)
                     r = mine[0][1]
@@ -124,11 +124,12 @@ def main():
                             cost_ratio=r.final_cost / cs.final_cost, ours_iterations=r.iterations,
                             pycolmap_iterations=cs.num_successful_steps + cs.num_unsuccessful_steps - 1,
                             jacobian_s=r.times["jacobian_evaluation"], linear_s=r.times["linear_solver"],
+                            other_s=r.times["other"],
                             core=r.core, state=r.state, runs=repeat,
                             pycolmap_solver=str(cs.linear_solver_type_used).split(".")[-1])
     rep.write(["case", "variant", "pycolmap_solver", "observations", "ours_s", "pycolmap_s", "time_ratio", "ours_cost",
                "pycolmap_cost", "cost_ratio", "ours_iterations", "pycolmap_iterations", "jacobian_s",
-               "linear_s", "state"])
+               "linear_s", "other_s", "core", "state"])
 
 
 if __name__ == "__main__":

@@ -93,7 +93,8 @@ class DeviceSparseSchurSolver:
         self.st = st = state
         self.system = DeviceSparseSchur(st.rt, st.ev.cam, st.ev.pt, st.nc, st.npt, st.C, st.P, st.R,
                                         other_bytes=st.bytes_needed, events=st.events,
-                                        camera_order=st.ev.camera_order(), copies=st.copies)
+                                        camera_order=st.ev.camera_order(), copies=st.copies,
+                                        pattern=getattr(st.ev, "reduced_pattern", None))
         self.description = self.system.description
 
     @property

@@ -341,26 +341,37 @@ class _BACore:
         """Whether this core can run the solve: on the device, or on the host for BAL's sizes."""
         from .lm_device import device_unavailable_reason
         why = device_unavailable_reason(self.evaluator, opts, self.runtime)
+        if self.merged is not None:     # (the host reference holds nothing constant)
+            return why is None and (self.merged.copies is None or self._copies_fit())
         if why is None:
             return True
-        if self.merged is not None:
-            if why is not None:
-                return False            # the host reference holds nothing constant
-            return self.merged.copies is None or self._copies_fit()
         bal_sizes = (self.evaluator.C, self.evaluator.P, self.num_residuals) == (9, 3, 2)
         if opts.device_resident is True and not bal_sizes:
             raise ValueError(f"device_resident=True, but {why}")
         return bal_sizes
 
     def _copies_fit(self) -> bool:
-        """Whether the device takes a merge's shared columns: the problem's columns factorised
-        densely (on GPUs up to solvers.sparse_schur_device's limit; on CPUs while LAPACK's dense
-        Cholesky is cheap, where a sparse one might win above), the keys' matrix in one buffer."""
-        from . import schur, sparse_schur_device
-        info = self.runtime.info
-        limit = schur.DENSE_MAX if info.is_cpu else sparse_schur_device.DEVICE_DENSE_MAX
-        nv = self.merged.free.size
-        return self.merged.num_columns <= limit and 8 * nv * nv <= info.max_alloc_bytes
+        """Whether the device takes a merge's shared columns, whose reduced matrix is factorised
+        densely: on GPUs up to solvers.sparse_schur_device's limit; on CPUs (LAPACK) up to 1,000
+        columns, and up to the general core's dense limit where the images' blocks fill as much
+        of the matrix as the general core asks of its dense reductions (a sparse camera graph,
+        a video's, factorises faster sparse there); the keys' matrix in one buffer."""
+        from . import pair_schur, schur, sparse_schur_device
+        info, m, ev = self.runtime.info, self.merged, self.evaluator
+        nv = m.free.size
+        if 8 * nv * nv > info.max_alloc_bytes:
+            return False
+        if not info.is_cpu:
+            return m.num_columns <= sparse_schur_device.DEVICE_DENSE_MAX
+        if m.num_columns <= schur.DENSE_MAX:
+            return True
+        if m.num_columns > pair_schur.DENSE_MAX_UNKNOWNS:
+            return False
+        from .schur_reduced import MAX_RUN_CPU, ReducedPattern
+        # The pattern of the keys' blocks, kept for the solve's own (solvers.sparse_schur_device).
+        pat = ReducedPattern(ev.cam, ev.pt, ev.nc, ev.npt, max_run=MAX_RUN_CPU, camera_order=ev.camera_order())
+        ev.reduced_pattern = pat
+        return 2 * pat.nblocks - pat.nc >= pair_schur.DENSE_FRACTION * pat.nc * pat.nc
 
     @property
     def make_state(self):

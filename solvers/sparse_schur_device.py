@@ -66,12 +66,15 @@ class DeviceSparseSchur:
     structure does not change). :meth:`solve` per linear system."""
 
     def __init__(self, runtime, cam, pt, num_cameras, num_points, C=9, P=3, R=2, other_bytes=0, events=None,
-                 camera_order=None, copies=None):
+                 camera_order=None, copies=None, pattern=None):
+        """``pattern``: the :class:`ReducedPattern` of these arguments where the caller has it
+        (made with the device's run length)."""
         self.rt, self.C, self.copies = runtime, C, copies
         info = runtime.info
-        self.pattern = pat = ReducedPattern(cam, pt, num_cameras, num_points,
-                                            max_run=MAX_RUN_CPU if info.is_cpu else MAX_RUN_GPU,
-                                            camera_order=camera_order)
+        max_run = MAX_RUN_CPU if info.is_cpu else MAX_RUN_GPU
+        if pattern is None or pattern.max_run != max_run:
+            pattern = ReducedPattern(cam, pt, num_cameras, num_points, max_run=max_run, camera_order=camera_order)
+        self.pattern = pat = pattern
         self.system = ReducedCameraSystem(runtime, pat, C, P, R)
         self.system.events = events
         self.n = n = C * pat.nc if copies is None else copies.nf

@@ -121,3 +121,38 @@ def test_what_the_merge_does_not_serve_goes_to_the_general_core(device, tmp_path
     r = solvers.solve(per_image_problem(3, 8, device=device, n_cameras=1), linear_solver="iterative_schur",
                       max_iterations=2, handle_sigint=False)
     assert r.core == "general"
+
+
+def test_a_sparse_camera_graph_with_a_shared_camera_stays_sparse_on_a_cpu(device):
+    """A chain of 180 images with one camera, each point seen by two neighbours: 1,078 columns,
+    a banded reduced matrix. On a CPU device (LAPACK's dense Cholesky on the host) the merge is
+    not taken and the general core factorises it sparse; on a GPU the device factorises it
+    densely."""
+    if not device.info.fp64 or device.info.is_simulator:
+        pytest.skip("the device-resident core needs fp64; a chain is no tiny shape")
+    n_images, per = 180, 6
+    rng = np.random.default_rng(3)
+    poses = np.zeros((n_images, 6))
+    poses[:, 1] = 0.01
+    poses[:, 3] = -0.5 * np.arange(n_images)
+    poses[:, 5] = 5.0
+    points = np.column_stack([0.5 * np.repeat(np.arange(n_images), per) / 1.0 + rng.normal(0, 0.3, n_images * per),
+                              rng.normal(0, 1, n_images * per), rng.normal(0, 1, n_images * per)])
+    img = np.concatenate([np.repeat(np.arange(n_images), per), np.minimum(np.repeat(np.arange(n_images), per) + 1,
+                                                                           n_images - 1)])
+    pt = np.concatenate([np.arange(n_images * per)] * 2)
+    keep = ~((img == n_images - 1) & (pt >= (n_images - 1) * per) & (np.arange(img.size) >= n_images * per))
+    img, pt = img[keep], pt[keep]
+    prob = solvers.Problem(device=device)
+    prob.add_parameter_block("poses", poses)
+    prob.add_parameter_block("intrinsics", np.array([[500.0, 320.0, 240.0, 0.0]]))
+    prob.add_parameter_block("points", points)
+    from solvers import cameras
+    prob.add_residual_block(cameras.get("SIMPLE_RADIAL").residual, ["poses", "intrinsics", "points"],
+                            index=(img, np.zeros_like(img), pt), data=rng.normal(320, 50, (img.size, 2)))
+    prob.set_constant("poses", rows=[0])
+    prob.set_constant("intrinsics", columns=[1, 2])
+    m = merge_groups(prob, "points", shared=True)
+    assert m.num_columns == (n_images - 1) * 6 + 2 > 1000
+    r = solvers.solve(prob, max_iterations=1, handle_sigint=False)
+    assert r.core == ("general" if device.info.is_cpu else "bundle-adjustment")
