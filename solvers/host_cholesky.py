@@ -202,7 +202,8 @@ class Lapack(_BlockEntries):
 
     def factor(self, blocks):
         self._S.ravel()[self._flat] = self.values(blocks)
-        self._factor = lapack_cholesky(self._S)
+        # One BLAS thread for small matrices (faster there), every core for a large nearly full one.
+        self._factor = lapack_cholesky(self._S, single_thread=self.n <= 1000)
 
     def solve(self, rhs):
         with single_threaded_blas():

@@ -342,7 +342,7 @@ class _BACore:
         from .lm_device import device_unavailable_reason
         why = device_unavailable_reason(self.evaluator, opts, self.runtime)
         if self.merged is not None:     # (the host reference holds nothing constant)
-            return why is None and (self.merged.copies is None or self._copies_fit())
+            return why is None and self._merge_fits()
         if why is None:
             return True
         bal_sizes = (self.evaluator.C, self.evaluator.P, self.num_residuals) == (9, 3, 2)
@@ -350,28 +350,34 @@ class _BACore:
             raise ValueError(f"device_resident=True, but {why}")
         return bal_sizes
 
-    def _copies_fit(self) -> bool:
-        """Whether the device takes a merge's shared columns, whose reduced matrix is factorised
-        densely: on GPUs up to solvers.sparse_schur_device's limit; on CPUs (LAPACK) up to 1,000
-        columns, and up to the general core's dense limit where the images' blocks fill as much
-        of the matrix as the general core asks of its dense reductions (a sparse camera graph,
-        a video's, factorises faster sparse there); the keys' matrix in one buffer."""
+    def _merge_fits(self) -> bool:
+        """Whether the device-resident core serves a merge (solvers.merged_groups) faster than
+        the general core would. On GPUs: wherever the keys' matrix of shared columns fits one
+        buffer and their reduced matrix the dense device Cholesky (solvers.sparse_schur_device).
+        On CPUs, where S is factorised on the host: up to 1,000 unknowns (LAPACK, cheap whatever
+        the sparsity); above, a nearly full S (the general core's criterion for its dense
+        reductions) only with shared columns, whose problem columns LAPACK factorises, and a
+        sparse S only without (CHOLMOD from the blocks, as for BAL). A nearly full S of merged
+        rows with constant entries is the general core's: it factorises over the free columns
+        alone (300 images with a camera each: 1.4 s against 1.9 s)."""
         from . import pair_schur, schur, sparse_schur_device
         info, m, ev = self.runtime.info, self.merged, self.evaluator
         nv = m.free.size
-        if 8 * nv * nv > info.max_alloc_bytes:
+        if m.copies is not None and 8 * nv * nv > info.max_alloc_bytes:
             return False
         if not info.is_cpu:
-            return m.num_columns <= sparse_schur_device.DEVICE_DENSE_MAX
-        if m.num_columns <= schur.DENSE_MAX:
+            return m.copies is None or m.num_columns <= sparse_schur_device.DEVICE_DENSE_MAX
+        n = m.num_columns if m.copies is not None else nv
+        if n <= schur.DENSE_MAX:
             return True
-        if m.num_columns > pair_schur.DENSE_MAX_UNKNOWNS:
-            return False
+        if n > pair_schur.DENSE_MAX_UNKNOWNS:
+            return m.copies is None
         from .schur_reduced import MAX_RUN_CPU, ReducedPattern
         # The pattern of the keys' blocks, kept for the solve's own (solvers.sparse_schur_device).
         pat = ReducedPattern(ev.cam, ev.pt, ev.nc, ev.npt, max_run=MAX_RUN_CPU, camera_order=ev.camera_order())
         ev.reduced_pattern = pat
-        return 2 * pat.nblocks - pat.nc >= pair_schur.DENSE_FRACTION * pat.nc * pat.nc
+        full = 2 * pat.nblocks - pat.nc >= pair_schur.DENSE_FRACTION * pat.nc * pat.nc
+        return full == (m.copies is not None)
 
     @property
     def make_state(self):

@@ -8,7 +8,8 @@ where that is fastest:
   but a failure flag.
 - otherwise on the host, from S's nonzero blocks read back (:mod:`solvers.host_cholesky`): the
   dense LAPACK Cholesky up to :data:`HOST_DENSE_MAX` unknowns (the host path's choice, and the
-  fastest there on the BAL problems), the best sparse Cholesky installed above (CHOLMOD).
+  fastest there on the BAL problems) or further where S is nearly full (a COLMAP scene's), the
+  best sparse Cholesky installed above (CHOLMOD).
 
 With merged groups that share a camera (:mod:`solvers.merged_groups`), the cameras are keys whose
 columns copy the problem's (:class:`solvers.key_copies.KeyCopies`): the keys' dense matrix is
@@ -29,7 +30,7 @@ import scipy.linalg
 from clkernels import arrays
 from clkernels.launch import release_kernels
 
-from . import host_cholesky, schur
+from . import host_cholesky, pair_schur, schur
 from .dense_cholesky import DenseCholesky, block_sizes, dense_bytes, padded_size
 from .schur_reduced import MAX_RUN_CPU, MAX_RUN_GPU, ReducedCameraSystem, ReducedPattern
 
@@ -40,16 +41,23 @@ DEVICE_DENSE_MAX = 16384
 DEVICE_DENSE_MAX_CPU = 0
 # The dense matrix may take this fraction of the device memory the rest of the solve leaves.
 DENSE_MEMORY_FRACTION = 0.5
-# The host factorises densely (LAPACK) up to this many unknowns, as solvers.schur does.
+# The host factorises densely (LAPACK) up to this many unknowns, as solvers.schur does, and up to
+# HOST_DENSE_FILL_MAX where at least HOST_DENSE_FILL of S's blocks are nonzero (the general core's
+# criterion for its dense reductions, solvers.pair_schur).
 HOST_DENSE_MAX = schur.DENSE_MAX
+HOST_DENSE_FILL = pair_schur.DENSE_FRACTION
+HOST_DENSE_FILL_MAX = pair_schur.DENSE_MAX_UNKNOWNS
 
 NOT_FINITE, NOT_POSITIVE_DEFINITE = 1, 2      # flag bits (schur_reduced / dense_cholesky templates)
 MSG_NOT_FINITE = "Linear solver failure: non-finite reduced camera matrix."
 MSG_NOT_PD = "Linear solver failure: the reduced camera matrix is not positive definite."
 
 
-def choose_factorisation(info, n_unknowns: int, other_bytes: int) -> str:
-    """``"device"`` or the name of the host factoriser (:data:`host_cholesky.LABELS`)."""
+def choose_factorisation(info, n_unknowns: int, other_bytes: int, fill: float = 0.0) -> str:
+    """``"device"`` or the name of the host factoriser (:data:`host_cholesky.LABELS`). ``fill``:
+    the fraction of S's blocks that are nonzero; a matrix that is nearly full (cameras that all
+    see the same points, as a COLMAP scene's) factorises faster dense on the host at any size up
+    to :data:`HOST_DENSE_FILL_MAX` (a sparse factorisation of it measured 5-15x slower)."""
     limit = DEVICE_DENSE_MAX_CPU if info.is_cpu else DEVICE_DENSE_MAX
     nb, _ = block_sizes(info)
     need = dense_bytes(n_unknowns, nb)
@@ -58,7 +66,9 @@ def choose_factorisation(info, n_unknowns: int, other_bytes: int) -> str:
             and need <= DENSE_MEMORY_FRACTION * max(0, info.global_mem_bytes - other_bytes))
     if n_unknowns <= limit and fits:
         return "device"
-    return "lapack" if n_unknowns <= HOST_DENSE_MAX else host_cholesky.best_sparse()
+    if n_unknowns <= HOST_DENSE_MAX or (fill >= HOST_DENSE_FILL and n_unknowns <= HOST_DENSE_FILL_MAX):
+        return "lapack"
+    return host_cholesky.best_sparse()
 
 
 class DeviceSparseSchur:
@@ -78,7 +88,8 @@ class DeviceSparseSchur:
         self.system = ReducedCameraSystem(runtime, pat, C, P, R)
         self.system.events = events
         self.n = n = C * pat.nc if copies is None else copies.nf
-        self.where = choose_factorisation(info, n, other_bytes + self.system.nbytes)
+        fill = (2 * pat.nblocks - pat.nc) / max(1, pat.nc * pat.nc)
+        self.where = choose_factorisation(info, n, other_bytes + self.system.nbytes, fill)
         self.bytes_to_host = self.bytes_to_device = 0
         if copies is not None:
             # The keys' matrix (the blocks outside the pattern stay zero) and right-hand side.
