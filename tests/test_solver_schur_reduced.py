@@ -266,11 +266,18 @@ def test_choice_of_factorisation():
     assert choose_factorisation(FakeInfo(False, global_mem_bytes=4 << 30), 16000, 3 << 30) == sparse
     assert choose_factorisation(cpu, 657, 0) == "lapack"
     assert choose_factorisation(cpu, ssd.HOST_DENSE_MAX + 1, 0) == sparse
+    # A nearly full S (a COLMAP scene's) is LAPACK's up to its limit; a sparse one stays sparse.
+    assert choose_factorisation(cpu, ssd.HOST_DENSE_MAX + 1, 0, fill=ssd.HOST_DENSE_FILL) == "lapack"
+    assert choose_factorisation(cpu, ssd.HOST_DENSE_FILL_MAX, 0, fill=1.0) == "lapack"
+    assert choose_factorisation(cpu, ssd.HOST_DENSE_FILL_MAX + 1, 0, fill=1.0) == sparse
+    assert choose_factorisation(cpu, ssd.HOST_DENSE_MAX + 1, 0, fill=0.99 * ssd.HOST_DENSE_FILL) == sparse
+    assert choose_factorisation(gpu, 657, 1 << 30, fill=1.0) == "device"
 
 
 ROUTES = {"device": dict(DEVICE_DENSE_MAX_CPU=10 ** 6, DEVICE_DENSE_MAX=10 ** 6),
           "lapack": dict(DEVICE_DENSE_MAX_CPU=0, DEVICE_DENSE_MAX=0),
-          "sparse": dict(DEVICE_DENSE_MAX_CPU=0, DEVICE_DENSE_MAX=0, HOST_DENSE_MAX=0)}
+          # (the small test matrices are nearly full: the fill rule is lifted too)
+          "sparse": dict(DEVICE_DENSE_MAX_CPU=0, DEVICE_DENSE_MAX=0, HOST_DENSE_MAX=0, HOST_DENSE_FILL_MAX=0)}
 
 
 def force_route(monkeypatch, route):
