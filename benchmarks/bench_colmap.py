@@ -72,10 +72,10 @@ def pycolmap_solve(rec, threads):
     return time.perf_counter() - t0, cs
 
 
-def ours_solve(prob, linear_solver):
+def ours_solve(prob, linear_solver, **options):
     t0 = time.perf_counter()
     r = solvers.solve(prob, linear_solver=linear_solver, max_iterations=50, function_tolerance=1e-6,
-                      gradient_tolerance=1e-10, parameter_tolerance=1e-8, handle_sigint=False)
+                      gradient_tolerance=1e-10, parameter_tolerance=1e-8, handle_sigint=False, **options)
     return time.perf_counter() - t0, r
 
 
