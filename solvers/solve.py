@@ -321,6 +321,8 @@ class _BACore:
                                    device=problem.device,
                                    backend=None if problem.backend == "auto" else problem.backend)
         self.model_name = type(self.evaluator.model).__name__
+        if merged is not None:          # the report names the problem's residual kind
+            self.model_name = ", ".join(r.name for r in original.residuals)
         # Residuals per block: the model function's (a model= of another kind: BAL's 2).
         self.num_residuals = block.num_residuals = \
             getattr(getattr(self.evaluator.model, "function", None), "n_outputs", 2)
