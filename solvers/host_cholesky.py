@@ -57,10 +57,17 @@ def best_sparse() -> str:
     return next(name for name in SPARSE_PREFERENCE if installed(name))
 
 
-def lapack_cholesky(M, overwrite: bool = False, single_thread: bool = True):
+# Up to this many unknowns a dense Cholesky is fastest on one BLAS thread; above, on every core.
+SINGLE_THREAD_MAX = 1000
+
+
+def lapack_cholesky(M, overwrite: bool = False, single_thread=None):
     """LAPACK's Cholesky of the dense symmetric ``M`` (``scipy.linalg.cho_factor`` form, for
     ``cho_solve``); raises :class:`NotPositiveDefinite`. ``single_thread``: small matrices factorise
-    fastest on one BLAS thread (:mod:`solvers.blas_threads`), large ones on every core."""
+    fastest on one BLAS thread (:mod:`solvers.blas_threads`), large ones on every core; None
+    decides by size (:data:`SINGLE_THREAD_MAX`)."""
+    if single_thread is None:
+        single_thread = M.shape[0] <= SINGLE_THREAD_MAX
     try:
         with single_threaded_blas() if single_thread else contextlib.nullcontext():
             return scipy.linalg.cho_factor(M, lower=True, overwrite_a=overwrite, check_finite=False)
@@ -202,8 +209,7 @@ class Lapack(_BlockEntries):
 
     def factor(self, blocks):
         self._S.ravel()[self._flat] = self.values(blocks)
-        # One BLAS thread for small matrices (faster there), every core for a large nearly full one.
-        self._factor = lapack_cholesky(self._S, single_thread=self.n <= 1000)
+        self._factor = lapack_cholesky(self._S)
 
     def solve(self, rhs):
         with single_threaded_blas():

@@ -32,7 +32,6 @@ class KeyCopies:
         self.rt = rt = runtime
         column = np.asarray(column, np.int64).ravel()
         self.nv, self.nf, self.K = column.size, int(nf), int(K)
-        self.column = column
         held = np.flatnonzero(column >= 0)
         by_column = held[np.argsort(column[held], kind="stable")]
         start = np.concatenate(([0], np.cumsum(np.bincount(column[held], minlength=self.nf))))

@@ -256,20 +256,23 @@ __kernel void camera_normal(__global const acc *restrict partial,   // (nseg, T 
 }
 
 // diag(J^T J) at vector index i: B's diagonal for the camera part, V's for the point part.
-<%def name="column_norm2()">
+## B's diagonal entry of camera-part element i (i < ncC): camera i / C, entry i % C.
+<%def name="camera_diagonal_entry()">
 <% diag_t = [a * C - a * (a - 1) // 2 for a in range(C)] %>
-    acc col2;
-%if COPIES:
-    if (i < ncC) {
-        col2 = cd[i];
-    } else {
-%else:
-    if (i < ncC) {
         const int c = i / ${C}, a = i - c * ${C};
         const int diag[${C}] = {${', '.join(str(t) for t in diag_t)}};
-        col2 = B[(size_t)c * ${C * (C + 1) // 2} + diag[a]];
-    } else {
+        const acc b_aa = B[(size_t)c * ${C * (C + 1) // 2} + diag[a]];
+</%def>
+<%def name="column_norm2()">
+    acc col2;
+    if (i < ncC) {
+%if COPIES:
+        col2 = cd[i];
+%else:
+${camera_diagonal_entry()}
+        col2 = b_aa;
 %endif
+    } else {
         const int j = i - ncC, p = j / ${P}, a = j - p * ${P};
         col2 = V[(size_t)p * ${P * P} + a * ${P + 1}];
     }
@@ -287,8 +290,8 @@ __kernel void camera_diagonal(__global const real *restrict B, __global real *re
 {
     const int i = get_global_id(0);
     if (i >= ncC) return;
-    const int c = i / ${C}, a = i - c * ${C};
-    cd[i] = B[(size_t)c * ${C * (C + 1) // 2} + a * ${C} - a * (a - 1) / 2];
+${camera_diagonal_entry()}
+    cd[i] = b_aa;
 }
 
 %endif

@@ -61,17 +61,37 @@ class MergedGroups:
         self.slots = [(j, g) for j, g in enumerate(block.groups) if j != e_slot]
         self.key_rows = key_rows                      # per slot: the group row of every merged row
         values = np.concatenate([g.values[r] for (_, g), r in zip(self.slots, key_rows)], axis=1)
-        self.free = np.concatenate([g.free_mask()[r] for (_, g), r in zip(self.slots, key_rows)], axis=1)
+        masks = [g.free_mask()[r] for (_, g), r in zip(self.slots, key_rows)]
+        self.free = np.concatenate(masks, axis=1)
         e = block.groups[e_slot]
         self.free_points = e.free_mask()
+        # Each merged entry's original (slot, row, entry) as one id; the copies of an id, where
+        # rows are shared: (the problem column of each merged entry, -1 where constant; the one
+        # copy of each id that the norms count), else None.
+        bases = np.concatenate([[0], np.cumsum([g.num_rows * g.size for _, g in self.slots])])
+        ids = np.concatenate([base + r[:, None] * g.size + np.arange(g.size)[None, :]
+                              for base, (_, g), r in zip(bases, self.slots, key_rows)], axis=1).ravel()
+        distinct, first = np.unique(ids, return_index=True)
+        count = np.zeros(ids.size, bool)
+        count[first] = True
+        self.copies = None
+        if distinct.size < ids.size:
+            free = self.free.ravel()
+            columns = np.unique(ids[free])
+            column = np.full(ids.size, -1, np.int64)
+            column[free] = np.searchsorted(columns, ids[free])
+            self.copies = (column, count)
+            self.num_columns = columns.size
         # The original problem's state holds only the rows that are not constant and that some
-        # residual uses (Ceres drops the others): their entries stay out of |x|.
-        held = np.concatenate([np.repeat(~g.free_mask()[r].any(axis=1)[:, None], g.size, axis=1)
-                               for (_, g), r in zip(self.slots, key_rows)], axis=1)
+        # residual uses (Ceres drops the others): their entries stay out of |x|, which the device
+        # sums over one copy of each entry (count).
+        held = np.concatenate([np.repeat(~m.any(axis=1)[:, None], g.size, axis=1)
+                               for m, (_, g) in zip(masks, self.slots)], axis=1)
         used = np.zeros(e.num_rows, bool)
         used[block.columns[e_slot]] = True
         dropped = ~self.free_points.any(axis=1) | ~used
-        self.excluded_sq = float(np.sum(values[held] ** 2) + np.sum(e.values[dropped] ** 2))
+        self.excluded_sq = float(np.sum((values.ravel() ** 2)[held.ravel() & count])
+                                 + np.sum(e.values[dropped] ** 2))
         sizes = self.block_sizes = [g.size for _, g in self.slots]
         name = "+".join(g.name for _, g in self.slots)
         p = Problem(dtype=original.dtype, device=original.device, backend=original.backend, name=original.name)
@@ -84,26 +104,6 @@ class MergedGroups:
                              name=block.name, copy=False, index_checked=True)
         self.problem = p
         self.merged_name = name
-        # Each merged entry's original (slot, row, entry) as one id; the copies of an id, where
-        # rows are shared: (the problem column of each merged entry, -1 where constant; the one
-        # copy of each id that the norms count), else None.
-        bases = np.concatenate([[0], np.cumsum([g.num_rows * g.size for _, g in self.slots])])
-        ids = np.concatenate([base + r[:, None] * g.size + np.arange(g.size)[None, :]
-                              for base, (_, g), r in zip(bases, self.slots, key_rows)], axis=1).ravel()
-        distinct, first = np.unique(ids, return_index=True)
-        self.copies = None
-        if distinct.size < ids.size:
-            count = np.zeros(ids.size, bool)
-            count[first] = True
-            free = self.free.ravel()
-            columns = np.unique(ids[free])
-            column = np.full(ids.size, -1, np.int64)
-            column[free] = np.searchsorted(columns, ids[free])
-            self.copies = (column, count)
-            self.num_columns = columns.size
-            # The device counts one copy of each entry in |x| (count); the constant rows come off.
-            self.excluded_sq = float(np.sum((values.ravel() ** 2)[held.ravel() & count])
-                                     + np.sum(e.values[dropped] ** 2))
 
     def parameters(self, solved: dict) -> dict:
         """Every original group's table from the merged problem's ``solved`` tables."""

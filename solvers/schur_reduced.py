@@ -106,6 +106,11 @@ class ReducedPattern:
         self.cam_rhs_run, self.rhs_run_start, self.nrhs_runs = runs.item_run, runs.start, runs.owner.size
 
     @property
+    def fill(self) -> float:
+        """The fraction of S's C x C blocks that are nonzero (both triangles)."""
+        return (2 * self.nblocks - self.nc) / max(1, self.nc * self.nc)
+
+    @property
     def offdiagonal(self) -> np.ndarray:
         return self.block_row != self.block_col
 

@@ -378,8 +378,7 @@ class _BACore:
         # The pattern of the keys' blocks, kept for the solve's own (solvers.sparse_schur_device).
         pat = ReducedPattern(ev.cam, ev.pt, ev.nc, ev.npt, max_run=MAX_RUN_CPU, camera_order=ev.camera_order())
         ev.reduced_pattern = pat
-        full = 2 * pat.nblocks - pat.nc >= pair_schur.DENSE_FRACTION * pat.nc * pat.nc
-        return full == (m.copies is not None)
+        return (pat.fill >= pair_schur.DENSE_FRACTION) == (m.copies is not None)
 
     @property
     def make_state(self):

@@ -88,8 +88,7 @@ class DeviceSparseSchur:
         self.system = ReducedCameraSystem(runtime, pat, C, P, R)
         self.system.events = events
         self.n = n = C * pat.nc if copies is None else copies.nf
-        fill = (2 * pat.nblocks - pat.nc) / max(1, pat.nc * pat.nc)
-        self.where = choose_factorisation(info, n, other_bytes + self.system.nbytes, fill)
+        self.where = choose_factorisation(info, n, other_bytes + self.system.nbytes, pat.fill)
         self.bytes_to_host = self.bytes_to_device = 0
         if copies is not None:
             # The keys' matrix (the blocks outside the pattern stay zero) and right-hand side.
@@ -214,7 +213,7 @@ class DeviceSparseSchur:
         if not (np.all(np.isfinite(S)) and np.all(np.isfinite(rhs))):
             return False, MSG_NOT_FINITE
         try:
-            c = host_cholesky.lapack_cholesky(S, overwrite=True, single_thread=n <= HOST_DENSE_MAX)
+            c = host_cholesky.lapack_cholesky(S, overwrite=True)
         except host_cholesky.NotPositiveDefinite:
             return False, MSG_NOT_PD
         y = np.ascontiguousarray(scipy.linalg.cho_solve(c, rhs, check_finite=False))

@@ -323,7 +323,7 @@ class SparseState:
         try:
             if dense or n <= DENSE_MAX:
                 name = "lapack"
-                c = lapack_cholesky(A if dense else A.toarray(), overwrite=dense, single_thread=n <= DENSE_MAX)
+                c = lapack_cholesky(A if dense else A.toarray(), overwrite=dense)
                 y = scipy.linalg.cho_solve(c, b, check_finite=False)
             elif installed("cholmod"):
                 name = "cholmod"
