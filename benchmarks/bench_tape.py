@@ -36,7 +36,7 @@ from solvers.snavely import snavely_residual  # noqa: E402
 def ladder(info, n, dtype):
     """(name, TapeConfig) rungs for a device: each adds one technique to the previous."""
     C = pc.TapeConfig
-    original = dict(lanes=1, blocks=1, slots=False, fuse=False, layout="node", sweep="each", tables="global",
+    original = dict(lanes=1, blocks=1, slots=False, fuse=False, library=False, preload=False, layout="node", sweep="each", tables="global",
                     wg=64, work_items=arrays.round_up(n, 64))
     rungs = [("original design", C(**original))]
     if info.is_cpu:
@@ -49,6 +49,8 @@ def ladder(info, n, dtype):
                  ("+ 16 vectors per work-item", {"blocks": 16}),
                  ("+ slots by liveness, first contributions assign", {"slots": True}),
                  ("+ superinstructions (a product fused into its sum)", {"fuse": True}),
+                 ("+ library superinstructions (the rotation as one instruction)", {"library": True}),
+                 ("+ inputs loaded before the sweep (no instruction per input)", {"preload": True}),
                  ("+ joint reverse sweep", {"sweep": "joint"}),
                  ("8 vectors per work-item, a sweep per output", {"sweep": "each", "blocks": 8})]
     else:
@@ -59,6 +61,8 @@ def ladder(info, n, dtype):
                  ("+ superinstructions (a product fused into its sum)", {"fuse": True}),
                  ("+ tables in constant memory", {"tables": "constant"}),
                  ("+ persistent grid (1,024 work-items per CU)", {"wg": 128, "work_items": 1024 * info.compute_units}),
+                 ("+ library superinstructions (the rotation as one instruction)", {"library": True}),
+                 ("+ inputs loaded before the sweep (no instruction per input)", {"preload": True}),
                  ("local-memory slots (groups of 64)", {"layout": "local", "wg": 64}),
                  ("joint reverse sweep (local memory)", {"sweep": "joint"})]
     for name, change in steps:   # each rung: the one above with one more change

@@ -108,21 +108,22 @@ class Tape(Backend):
         if config is not None and not isinstance(config, tape.TapeConfig):
             raise TypeError(f"config must be a pyclad.TapeConfig for the tape backend, not {type(config).__name__}")
         super().__init__(traced, dtype, config)
-        self._tables = {}          # (liveness, fused) -> Tables
+        self._tables = {}          # TapeConfig.tables_key() -> Tables
         self._configs = {}         # device -> its TapeConfig
-        self._device_tables = {}   # (context, liveness, fused, joint) -> the tables as kernel arguments
+        self._device_tables = {}   # (context, tables key, joint) -> the tables as kernel arguments
         self._launches = {}        # queue -> (config, the kernel's table and scratch arguments)
 
-    def tables(self, liveness: bool = True, fused: bool = True) -> tape.Tables:
-        if (liveness, fused) not in self._tables:
-            self._tables[liveness, fused] = tape.Tables(self.traced, self.dtype, liveness, fused)
-        return self._tables[liveness, fused]
+    def tables(self, key=(True, True, True)) -> tape.Tables:
+        """The tables of ``key`` = (liveness, fused, library) (TapeConfig.tables_key)."""
+        if key not in self._tables:
+            self._tables[key] = tape.Tables(self.traced, self.dtype, *key)
+        return self._tables[key]
 
     def config_for(self, runtime) -> tape.TapeConfig:
         key = runtime.device.int_ptr
         if key not in self._configs:
             c = self.config or tape.TapeConfig()
-            tables = self.tables(c.slots is not False, c.fuse is not False)
+            tables = self.tables(c.tables_key())
             self._configs[key] = tape.default_config(runtime.info, self.real, tables, self.traced.n_outputs,
                                                      self.config)
         return self._configs[key]
@@ -133,7 +134,7 @@ class Tape(Backend):
 
     def variant(self, runtime, jacobians):
         config = self.config_for(runtime)
-        tb = self.tables(config.slots, config.fuse)
+        tb = self.tables(config.tables_key())
         local = (0, 0)
         if config.layout == "local":
             local = (arrays.round_up(tb.value_slots, 8), arrays.round_up(tb.adjoint_slots[config.joint], 8))
@@ -159,11 +160,11 @@ class Tape(Backend):
         return self.config_for(runtime).wg
 
     def device_tables(self, runtime, config) -> list:
-        key = (runtime.context.int_ptr, config.slots, config.fuse, config.joint)   # buffers belong to a context
+        key = (runtime.context.int_ptr, config.tables_key(), config.joint)   # buffers belong to a context
         if key not in self._device_tables:
             up = lambda a: cla.to_device(runtime.queue, np.ascontiguousarray(a)).data  # noqa: E731
             self._device_tables[key] = [up(a) if isinstance(a, np.ndarray) else a
-                                        for a in self.tables(config.slots, config.fuse).arrays(config.joint)]
+                                        for a in self.tables(config.tables_key()).arrays(config.joint)]
         return self._device_tables[key]
 
     def _launch_args(self, runtime):
@@ -172,7 +173,7 @@ class Tape(Backend):
         key = runtime.queue.int_ptr
         if key not in self._launches:
             config = self.config_for(runtime)
-            tb = self.tables(config.slots, config.fuse)
+            tb = self.tables(config.tables_key())
             per_item = config.blocks * config.lanes * self.dtype.itemsize * config.work_items
             scratch = [] if config.layout == "local" else \
                 [cl.Buffer(runtime.context, cl.mem_flags.READ_WRITE, max(1, slots) * per_item)

@@ -11,7 +11,7 @@ drops nodes the outputs do not need.
 from __future__ import annotations
 
 import numbers
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -99,6 +99,9 @@ class Graph:
         self.consts: List[Optional[float]] = []
         self.leaf: List[Optional[Tuple[int, int]]] = []
         self._cse: Dict[tuple, int] = {}
+        # Library helpers' regions: (helper name, input ids, output ids); the tape may run
+        # one as a single instruction (pyclad.regions).
+        self.regions: List[Tuple[str, Tuple[int, ...], Tuple[int, ...]]] = []
 
     def __len__(self):
         return len(self.ops)
@@ -182,9 +185,15 @@ class Graph:
         return None
 
     # -- orders ---------------------------------------------------------------------------
-    def forward_order(self, outputs: Sequence[int]) -> List[int]:
-        """Every node the outputs need, operands before users (iterative DFS postorder)."""
-        seen, order = set(), []
+    def mark_region(self, name: str, inputs, outputs):
+        """Record that library helper ``name`` computed ``outputs`` from ``inputs`` (scalars)."""
+        self.regions.append((name, tuple(self.as_node(v).id for v in inputs),
+                             tuple(self.as_node(v).id for v in outputs)))
+
+    def forward_order(self, outputs: Sequence[int], stop: Set[int] = frozenset()) -> List[int]:
+        """Every node the outputs need, operands before users (iterative DFS postorder);
+        ``stop``: nodes neither visited nor expanded."""
+        seen, order = set(stop), []
         for root in outputs:
             stack = [(root, False)]
             while stack:

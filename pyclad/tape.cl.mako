@@ -58,6 +58,9 @@ __kernel void pyclad_tape(
     ${TAB} int *restrict seeds,     // per output: its adjoint slot, or -1 if it has no derivative
     ${TAB} int *restrict outputs,   // per output: its value slot
     ${TAB} int *restrict leaf_slots,   // (outputs, ${D}): each input component's adjoint slot, or -1
+%if preload:
+    ${TAB} int *restrict input_slots,  // (${D + data_size}): each input, then data, component's value slot, or -1
+%endif
 %if layout != 'local':
     __global real_t *restrict val, __global real_t *restrict adj,  // the grid's scratch
 %endif
@@ -86,6 +89,10 @@ __kernel void pyclad_tape(
     // contributions instead, and needs no clearing).
     for (int s = 0; s < n_adjoints; ++s) for (int o = 0; o < ${m}; ++o) FOR_K A(s, o, k) = 0;
 %endif
+%if jacobians and zero_slot >= 0 and not joint:
+    // The adjoint of a library superinstruction's output that a sweep did not reach.
+    FOR_K A(${zero_slot}, 0, k) = 0;
+%endif
     for (int base = gid * ${T}; base < n; base += items * ${T}) {
         // The rows each lane reads (the tail lanes repeat the last tuple and are not stored).
 %for l in range(T):
@@ -98,6 +105,31 @@ __kernel void pyclad_tape(
 %endif
 %endfor
         const bool full = base + ${T} <= n;   // no tail lane: stores need no test
+%if preload:
+        // The inputs, unrolled: no dispatch per component (the forward table has no leaves).
+<% offset = 0 %>
+%for g in range(n_groups):
+        for (int c = 0; c < ${group_sizes[g]}; ++c) {
+            const int s = input_slots[${offset} + c];
+            if (s >= 0) {
+%for k in range(blocks):
+                ${gather(f"V(s, {k})", lambda l: f"row{g}_{k * lanes + l}[c]")}
+%endfor
+            }
+        }
+<% offset += group_sizes[g] %>
+%endfor
+%if data_size:
+        for (int c = 0; c < ${data_size}; ++c) {
+            const int s = input_slots[${D} + c];
+            if (s >= 0) {
+%for k in range(blocks):
+                ${gather(f"V(s, {k})", lambda l: f"drow_{k * lanes + l}[c]")}
+%endfor
+            }
+        }
+%endif
+%endif
         for (int i = 0; i < n_fwd; ++i) {
             const int8 f = fwd[i];
             switch (f.s0 & ~${guard_bit}) {  // the guard bit only matters in the reverse sweep

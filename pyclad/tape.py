@@ -33,7 +33,7 @@ import numpy as np
 
 from clkernels import arrays, templates
 
-from . import codegen
+from . import codegen, regions
 from .ops import FUSED, LEAVES, OPS, to_c
 from .trace import Traced
 
@@ -41,6 +41,7 @@ _LEAF_CODES = {leaf: 100 + i for i, leaf in enumerate(LEAVES)}  # past every op 
 GUARDED = 128  # added to the op code of a guarded node (see pyclad.ops on guards)
 INSTRUCTIONS = (*OPS.values(), *FUSED.values())   # what the interpreter's switches dispatch on
 SINK = 0       # the adjoint slot that contributions to non-differentiated operands go to (never read)
+ZERO = 1       # with library superinstructions: an adjoint slot that holds zero (never written)
 FIRST_BIT = 256       # op code + FIRST_BIT << i: operand i's contribution is the first to its slot
 LAYOUTS = ("item", "node", "local")
 
@@ -52,7 +53,10 @@ class TapeConfig:
 
     lanes: tuples per OpenCL vector (1, 2, 4, 8 or 16); blocks: vectors per work-item;
     slots: allocate value and adjoint slots by liveness (else one per node); fuse: superinstructions
-    (a product fused into the sum that uses it, pyclad.ops.FUSED); layout: where a
+    (a product fused into the sum that uses it, pyclad.ops.FUSED); library: library
+    superinstructions (a helper such as ``rotate_angle_axis`` as one instruction,
+    pyclad.regions; needs cases="used"); preload: load every input and data component into its
+    slot before the forward sweep, unrolled (no instruction per input); layout: where a
     work-item's slots live ("item", "node" or "local", see the module docstring); tables:
     "global" or "constant" memory for the instruction tables; sweep: "joint" (one reverse sweep
     carries every output's adjoint: one dispatch and one read of the values per node) or "each"
@@ -64,6 +68,8 @@ class TapeConfig:
     blocks: Optional[int] = None
     slots: Optional[bool] = None
     fuse: Optional[bool] = None
+    library: Optional[bool] = None
+    preload: Optional[bool] = None
     layout: Optional[str] = None
     tables: Optional[str] = None
     sweep: Optional[str] = None
@@ -84,12 +90,21 @@ class TapeConfig:
             raise ValueError(f"TapeConfig.sweep must be 'joint' or 'each', not {self.sweep!r}")
         if self.cases is not None and self.cases not in ("used", "all"):
             raise ValueError(f"TapeConfig.cases must be 'used' or 'all', not {self.cases!r}")
+        if self.library and self.cases == "all":
+            raise ValueError("TapeConfig.library=True needs cases='used' (the kernel of every op has no "
+                             "library superinstructions); give one of them")
         if self.tables is not None and self.tables not in ("global", "constant"):
             raise ValueError(f"TapeConfig.tables must be 'global' or 'constant', not {self.tables!r}")
 
     @property
     def joint(self) -> bool:
         return self.sweep == "joint"
+
+    def tables_key(self):
+        """The Tables switches (liveness, fused, library, preload) of this config, defaults
+        resolved."""
+        return (self.slots is not False, self.fuse is not False,
+                self.library is not False and self.cases != "all", self.preload is not False)
 
 
 CPU_SCRATCH_BYTES = 24 << 10   # a CPU work-item's slots: within a core's L1 data cache
@@ -116,10 +131,10 @@ def default_config(info, real: str, tables: "Tables", n_outputs: int,
         blocks = 8   # more measure no faster (benchmarks/bench_tape.py) and build longer
         while blocks > 1 and blocks * per_block > CPU_SCRATCH_BYTES:
             blocks //= 2
-        d = dict(lanes=lanes, blocks=blocks, slots=True, fuse=True, cases="used", layout="item", tables="global", sweep="each",
+        d = dict(lanes=lanes, blocks=blocks, slots=True, fuse=True, library=c.cases != "all", preload=True, cases="used", layout="item", tables="global", sweep="each",
                  wg=1, work_items=64 * max(1, info.compute_units))
     else:
-        d = dict(lanes=1, blocks=1, slots=True, fuse=True, cases="used", layout="node", sweep="each",
+        d = dict(lanes=1, blocks=1, slots=True, fuse=True, library=c.cases != "all", preload=True, cases="used", layout="node", sweep="each",
                  tables="constant" if tables.nbytes() <= info.max_constant_bytes // 2 else "global",
                  wg=128, work_items=1024 * max(1, info.compute_units))
     d.update({k: v for k, v in dataclasses.asdict(c).items() if v is not None})
@@ -151,15 +166,17 @@ def _operand_loads(op, fields) -> str:
 _NAMES = {s: f"x{s}" for s in "abcrg"}
 
 
-def forward_cases(real: str, codes=None) -> List[str]:
+def forward_cases(real: str, codes=None, table: str = "__global const") -> List[str]:
     """One switch case per op (those of ``codes`` only, if given): the forward instruction
-    (op, dst, a, b, c) over the blocks."""
+    (op, dst, a, b, c) over the blocks; with ``codes``, also the library superinstructions
+    among them (``table``: the tables' address space, which their cases read rows through)."""
     return [f"case OP_{op.name.upper()}: FOR_K {{ {_operand_loads(op, ('f.s2', 'f.s3', 'f.s4'))}"
             f"V(f.s1, k) = {to_c(op.forward, _NAMES, real)}; }} break;"
-            for op in INSTRUCTIONS if codes is None or op.code in codes]
+            for op in INSTRUCTIONS if codes is None or op.code in codes] + \
+        [r.forward_case(real, table) for r in regions.regions() if codes is not None and r.code in codes]
 
 
-def reverse_cases(real: str, joint_outputs: int = 0, labels=None) -> List[str]:
+def reverse_cases(real: str, joint_outputs: int = 0, labels=None, table: str = "__global const") -> List[str]:
     """The reverse instructions' switch cases, per differentiable op (and its guarded variant).
 
     A sweep per output (``joint_outputs`` = 0): the instruction reads its node's adjoint and adds
@@ -170,8 +187,15 @@ def reverse_cases(real: str, joint_outputs: int = 0, labels=None) -> List[str]:
     reaches the node (bit o of its mask); the values are read once per output plane, and each
     plane's adjoint is cleared when read, since "first" differs between planes. Either way the
     contributions come in the order of m separate sweeps, so the bits are the same. ``labels``:
-    only the cases of these labels (op code with its guard and first bits)."""
+    only the cases of these labels (op code with its guard and first bits), library
+    superinstructions among them."""
     cases = []
+    for label in sorted(labels or ()):
+        code = label % FIRST_BIT
+        if code in regions.CODES:
+            r = next(r for r in regions.regions() if r.code == code)
+            first = [bool(label >> (8 + k) & 1) for k in range(r.n_in)]
+            cases.append(r.reverse_case(real, table, label, first, joint_outputs))
     for op in INSTRUCTIONS:
         if not op.differentiable:
             continue
@@ -212,11 +236,13 @@ def render(group_sizes, data_size: int, n_outputs: int, real: str, jacobians: bo
     its arrays by)."""
     opcodes = [(op.name, op.code) for op in INSTRUCTIONS] + list(_LEAF_CODES.items())
     codes, labels = instructions if instructions is not None else (None, None)
+    table = "__constant" if config.tables == "constant" else "__global const"
     return templates.render(
         "pyclad/tape.cl.mako", real=real, opcodes=opcodes, n_groups=len(group_sizes),
         group_sizes=tuple(group_sizes), data_size=data_size, n_outputs=n_outputs,
-        jacobians=jacobians, forward_cases=forward_cases(real, codes),
-        reverse_cases=reverse_cases(real, n_outputs if config.joint else 0, labels),
+        jacobians=jacobians, forward_cases=forward_cases(real, codes, table),
+        reverse_cases=reverse_cases(real, n_outputs if config.joint else 0, labels, table),
+        zero_slot=ZERO if codes is not None and codes & regions.CODES else -1, preload=config.preload is not False,
         joint=config.joint,
         guard_bit=GUARDED, lanes=config.lanes, blocks=config.blocks, layout=config.layout,
         tables=config.tables, wg=config.wg, local_slots=local_slots)
@@ -245,60 +271,104 @@ def instructions(traced: Traced):
     graph = traced.graph
     ops = {n: (graph.ops[n] if graph.ops[n] in LEAVES else OPS[graph.ops[n]]) for n in traced.order}
     args = {n: tuple(graph.args[n]) for n in traced.order if graph.ops[n] not in LEAVES}
-    return list(traced.order), ops, args
+    return list(traced.order), ops, args, {}
 
 
-def fuse(traced: Traced):
-    """:func:`instructions` with each product whose only use is a sum or a difference fused into
-    it (pyclad.ops.FUSED). The product is then never stored."""
+def fuse(traced: Traced, products: bool = True, library: bool = True):
+    """:func:`instructions` with superinstructions, plus ``produces`` (region instruction ->
+    its output nodes).
+
+    ``library``: each marked region that is exactly its helper's trace becomes one instruction
+    (pyclad.regions), keyed by a new id past the graph's nodes, with its inputs as operands; the
+    order is then the DFS postorder of the fused graph. ``products``: each product whose only
+    use is a sum or a difference is fused into it (pyclad.ops.FUSED) and never stored."""
     graph = traced.graph
+    order, ops, args, produces = instructions(traced)
+    if library:
+        found = regions.find(traced)
+        producer = {}
+        for i, f in enumerate(found):
+            rid = len(graph) + i
+            ops[rid], args[rid], produces[rid] = f.region, f.inputs, f.outputs
+            producer.update((o, rid) for o in f.outputs)
+            for n in f.internal:
+                ops.pop(n, None)
+                args.pop(n, None)
+        if found:
+            # Users of a region's outputs depend on its instruction; DFS from the outputs again.
+            deps = lambda n: tuple(dict.fromkeys(producer.get(a, a) for a in args.get(n, ())))  # noqa: E731
+            seen, order = set(), []
+            for root in dict.fromkeys(producer.get(o, o) for o in traced.outputs):
+                stack = [(root, False)]
+                while stack:
+                    node, expanded = stack.pop()
+                    if expanded:
+                        order.append(node)
+                    elif node not in seen:
+                        seen.add(node)
+                        stack.append((node, True))
+                        stack.extend((d, False) for d in reversed(deps(node)) if d not in seen)
+    if not products:
+        return order, ops, args, produces
     uses: Dict[int, int] = {}
-    for node in traced.order:
-        if graph.ops[node] not in LEAVES:
-            for arg in graph.args[node]:
-                uses[arg] = uses.get(arg, 0) + 1
+    for node in order:
+        for arg in args.get(node, ()):
+            uses[arg] = uses.get(arg, 0) + 1
     outputs = set(traced.outputs)
-    _, ops, args = instructions(traced)
     absorbed = set()
-    for node in traced.order:
-        op = graph.ops[node]
-        if op not in ("add", "sub"):
+    for node in order:
+        if node in produces or graph.ops[node] not in ("add", "sub") or ops[node] not in OPS.values():
             continue
-        for position, m in enumerate(graph.args[node]):
-            if graph.ops[m] == "mul" and uses[m] == 1 and m not in outputs and m not in absorbed:
-                other = graph.args[node][1 - position]
+        op = graph.ops[node]
+        for position, m in enumerate(args[node]):
+            if m in ops and ops[m] is OPS["mul"] and uses[m] == 1 and m not in outputs and m not in absorbed:
+                other = args[node][1 - position]
                 name = "muladd" if op == "add" else ("mulsub" if position == 0 else "mulrsub")
-                ops[node], args[node] = FUSED[name], (*graph.args[m], other)
+                ops[node], args[node] = FUSED[name], (*args[m], other)
                 absorbed.add(m)
                 break
-    return [n for n in traced.order if n not in absorbed], ops, args
+    return [n for n in order if n not in absorbed], ops, args, produces
 
 
 class Tables:
     """The instruction tables of a traced graph.
 
-    forward (n, 8) int32: (op, dst value slot, operand value slots a, b, c, constant index);
-    leaves: (op, dst, group, component). Per sweep scheme (``joint`` False or True, the dicts'
-    keys): reverse (k, 3, 4) int32, every sweep's instructions concatenated
+    forward (rows, 8) int32: (op, dst value slot, operand value slots a, b, c, constant index);
+    leaves: (op, dst, group, component); a library superinstruction takes
+    ``Region.forward_rows()`` rows (pyclad.regions). Per sweep scheme (``joint`` False or True,
+    the dicts' keys): reverse (k, 3, 4) int32, every sweep's instructions concatenated
     [(op, value slot of r, adjoint slot of the node, mask of outputs reached (joint)),
-    (value slots of a, b, c), (adjoint slots of a, b, c)]; rev_offsets; seeds (each output's
-    adjoint slot, or -1); leaf_slots (m, D): each output's adjoint slot of every input
-    component, or -1.
+    (value slots of a, b, c), (adjoint slots of a, b, c)], a superinstruction taking
+    ``Region.reverse_units()`` of them; rev_offsets; seeds (each output's adjoint slot, or -1);
+    leaf_slots (m, D): each output's adjoint slot of every input component, or -1.
 
-    ``liveness``: slots by liveness (else one per node); ``fused``: superinstructions."""
+    ``liveness``: slots by liveness (else one per node); ``fused``: product superinstructions;
+    ``library``: library superinstructions (pyclad.regions). With a library superinstruction,
+    adjoint slot 1 holds zero (the adjoint of a region output no sweep reached)."""
 
-    def __init__(self, traced: Traced, dtype, liveness: bool = True, fused: bool = True):
-        order, self.ops, self.args = (fuse if fused else instructions)(traced)
+    def __init__(self, traced: Traced, dtype, liveness: bool = True, fused: bool = True, library: bool = True,
+                 preload: bool = True):
+        order, self.ops, self.args, self.produces = fuse(traced, fused, library)
+        self.preload = preload
+        # preload: the inputs' components take their slots before the first instruction
+        leaves = [n for comps in (*traced.inputs, traced.data) for n in comps if n >= 0] if preload else []
+        if preload:
+            order = [n for n in order if self.ops.get(n) not in ("input", "data")]
         self.order = order
-        pos = {node: i for i, node in enumerate(order)}
         self.n_nodes = len(order)
+        self.n_library = len(self.produces)
+        self.zero_slot = ZERO if self.produces else -1
         graph = traced.graph
+        results = lambda node: self.produces.get(node, (node,))  # noqa: E731 - the nodes an instruction computes
         # -- the reverse sweeps, as codegen unrolls them: which nodes each visits, and what
         # each contribution reads.
         sweeps = [self._sweep(traced, o) for o in traced.outputs]
         needed_in_reverse = set()
         for sweep in sweeps:
             for node, contribs in sweep:
+                if node in self.produces:   # its case recomputes from the inputs
+                    needed_in_reverse.update(self.args[node])
+                    continue
                 vjps = self.ops[node].vjp_exprs(node in traced.guarded)
                 uses = set().union(*(_uses(v) for v in vjps))
                 if "r" in uses:
@@ -309,37 +379,54 @@ class Tables:
         # -- value slots: a value lives from its node to its last forward use, or to the end
         # when a reverse sweep or an output reads it.
         last = {}
-        for node in order:
+        for i, node in enumerate(order):
             for arg in self.args.get(node, ()):
-                last[arg] = pos[node]
+                last[arg] = i
         keep = needed_in_reverse | set(traced.outputs)
         vslot, values = {}, _Slots()
         dying: Dict[int, List[int]] = {}
-        for i, node in enumerate(order):
-            vslot[node] = values.take() if liveness else i
+        ids = {}   # without liveness: a slot per computed node
+        for node in leaves:
+            vslot[node] = values.take() if liveness else ids.setdefault(node, len(ids))
             if liveness and node not in keep:
-                dying.setdefault(last.get(node, i), []).append(node)
+                dying.setdefault(last.get(node, 0), []).append(node)
+        for i, node in enumerate(order):
+            for r in results(node):
+                vslot[r] = values.take() if liveness else ids.setdefault(r, len(ids))
+                if liveness and r not in keep:
+                    dying.setdefault(last.get(r, i), []).append(r)
             for gone in dying.pop(i, []):   # after instruction i has read them
                 values.give(vslot[gone])
-        self.value_slots = values.count if liveness else self.n_nodes
-        self.reverse, self.rev_offsets, self.leaf_slots, self.adjoint_slots = {}, {}, {}, {}
-        self.forward = np.zeros((self.n_nodes, 8), np.int32)
-        self.consts = np.zeros(max(1, self.n_nodes), dtype)
-        for i, node in enumerate(order):
+        self.value_slots = values.count if liveness else len(ids)
+        self.reverse, self.rev_offsets, self.leaf_slots, self.adjoint_slots, self.labels = {}, {}, {}, {}, {}
+        rows, consts = [], {}
+        for node in order:
             op = self.ops[node]
-            row = self.forward[i]
+            if node in self.produces:
+                record = [op.code, *(vslot[r] for r in self.produces[node]), *(vslot[a] for a in self.args[node])]
+                record += [0] * (8 * op.forward_rows() - len(record))
+                rows.extend(record[k:k + 8] for k in range(0, len(record), 8))
+                continue
+            row = [0] * 8
             row[1] = vslot[node]
             if op in LEAVES:
                 row[0] = _LEAF_CODES[op]
                 if op == "const":
-                    self.consts[i] = graph.consts[node]
-                    row[5] = i
+                    consts[len(rows)] = graph.consts[node]
+                    row[5] = len(rows)
                 else:
                     row[2:4] = graph.leaf[node]
             else:
                 row[0] = op.code + (GUARDED if node in traced.guarded else 0)
                 for k, arg in enumerate(self.args[node]):
                     row[2 + k] = vslot[arg]
+            rows.append(row)
+        self.n_rows = len(rows)
+        self.forward = np.array(rows or [[0] * 8], np.int32).reshape(-1, 8)   # (a buffer is never empty)
+        self.consts = np.zeros(max(1, len(rows)), dtype)
+        for i, value in consts.items():
+            self.consts[i] = value
+        self.codes = self._codes()
         # -- adjoint slots: from a node's first contribution to its own instruction (inputs: to
         # the Jacobian store). Slot 0 is the sink. Each sweep ("each") or the one joint sweep
         # ("joint": a slot holds every output's adjoint of its node) allocates its own.
@@ -351,9 +438,9 @@ class Tables:
             self.seeds[joint] = np.full(traced.n_outputs, -1, np.int32)
             self.leaf_slots[joint] = np.full((traced.n_outputs, D), -1, np.int32)
             groups = [[o] for o in range(traced.n_outputs)] if not joint else [list(range(traced.n_outputs))]
-            rows, offsets, count = [], [0], 1
+            rows, offsets, count, labels = [], [0], 1 + (ZERO if self.produces else 0), set()
             for outs in groups:
-                aslot, written = self._allocate(traced, sweeps, outs, vslot, rows, liveness, joint)
+                aslot, written = self._allocate(traced, sweeps, outs, vslot, rows, labels, liveness, joint)
                 for o in outs:
                     if traced.outputs[o] in traced.active:
                         self.seeds[joint][o] = aslot[traced.outputs[o]]
@@ -362,27 +449,35 @@ class Tables:
                             self.leaf_slots[joint][o, col] = aslot[node]
                 count = max(count, 1 + max(aslot.values(), default=0))
                 offsets.append(len(rows))
-            self.adjoint_slots[joint] = count if liveness else self.n_nodes + 1
+            self.adjoint_slots[joint] = count
+            self.labels[joint] = frozenset(labels)
             self.reverse[joint] = np.array(rows, np.int32).reshape(-1, 3, 4) if rows else np.zeros((1, 3, 4), np.int32)
             self.rev_offsets[joint] = np.array(offsets, np.int32)
         self.outputs = np.array([vslot[o] for o in traced.outputs], np.int32)
+        # each input component's value slot, then each data component's (-1: unused)
+        self.input_slots = np.array([vslot.get(n, -1) if n >= 0 else -1
+                                     for comps in (*traced.inputs, traced.data) for n in comps] or [-1], np.int32)
 
-    def _allocate(self, traced, sweeps, outs, vslot, rows, liveness, joint):
+    def _codes(self) -> frozenset:
+        """The forward op codes (leaves and guards aside) of the instructions."""
+        return frozenset(self.ops[n].code for n in self.order if self.ops[n] not in LEAVES)
+
+    def _allocate(self, traced, sweeps, outs, vslot, rows, labels, liveness, joint):
         """The reverse instructions of the sweeps of outputs ``outs`` (one sweep if joint),
-        appended to ``rows``; returns each node's adjoint slot and the (node, plane) pairs that
-        received an adjoint."""
+        appended to ``rows`` (their case labels to ``labels``); returns each node's adjoint
+        slot and the (node, plane) pairs that received an adjoint."""
         reached = {}   # node -> mask of the outputs whose sweep reaches it, with its contributions
         contribs = {}
         for o in outs:
             for node, c in sweeps[o]:
                 reached[node] = reached.get(node, 0) | (1 << (o - outs[0]))
                 contribs[node] = c
-        slots, aslot = _Slots(first_free=1), {}
-        ids = {node: 1 + i for i, node in enumerate(self.order)}   # without liveness
+        first_free = ZERO + 1 if self.produces else SINK + 1
+        slots, aslot, ids = _Slots(first_free=first_free), {}, {}
 
         def slot_of(node):
             if node not in aslot:
-                aslot[node] = slots.take() if liveness else ids[node]
+                aslot[node] = slots.take() if liveness else ids.setdefault(node, first_free + len(ids))
             return aslot[node]
         written = set()   # (node, plane): its adjoint in that plane has been assigned
         for o in outs:
@@ -392,15 +487,18 @@ class Tables:
         for node in reversed(self.order):
             if node not in reached:
                 continue
-            own = aslot[node]
-            args = self.args[node]
-            code = self.ops[node].code + (GUARDED if node in traced.guarded else 0)
             mask = reached[node]
-            vjps = self.ops[node].vjp_exprs(node in traced.guarded)
+            region = node in self.produces
+            owns = [aslot.get(r, ZERO) for r in self.produces[node]] if region else [aslot[node]]
             if liveness:
-                slots.give(own)           # read before the instruction's first assignment
+                for own in owns:
+                    if own != ZERO or not region:
+                        slots.give(own)   # read before the instruction's first assignment
+            op = self.ops[node]
+            vjps = op.vjp_exprs(node in traced.guarded) if not region else [
+                "g" if c else None for c in op.contributes]   # only None-ness matters here
             r2, first = [], 0
-            for i, a in enumerate(args):
+            for i, a in enumerate(self.args[node]):
                 if a not in contribs[node]:
                     r2.append(SINK)
                     if vjps[i] is not None:       # a case writes it: let it assign, as the
@@ -411,10 +509,18 @@ class Tables:
                     if mask >> plane & 1 and (a, plane) not in written:
                         written.add((a, plane))
                         first |= FIRST_BIT << i
+            code = op.code + (GUARDED if node in traced.guarded else 0)
             if not joint:
                 code += first             # the case that assigns these (joint: slots are cleared)
-            r0 = [code, vslot[node], own, mask if joint else 0]
-            r1 = [vslot[a] for a in args] + [0] * (4 - len(args))
+            labels.add(code)
+            if region:
+                record = [code, 0, 0, mask if joint else 0, *owns, *(vslot[a] for a in self.args[node]), *r2]
+                record += [0] * (12 * op.reverse_units() - len(record))
+                rows.extend([record[k:k + 4], record[k + 4:k + 8], record[k + 8:k + 12]]
+                            for k in range(0, len(record), 12))
+                continue
+            r0 = [code, vslot[node], owns[0], mask if joint else 0]
+            r1 = [vslot[a] for a in self.args[node]] + [0] * (4 - len(self.args[node]))
             r2 += [SINK] * (4 - len(r2))
             rows.append([r0, r1, r2])
         return aslot, written
@@ -426,6 +532,13 @@ class Tables:
         if output not in traced.active:
             return sweep
         for node in reversed(self.order):
+            if node in self.produces:
+                if reached.intersection(self.produces[node]):
+                    contribs = {a for a, c in zip(self.args[node], self.ops[node].contributes)
+                                if c and a in traced.active}
+                    reached |= contribs
+                    sweep.append((node, contribs))
+                continue
             if node not in reached or node not in traced.active or self.ops[node] in LEAVES:
                 continue
             vjps = self.ops[node].vjp_exprs(node in traced.guarded)
@@ -437,14 +550,12 @@ class Tables:
     def instructions(self, joint: bool):
         """The forward op codes and reverse case labels these tables use (hashable): a kernel
         compiled with only their cases runs every graph whose instructions they cover."""
-        forward = frozenset(int(c) & ~GUARDED for c in self.forward[:, 0] if (int(c) & ~GUARDED) < 100)
-        reverse = frozenset(int(c) for c in self.reverse[joint][:, 0, 0])
-        return forward, reverse
+        return self.codes, self.labels[joint]
 
     def arrays(self, joint: bool) -> list:
         """The kernel's table arguments, in its order."""
-        return [self.forward, self.consts, np.int32(self.n_nodes), self.reverse[joint], self.rev_offsets[joint],
-                self.seeds[joint], self.outputs, self.leaf_slots[joint]]
+        return [self.forward, self.consts, np.int32(self.n_rows), self.reverse[joint], self.rev_offsets[joint],
+                self.seeds[joint], self.outputs, self.leaf_slots[joint], *([self.input_slots] if self.preload else [])]
 
     def nbytes(self, joint: bool = True) -> int:
         joint = joint and joint in self.reverse

@@ -164,7 +164,11 @@ def rotate_angle_axis(w: Vector, x: Vector) -> Vector:
     unit = w * (1.0 / theta)
     full = x * cos_t + cross(unit, x) * sin_t + unit * (dot(unit, x) * (1.0 - cos_t))
     small = x + cross(w, x)
-    return Vector(where(big, f, s) for f, s in zip(full, small))
+    rotated = Vector(where(big, f, s) for f, s in zip(full, small))
+    graph = _graph_of(w, x)
+    if graph is not None:   # the tape may run these nodes as one instruction (pyclad.regions)
+        graph.mark_region("rotate_angle_axis", [*w.items, *x.items], rotated.items)
+    return rotated
 
 
 __all__ = ["Vector", "vector", "dot", "cross", "norm", "rotate_angle_axis", "ANGLE_AXIS_EPSILON",

@@ -19,7 +19,8 @@ C = pc.TapeConfig
 # Every switch at least once, and a grid far smaller than the tuples (the persistent loop turns).
 VARIANTS = {
     "default": None,
-    "scalar-each-noslots-nofuse": C(lanes=1, blocks=1, slots=False, fuse=False, sweep="each"),
+    "scalar-each-noslots-nofuse": C(lanes=1, blocks=1, slots=False, fuse=False, library=False, preload=False,
+                                    sweep="each"),
     "node-layout-joint": C(lanes=1, blocks=1, layout="node", sweep="joint", wg=8, work_items=16),
     "vec2x3-joint-constant": C(lanes=2, blocks=3, sweep="joint", tables="constant"),
     "vec8x2-each-tiny-grid": C(lanes=8, blocks=2, sweep="each", wg=1, work_items=2),
@@ -119,11 +120,13 @@ def test_a_product_with_two_uses_or_an_output_is_not_fused():
 
 def test_slots_by_liveness_are_fewer_than_nodes():
     t = pc.trace(snavely_residual, (9, 3), 2)
-    live, flat = tape.Tables(t, np.float64), tape.Tables(t, np.float64, liveness=False)
+    # (nodes as instructions: no library superinstructions, inputs as instructions)
+    live = tape.Tables(t, np.float64, library=False, preload=False)
+    flat = tape.Tables(t, np.float64, liveness=False, library=False, preload=False)
     assert live.value_slots < live.n_nodes // 2 and live.adjoint_slots[False] < live.n_nodes // 2
     assert flat.value_slots == flat.n_nodes
     # the superinstructions removed nodes: fewer instructions than the graph's nodes
-    assert live.n_nodes < tape.Tables(t, np.float64, fused=False).n_nodes
+    assert live.n_nodes < tape.Tables(t, np.float64, fused=False, library=False, preload=False).n_nodes
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
