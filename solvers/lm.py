@@ -78,6 +78,12 @@ class Options:
     # checkpoint_every iterations. None writes nothing.
     checkpoint: Optional[str] = None
     checkpoint_every: int = 1
+    # Split the points over several OpenCL devices of this host (a list of device specs, or
+    # "all": every GPU of the chosen platform) or over the ranks of an mpi4py communicator
+    # (``comm``; one part per rank, ``devices`` then lists the devices of a host's ranks):
+    # solvers.partitioned. None: one device.
+    devices: Optional[object] = None
+    comm: Optional[object] = None
 
     def check(self):
         if self.linear_solver not in LINEAR_SOLVERS:
@@ -101,6 +107,16 @@ class Options:
                              f"iterations), got {every!r}")
         if self.checkpoint is not None:
             self._check_checkpoint_path()
+        if self.devices is not None or self.comm is not None:
+            if self.device_resident is True:
+                raise ValueError("device_resident=True keeps one device's state; devices= and comm= split the "
+                                 "problem over several (solvers.partitioned): leave device_resident unset")
+            if self.comm is not None and not hasattr(self.comm, "Allreduce"):
+                raise TypeError(f"comm must be an mpi4py communicator (mpi4py.MPI.COMM_WORLD), "
+                                f"got {type(self.comm).__name__}")
+            if self.comm is not None and self.checkpoint is not None:
+                raise ValueError("checkpoint= with comm=: not supported (every rank would write); "
+                                 "write the result on rank 0 instead")
 
     def _check_checkpoint_path(self):
         """Refuse at once a checkpoint path that could never be written (rather than after the

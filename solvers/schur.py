@@ -277,50 +277,13 @@ class NormalEquations:
 
     def dense_reduced_matrix(self, blocks, diag):
         """S (9 nc x 9 nc) from :meth:`reduced_camera_system`'s blocks and diagonal."""
-        pairs, nc = self.st.pairs(), self.st.nc
-        S = np.zeros((nc, 9, nc, 9))
-        ci = np.arange(nc)
-        S[ci, :, ci, :] = diag
-        off = pairs.block_row != pairs.block_col
-        S[pairs.block_row, :, pairs.block_col, :] += blocks
-        S[pairs.block_col[off], :, pairs.block_row[off], :] += blocks[off].transpose(0, 2, 1)
-        return S.reshape(9 * nc, 9 * nc)
+        return dense_reduced_matrix(self.st.pairs(), self.st.nc, blocks, diag)
 
     def _solve_explicit(self, Vinv, Dc2):
-        st = self.st
-        pairs = st.pairs()
         blocks, diag, rhs = self.reduced_camera_system(Vinv, Dc2)
-        nc = st.nc
         if not np.all(np.isfinite(blocks)) or not np.all(np.isfinite(diag)) or not np.all(np.isfinite(rhs)):
             return None, False, 1, "Linear solver failure: non-finite reduced camera matrix."
-        if 9 * nc <= DENSE_MAX:
-            S = self.dense_reduced_matrix(blocks, diag)
-            try:
-                with single_threaded_blas():
-                    factor = scipy.linalg.cho_factor(S, lower=False, check_finite=False)
-                    y = scipy.linalg.cho_solve(factor, rhs, check_finite=False)
-            except np.linalg.LinAlgError:
-                return None, False, 1, "Linear solver failure: the reduced camera matrix is not positive definite."
-            return y.reshape(nc, 9), True, 1, "Success."
-        return self._solve_sparse(pairs, blocks, diag, rhs)
-
-    def _solve_sparse(self, pairs, blocks, diag, rhs):
-        nc = self.st.nc
-        pat = _reduced_pattern(pairs, nc)
-        blk = blocks.copy()
-        blk[pat.diag_blocks] += diag[pat.diag_cams]
-        full = np.concatenate([blk, diag[pat.lonely_cams], blk[pat.off].transpose(0, 2, 1)])
-        S = sp.csc_matrix((full.ravel()[pat.perm], pat.indices, pat.indptr), shape=(9 * nc, 9 * nc))
-        try:
-            lu = spla.splu(S, permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.0,
-                           options={"SymmetricMode": True})
-        except RuntimeError as e:
-            return None, False, 1, f"Linear solver failure: {e}"
-        # With a symmetric ordering and no pivoting, U's diagonal holds the pivots of an LDL^T
-        # factorisation: all positive iff S is positive definite (what a Cholesky would check).
-        if not np.all(lu.U.diagonal() > 0):
-            return None, False, 1, "Linear solver failure: the reduced camera matrix is not positive definite."
-        return lu.solve(rhs).reshape(nc, 9), True, 1, "Success."
+        return solve_reduced(self.st.pairs(), self.st.nc, blocks, diag, rhs)
 
     # ------------------------------------------------------------------ iterative_schur
     def _pcg_operator(self, Vinv, Dc2):
@@ -363,6 +326,48 @@ class NormalEquations:
         x, ok, its, msg = conjugate_gradients(apply_S, b, lambda v: P @ v, q_tolerance=eta,
                                               r_tolerance=r_tolerance, max_iterations=max_iterations)
         return (x.reshape(st.nc, 9) if x is not None else None), ok, its, msg
+
+
+def dense_reduced_matrix(pairs: Pairs, nc: int, blocks, diag):
+    """S (9 nc x 9 nc) from the upper-triangle pair blocks (``pairs``' block rows and columns)
+    and the diagonal blocks ``diag`` (nc, 9, 9)."""
+    S = np.zeros((nc, 9, nc, 9))
+    ci = np.arange(nc)
+    S[ci, :, ci, :] = diag
+    off = pairs.block_row != pairs.block_col
+    S[pairs.block_row, :, pairs.block_col, :] += blocks
+    S[pairs.block_col[off], :, pairs.block_row[off], :] += blocks[off].transpose(0, 2, 1)
+    return S.reshape(9 * nc, 9 * nc)
+
+
+def solve_reduced(pairs: Pairs, nc: int, blocks, diag, rhs):
+    """Solve the reduced camera system ``S yc = rhs`` (S from ``pairs``' blocks and ``diag``,
+    as :func:`dense_reduced_matrix`) -> ``(yc (nc, 9), ok, iterations, message)``: dense
+    Cholesky (LAPACK) up to DENSE_MAX unknowns, else SuperLU's LDL^T with a symmetric ordering."""
+    if 9 * nc <= DENSE_MAX:
+        S = dense_reduced_matrix(pairs, nc, blocks, diag)
+        try:
+            with single_threaded_blas():
+                factor = scipy.linalg.cho_factor(S, lower=False, check_finite=False)
+                y = scipy.linalg.cho_solve(factor, rhs, check_finite=False)
+        except np.linalg.LinAlgError:
+            return None, False, 1, "Linear solver failure: the reduced camera matrix is not positive definite."
+        return y.reshape(nc, 9), True, 1, "Success."
+    pat = _reduced_pattern(pairs, nc)
+    blk = blocks.copy()
+    blk[pat.diag_blocks] += diag[pat.diag_cams]
+    full = np.concatenate([blk, diag[pat.lonely_cams], blk[pat.off].transpose(0, 2, 1)])
+    S = sp.csc_matrix((full.ravel()[pat.perm], pat.indices, pat.indptr), shape=(9 * nc, 9 * nc))
+    try:
+        lu = spla.splu(S, permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.0,
+                       options={"SymmetricMode": True})
+    except RuntimeError as e:
+        return None, False, 1, f"Linear solver failure: {e}"
+    # With a symmetric ordering and no pivoting, U's diagonal holds the pivots of an LDL^T
+    # factorisation: all positive iff S is positive definite (what a Cholesky would check).
+    if not np.all(lu.U.diagonal() > 0):
+        return None, False, 1, "Linear solver failure: the reduced camera matrix is not positive definite."
+    return lu.solve(rhs).reshape(nc, 9), True, 1, "Success."
 
 
 @dataclasses.dataclass

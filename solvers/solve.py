@@ -227,6 +227,9 @@ def solve(problem, linear_solver: str = "sparse_schur", eliminate="auto", max_it
             raise ValueError("model= is for a problem of one residual kind over a camera group and an "
                              "eliminated group with nothing constant; this problem is evaluated with pyclad")
         core = _GeneralCore(problem, eliminated, opts)
+    if (opts.devices is not None or opts.comm is not None) and not isinstance(core, _BACore):
+        raise ValueError("devices= / comm= split a bundle-adjustment problem (one residual kind over a camera "
+                         "group and an eliminated point group); this problem runs on one device")
     if ck is not None:
         ck.check_problem(core.checkpoint_problem)
 
@@ -298,7 +301,7 @@ class _BACore:
 
     def __init__(self, problem, shape, opts, model, merged=None, original=None):
         from .evaluator import Evaluator
-        self.problem = problem
+        self.problem, self.opts = problem, opts
         # A merge (solvers.merged_groups) of ``original``'s groups, whose constant entries the
         # device holds: reports and results are of the original problem.
         self.merged, self.original = merged, original
@@ -317,6 +320,8 @@ class _BACore:
 
             def model(c, p, obs, dtype=None, device=None, backend=None):
                 return BatchModel(f, c, p, obs, device=device)
+        self._model, self._loss, self._dtype = model, block.loss, problem.dtype
+        self._backend = None if problem.backend == "auto" else problem.backend
         self.evaluator = Evaluator(self.checkpoint_problem, block.loss, model=model, dtype=problem.dtype,
                                    device=problem.device,
                                    backend=None if problem.backend == "auto" else problem.backend)
@@ -380,10 +385,29 @@ class _BACore:
         ev.reduced_pattern = pat
         return (pat.fill >= pair_schur.DENSE_FRACTION) == (m.copies is not None)
 
+    def partitioned(self, opts):
+        """solvers.lm.Minimizer's state factory for a solve split over devices or MPI ranks."""
+        from .evaluator import Evaluator
+        from .partitioned import partitioned_state
+        if self.merged is not None or (self.evaluator.C, self.evaluator.P, self.num_residuals) != (9, 3, 2):
+            raise ValueError("devices= / comm= split a bundle-adjustment problem of 9-parameter cameras, "
+                             "3-parameter points and 2 residuals per observation; this problem is not one")
+
+        def evaluator(sub, runtime):
+            return Evaluator(sub, self._loss, model=self._model, dtype=self._dtype, device=runtime,
+                             backend=self._backend)
+
+        def make(ev, options, runtime, x0):
+            return partitioned_state(ev, options, x0, self.checkpoint_problem, evaluator)
+        return make
+
     @property
     def make_state(self):
         """solvers.lm.Minimizer's own choice (None: the device, else the host reference), or, for
-        a merge, the device with the constant entries held."""
+        a merge, the device with the constant entries held; split over devices or ranks when the
+        options say so."""
+        if self.opts.devices is not None or self.opts.comm is not None:
+            return self.partitioned(self.opts)
         if self.merged is None:
             return None
         merged = self.merged

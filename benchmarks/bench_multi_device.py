@@ -1,0 +1,120 @@
+"""Bundle adjustment split over devices (or MPI ranks): time per LM iteration, scaling and traffic.
+
+For K = 1, 2, 4, 8 devices (as many as the machine has; ``--devices``), the same problem is solved
+for ``--iterations`` LM iterations with its points split over K devices (solvers.partitioned;
+K = 1 is the same code with one part, so the ratios compare like with like), and once by the
+default one-device solve (device-resident where it can be) for reference. Per run: wall clock of
+the solve's minimizer per iteration (median of ``--repeat`` solves after a warm-up solve),
+scaling efficiency ``t(1) / (K t(K))``, the bytes one part contributes to the reductions per
+iteration, and the final cost against the one-part solve's (they must agree to 1e-9).
+
+Under MPI (``mpirun -n K python benchmarks/bench_multi_device.py --mpi``) the K ranks run the
+split solve with Allreduce; rank 0 runs the one-part and one-device solves alone first, and
+reports.
+
+    python benchmarks/bench_multi_device.py                        # BAL problem-49, this host's devices
+    python benchmarks/bench_multi_device.py --synthetic final      # 13,682 cameras, 4.46M points, 29M obs.
+    python benchmarks/bench_multi_device.py --synthetic 4x         # four times as many points and observations
+    POCL_DEVICES="pthread pthread" python benchmarks/bench_multi_device.py   # two CPU devices
+    mpirun -n 2 python benchmarks/bench_multi_device.py --mpi
+"""
+import sys
+import time
+
+import numpy as np
+
+import harness
+import ceres_peer
+
+import solvers  # noqa: E402
+from clkernels.multi_device import resolve  # noqa: E402
+
+SIZES = {"final": (13682, 4456117, 28987644 / 4456117), "4x": (13682, 4 * 4456117, 28987644 / 4456117)}
+
+
+def problem_of(args):
+    if args.synthetic:
+        if args.synthetic in SIZES:
+            nc, npt, per = SIZES[args.synthetic]
+        else:
+            nc, npt, per = (float(v) for v in args.synthetic.split(","))
+        return solvers.synthetic_problem(int(nc), int(npt), per, seed=0)
+    path = args.problem or next(f for f in ceres_peer.bal_files() if "problem-49-" in f)
+    return solvers.read_bal(path)
+
+
+def solve_time(problem, iterations, repeat, **kw):
+    """(median minimizer seconds per iteration, the last result) over ``repeat`` solves after one."""
+    solvers.bundle_adjust(problem, max_iterations=iterations, **kw)
+    per, r = [], None
+    for _ in range(repeat):
+        r = solvers.bundle_adjust(problem, max_iterations=iterations, **kw)
+        per.append(r.times["minimizer"] / max(1, len(r.history) - 1))
+    return harness.Timing(per), r
+
+
+def main():
+    p = harness.parser(__doc__)
+    p.add_argument("--problem", default=None, help="a BAL file (default: problem-49 of the shared set)")
+    p.add_argument("--synthetic", default=None, help="'final', '4x' or CAMS,POINTS,OBS_PER_POINT")
+    p.add_argument("--iterations", type=int, default=5)
+    p.add_argument("--linear-solver", default="sparse_schur")
+    p.add_argument("--devices", default=None, help="counts of devices to use, e.g. 1,2,4,8 (default: 1, 2, 4, 8 up to all)")
+    p.add_argument("--mpi", action="store_true", help="under mpirun: the ranks split the solve")
+    p.set_defaults(repeat=3)
+    args = p.parse_args()
+    comm = None
+    if args.mpi:
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+    root = comm is None or comm.Get_rank() == 0
+    report = harness.Report("bench_multi_device" + ("-mpi" if comm else ""), args) if root else None
+    problem = problem_of(args)
+    n = problem.num_observations
+    kw = dict(linear_solver=args.linear_solver)
+    repeat = 1 if args.quick else args.repeat
+    if root:
+        print(f"{problem.name}: {problem.num_cameras} cameras, {problem.num_points} points, {n} observations", flush=True)
+    case = f"{problem.name} {args.linear_solver}"
+    rows = []
+    if comm is not None:
+        k = comm.Get_size()
+        base = None
+        if root:
+            t_one, one = solve_time(problem, args.iterations, repeat, devices=[report.runtime], **kw)
+            t_dev, dev = solve_time(problem, args.iterations, repeat, **kw)
+            base = (t_one.median, one.final_cost)
+            rows.append(("one device (default solve)", 1, t_dev, dev))
+            rows.append(("one part", 1, t_one, one))
+        base = comm.bcast(base)
+        t_k, r_k = solve_time(problem, args.iterations, repeat, comm=comm, **kw)
+        if root:
+            rows.append((f"{k} MPI ranks", k, t_k, r_k))
+    else:
+        every = resolve("all")
+        counts = [int(c) for c in args.devices.split(",")] if args.devices else \
+            [c for c in (1, 2, 4, 8) if c <= len(every)]
+        t_dev, dev = solve_time(problem, args.iterations, repeat, device=every[0], **kw)
+        rows.append(("one device (default solve)", 1, t_dev, dev))
+        for k in counts:
+            t_k, r_k = solve_time(problem, args.iterations, repeat, devices=every[:k], **kw)
+            rows.append((f"{k} device{'s' if k > 1 else ''}", k, t_k, r_k))
+    if not root:
+        return 0
+    one = next(r for r in rows if r[0] in ("one part", "1 device"))
+    for name, k, t, r in rows:
+        its = max(1, len(r.history) - 1)
+        split = r.state == "partitioned"
+        report.add(case=case, variant=name, timing=t, items=n, devices=k, state=r.state,
+                   x_one_part=one[2].median / t.median,
+                   efficiency=(one[2].median / (k * t.median)) if split else "",
+                   bytes_per_iteration=(r.transfers.get("reduced_bytes", 0) / its) if split else "",
+                   final_cost=r.final_cost, cost_vs_one_part=abs(r.final_cost - one[3].final_cost) / one[3].final_cost,
+                   iterations=len(r.history) - 1)
+    report.write(["case", "variant", "devices", "median_s", "spread", "x_one_part", "efficiency",
+                  "bytes_per_iteration", "iterations", "final_cost", "cost_vs_one_part", "state"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,386 @@
+"""Bundle adjustment split across several OpenCL devices of one host, or across MPI ranks.
+
+The points are cut into contiguous ranges with about as many observations each, one range per
+part (a device, or a rank); a part holds its points and all their observations, so the point
+elimination of the Schur complement stays local. Only camera-sized quantities cross parts:
+
+- per Jacobian evaluation: the cost, the camera blocks of ``J^T J`` (their diagonals for the
+  Jacobi scaling and the LM diagonal) and the camera gradient;
+- per linear solve (``sparse_schur``): each part's share of the reduced camera matrix (its
+  pairs' blocks, on the union of all parts' block patterns) and of the reduced right-hand side;
+  every part then factorises the same summed matrix, so no solution needs sending;
+- per CG step (``iterative_schur``): the product of the implicit Schur complement with the
+  camera vector (one camera-sized vector);
+- per candidate: its cost and the step's norms.
+
+The arithmetic per part is the single-device reference's (:class:`solvers.host_state.HostState`
+with :class:`solvers.schur.NormalEquations`, the per-observation and per-pair products on the
+part's device when it has fp64): the iterations and costs equal the one-device solve's up to the
+order in which the parts' sums are added (the tests hold the final cost to 1e-9 relative).
+
+Two ways to reduce, one state: :class:`LocalParts` (the parts of this process, summed in part
+order; a thread per part runs the parts' work at once) and :class:`MPIParts` (one part per rank,
+``Allreduce``; every rank runs the same minimizer on the same reduced numbers, so every rank
+takes the same decisions; rank 0 prints and writes).
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from .cg import conjugate_gradients
+from .host_state import StepSolution
+from .schur import NormalEquations, Pairs, Structure, j_x, solve_reduced, spd_block_inverses
+
+
+def point_ranges(point_index, num_points: int, parts: int):
+    """``parts`` contiguous ranges ``[lo, hi)`` of the points with about equal observation counts."""
+    if parts < 1:
+        raise ValueError(f"the number of parts must be at least 1, got {parts}")
+    counts = np.bincount(np.asarray(point_index), minlength=num_points)
+    cum = np.cumsum(counts)
+    total = int(cum[-1]) if cum.size else 0
+    cuts = [0] + [int(np.searchsorted(cum, total * k / parts, side="left")) + 1 for k in range(1, parts)] + [num_points]
+    cuts = np.minimum(np.maximum.accumulate(np.array(cuts)), num_points)
+    return [(int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:])]
+
+
+class LocalParts:
+    """Parts in this process: reductions are sums in part order."""
+    size, rank = 1, 0
+
+    def __init__(self, n_parts: int):
+        self.n_parts = n_parts
+        self._pool = ThreadPoolExecutor(n_parts) if n_parts > 1 else None
+        self.bytes = 0     # a part's contributions to the reductions (as a rank would send them)
+
+    def map(self, fn, parts):
+        if self._pool is None:
+            return [fn(p) for p in parts]
+        return list(self._pool.map(fn, parts))
+
+    def sum(self, values):
+        self.bytes += np.asarray(values[0]).nbytes
+        total = np.array(values[0], dtype=np.float64, copy=True)
+        for v in values[1:]:
+            total += v
+        return total
+
+    def max(self, values):
+        self.bytes += np.asarray(values[0]).nbytes
+        return np.max(np.stack([np.asarray(v, np.float64) for v in values]), axis=0)
+
+    def concat(self, values):
+        return np.concatenate(values)
+
+    def union(self, keys):
+        return np.unique(np.concatenate(keys))
+
+    def close(self):
+        if self._pool is not None:
+            self._pool.shutdown()
+
+
+class MPIParts:
+    """One part per MPI rank of ``comm`` (mpi4py): reductions are ``Allreduce``."""
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.size, self.rank = comm.Get_size(), comm.Get_rank()
+        self.bytes = 0     # sent by this rank's reductions
+
+    def map(self, fn, parts):
+        return [fn(p) for p in parts]
+
+    def _allreduce(self, value, op):
+        from mpi4py import MPI
+        a = np.ascontiguousarray(value, dtype=np.float64)
+        out = np.empty_like(a)
+        self.bytes += a.nbytes
+        self.comm.Allreduce(a, out, op={"sum": MPI.SUM, "max": MPI.MAX}[op])
+        return out
+
+    def sum(self, values):
+        return self._allreduce(values[0], "sum")
+
+    def max(self, values):
+        return self._allreduce(values[0], "max")
+
+    def concat(self, values):
+        gathered = self.comm.allgather(np.ascontiguousarray(values[0]))
+        self.bytes += values[0].nbytes
+        return np.concatenate(gathered)
+
+    def union(self, keys):
+        return np.unique(np.concatenate(self.comm.allgather(keys[0])))
+
+    def close(self):
+        pass
+
+
+class Part:
+    """One part: its evaluator (cameras, its points, their observations), device and state."""
+
+    def __init__(self, evaluator, runtime, lo: int, hi: int):
+        self.ev, self.runtime, self.lo, self.hi = evaluator, runtime, lo, hi
+        self.st = Structure(evaluator.cam, evaluator.pt, evaluator.nc, evaluator.npt)
+        self.cl_structure = None
+        if runtime is not None and runtime.info.fp64:
+            from .schur_cl import ClStructure
+            self.cl_structure = ClStructure(self.st, runtime)
+        self.neq: Optional[NormalEquations] = None
+
+    def normal_equations(self, r, jc, jp):
+        if self.cl_structure is not None:
+            from .schur_cl import NormalEquationsCL
+            return NormalEquationsCL(self.st, r, jc, jp, self.cl_structure)
+        return NormalEquations(self.st, r, jc, jp)
+
+
+class PartitionedState:
+    """:class:`solvers.lm.Minimizer`'s state (the methods of :class:`solvers.host_state.HostState`)
+    over parts that hold disjoint ranges of the points. ``x`` is kept as the cameras (every part)
+    and each part's points; ``evaluator`` (the whole problem's) only counts the evaluations."""
+
+    where = "partitioned"
+
+    def __init__(self, evaluator, options, x0, parts: Sequence[Part], comm):
+        self.ev, self.o, self.parts, self.comm = evaluator, options, list(parts), comm
+        self.nc9 = 9 * evaluator.nc
+        x0 = np.asarray(x0, dtype=np.float64)
+        self.cams = x0[:self.nc9].copy()
+        for p in self.parts:
+            p.pts = x0[self.nc9 + 3 * p.lo:self.nc9 + 3 * p.hi].copy()
+        self.best_cams = self.cams.copy()
+        self.best_pts = [p.pts.copy() for p in self.parts]
+        self.linear_solver_time = 0.0
+        self.diagonal = None
+        self._global_pairs = None
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _x(self, p, cams=None, pts=None):
+        return np.concatenate([self.cams if cams is None else cams, p.pts if pts is None else pts])
+
+    def _sum(self, values):
+        return self.comm.sum(values)
+
+    def _all_ok(self, flags) -> bool:
+        return bool(self.comm.sum([np.array([0.0 if f else 1.0 for f in flags]).sum(keepdims=True)])[0] == 0)
+
+    # -- evaluation at x ---------------------------------------------------------------------
+    def evaluate_jacobian(self, first: bool):
+        t0 = time.perf_counter()
+        results = self.comm.map(lambda p: p.ev.evaluate(self._x(p)), self.parts)
+        self.ev.num_jacobian_evaluations += 1
+        self.ev.jacobian_time += time.perf_counter() - t0
+        if not self._all_ok([r is not None for r in results]):
+            return None
+        t1 = time.perf_counter()
+        for p, (_, r, jc, jp) in zip(self.parts, results):
+            p.neq = p.normal_equations(r, jc, jp)
+        cost = float(self._sum([np.array([sum(res[0] for res in results)])])[0])
+        if first:
+            if self.o.jacobi_scaling:
+                col2_c = self._sum([sum(p.st.camera_sum(res[2][:, 0] ** 2 + res[2][:, 1] ** 2).ravel()
+                                        for p, res in zip(self.parts, results))])
+                self.scale_c = 1.0 / (1.0 + np.sqrt(col2_c))
+                for p, res in zip(self.parts, results):
+                    p.scale = 1.0 / (1.0 + np.sqrt(p.st.point_sum(res[3][:, 0] ** 2 + res[3][:, 1] ** 2).ravel()))
+            else:
+                self.scale_c = np.ones(self.nc9)
+                for p in self.parts:
+                    p.scale = np.ones(p.pts.size)
+        self.gc = self._sum([sum(p.neq.gc for p in self.parts)]).ravel()
+        # The gradient's norms as Ceres measures them, |x - Plus(x, -g)|, over cameras and points.
+        proj_c = self.cams - (self.cams + (-self.gc))
+        proj_p = [p.pts - (p.pts + (-p.neq.gp.ravel())) for p in self.parts]
+        local = np.array([max([0.0] + [float(np.max(np.abs(q))) for q in proj_p if q.size])])
+        gmax = max(float(np.max(np.abs(proj_c))) if proj_c.size else 0.0, float(self.comm.max([local])[0]))
+        sq = float(self._sum([np.array([sum(float(np.dot(q, q)) for q in proj_p)])])[0]) + float(np.dot(proj_c, proj_c))
+        self.linear_solver_time += time.perf_counter() - t1
+        return cost, gmax, sq ** 0.5
+
+    # -- the step ----------------------------------------------------------------------------
+    def solve_step(self, radius: float, reuse_diagonal: bool) -> StepSolution:
+        o = self.o
+        t0 = time.perf_counter()
+        if not reuse_diagonal:
+            bdiag = self._sum([sum(np.einsum("cii->ci", p.neq.B).ravel() for p in self.parts)])
+            self.diagonal = np.clip(bdiag * self.scale_c * self.scale_c, o.min_lm_diagonal, o.max_lm_diagonal)
+            for p in self.parts:
+                vdiag = np.einsum("pii->pi", p.neq.V).ravel()
+                p.diagonal = np.clip(vdiag * p.scale * p.scale, o.min_lm_diagonal, o.max_lm_diagonal)
+        Dc2 = (np.sqrt(self.diagonal / radius) / self.scale_c) ** 2
+        for p in self.parts:
+            Dp2 = (np.sqrt(p.diagonal / radius) / p.scale) ** 2
+            p.Vinv = p.neq._v_inverse(Dp2.reshape(-1, 3))
+        nc = self.ev.nc
+        Dc2 = Dc2.reshape(nc, 9)
+        if o.linear_solver == "sparse_schur":
+            yc, ok, its, msg = self._solve_explicit(Dc2)
+        else:
+            yc, ok, its, msg = self._solve_pcg(Dc2)
+        if ok:
+            yps = self.comm.map(lambda p: p.neq._back_substitute(p.Vinv, yc).ravel(), self.parts)
+            finite = np.all(np.isfinite(yc)) and all(np.all(np.isfinite(y)) for y in yps)
+            if not self._all_ok([finite]):
+                ok, msg = False, "Linear solver failure. Failed to compute a finite step."
+        self.linear_solver_time += time.perf_counter() - t0
+        if not ok:
+            return StepSolution(False, its, msg)
+        # As HostState: step = -(y / scale) in the scaled variables; delta = step * scale.
+        self.delta_c = (-(yc.ravel() / self.scale_c)) * self.scale_c
+        mcc_local = 0.0
+        for p, yp in zip(self.parts, yps):
+            p.delta = (-(yp / p.scale)) * p.scale
+            m = j_x(p.neq.Jc, self.delta_c.reshape(-1, 9)[p.st.cam]) + j_x(p.neq.Jp, p.delta.reshape(-1, 3)[p.st.pt])
+            mcc_local += float(-np.sum(m * (p.neq.r + m / 2.0)))
+        mcc = float(self._sum([np.array([mcc_local])])[0])
+        return StepSolution(True, its, msg, mcc)
+
+    def _pairs(self):
+        """The union of the parts' block patterns (the same on every part) and, per part, where
+        its blocks sit in it."""
+        if self._global_pairs is None:
+            nc = self.ev.nc
+            keys = [p.neq.st.pairs().block_row.astype(np.int64) * nc + p.neq.st.pairs().block_col for p in self.parts]
+            union = self.comm.union([np.concatenate(keys)] if self.comm.size > 1 else keys)
+            for p, k in zip(self.parts, keys):
+                p.block_positions = np.searchsorted(union, k)
+            self._global_pairs = Pairs(None, None, union // nc, union % nc, [])
+        return self._global_pairs
+
+    def _solve_explicit(self, Dc2):
+        pairs = self._pairs()
+        nb = pairs.block_row.size
+
+        def share(p):
+            blocks = np.zeros((nb, 9, 9))
+            blocks[p.block_positions] = -p.neq._pair_sums("all", p.Vinv)   # a part's blocks are distinct
+            return blocks, p.neq.B, p.neq._rhs(p.Vinv).ravel()
+        shares = self.comm.map(share, self.parts)
+        # One reduction for the three: blocks, B, rhs.
+        flat = self._sum([sum(np.concatenate([b.ravel(), B.ravel(), r]) for b, B, r in shares)])
+        nc = self.ev.nc
+        blocks = flat[:nb * 81].reshape(nb, 9, 9)
+        diag = flat[nb * 81:nb * 81 + nc * 81].reshape(nc, 9, 9).copy()
+        rhs = flat[nb * 81 + nc * 81:]
+        diag[:, np.arange(9), np.arange(9)] += Dc2
+        if not (np.all(np.isfinite(blocks)) and np.all(np.isfinite(diag)) and np.all(np.isfinite(rhs))):
+            return None, False, 1, "Linear solver failure: non-finite reduced camera matrix."
+        return solve_reduced(pairs, nc, blocks, diag, rhs)
+
+    def _solve_pcg(self, Dc2):
+        nc = self.ev.nc
+        zero = np.zeros((nc, 9))
+        ops = self.comm.map(lambda p: p.neq._pcg_operator(p.Vinv, zero), self.parts)
+        dc2 = Dc2.ravel()
+
+        def apply_S(x):
+            return self._sum([sum(op(x) for op, _ in ops)]) + dc2 * x
+        b = self._sum([sum(rhs for _, rhs in ops)])
+        Sd = self._sum([sum(p.neq.B - p.neq._diagonal_pair_sums(p.Vinv) for p in self.parts)])
+        Sd[:, np.arange(9), np.arange(9)] += Dc2
+        Pinv = spd_block_inverses(Sd)
+
+        def precondition(v):
+            return np.einsum("cij,cj->ci", Pinv, v.reshape(nc, 9)).ravel()
+        x, ok, its, msg = conjugate_gradients(apply_S, b, precondition, q_tolerance=self.o.eta,
+                                              r_tolerance=-1.0, max_iterations=self.o.max_linear_solver_iterations)
+        return (x.reshape(nc, 9) if x is not None else None), ok, its, msg
+
+    def evaluate_candidate(self):
+        t0 = time.perf_counter()
+        self.cand_c = self.cams + self.delta_c
+        for p in self.parts:
+            p.cand = p.pts + p.delta
+        costs = self.comm.map(lambda p: p.ev.cost(self._x(p, self.cand_c, p.cand)), self.parts)
+        self.ev.num_residual_evaluations += 1
+        self.ev.residual_time += time.perf_counter() - t0
+        sq_local = sum(float(np.dot(p.pts - p.cand, p.pts - p.cand)) for p in self.parts)
+        ok = self._all_ok([c is not None for c in costs])
+        total = self._sum([np.array([sum(c for c in costs if c is not None), sq_local])])
+        dc = self.cams - self.cand_c
+        step_norm = (float(total[1]) + float(np.dot(dc, dc))) ** 0.5
+        return (float(total[0]) if ok else None), step_norm
+
+    def accept(self):
+        self.cams = self.cand_c
+        for p in self.parts:
+            p.pts = p.cand
+
+    @property
+    def x_norm(self) -> float:
+        local = sum(float(np.dot(p.pts, p.pts)) for p in self.parts)
+        return (float(self._sum([np.array([local])])[0]) + float(np.dot(self.cams, self.cams))) ** 0.5
+
+    def remember_best(self):
+        self.best_cams = self.cams.copy()
+        self.best_pts = [p.pts.copy() for p in self.parts]
+
+    def best(self, final: bool = True) -> np.ndarray:
+        """The best parameters (cameras, then every part's points in order), on every part."""
+        local = np.concatenate(self.best_pts) if self.best_pts else np.zeros(0)
+        return np.concatenate([self.best_cams, self.comm.concat([local])])
+
+    def transfers(self) -> dict:
+        """``reduced_bytes``: what one part contributed to the reductions, all iterations."""
+        return {"reduced_bytes": self.comm.bytes}
+
+    @property
+    def linear_solver_detail(self) -> str:
+        where = f"{self.comm.size} MPI ranks" if self.comm.size > 1 else f"{len(self.parts)} devices"
+        devices = ", ".join(sorted({p.runtime.info.name if p.runtime is not None else "host" for p in self.parts}))
+        how = ("reduced camera matrix summed over the parts, factorised on each"
+               if self.o.linear_solver == "sparse_schur" else "Schur products summed over the parts per CG step")
+        return f"Points split over {where} ({devices}); {how}"
+
+    def close(self):
+        self.comm.close()
+
+
+def make_parts(make_evaluator, camera_index, point_index, data, num_cameras: int, num_points: int,
+               runtimes: List, ranges) -> List[Part]:
+    """A :class:`Part` per (runtime, point range): ``make_evaluator(sub_problem, runtime)``
+    evaluates the observations of the range's points, numbered from the range's start."""
+    from .solve import _Observations
+    parts = []
+    for rt, (lo, hi) in zip(runtimes, ranges):
+        keep = (point_index >= lo) & (point_index < hi)
+        sub = _Observations(camera_index[keep], point_index[keep] - lo,
+                            None if data is None else data[keep], num_cameras, hi - lo, f"points {lo}:{hi}", 9, 3)
+        parts.append(Part(make_evaluator(sub, rt), rt, lo, hi))
+    return parts
+
+
+def rank_runtime(comm, devices=None):
+    """The device of this MPI rank: its host's ``devices`` (default: every GPU of the chosen
+    platform, or its CPU device when it has none) taken in turn by the host's ranks."""
+    from mpi4py import MPI
+
+    from clkernels.multi_device import resolve
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
+    runtimes = resolve(devices if devices is not None else "all")
+    return runtimes[local % len(runtimes)]
+
+
+def partitioned_state(ev, options, x0, observations, make_evaluator) -> PartitionedState:
+    """The state of a solve split over ``options.devices`` (this process) or the ranks of
+    ``options.comm``; ``observations``: the problem's index fields (a BALProblem's);
+    ``make_evaluator(sub_problem, runtime)``: a part's evaluator."""
+    if options.comm is not None:
+        comm = MPIParts(options.comm)
+        runtimes = [rank_runtime(options.comm, options.devices)]
+        ranges = point_ranges(observations.point_index, observations.num_points, comm.size)[comm.rank:comm.rank + 1]
+    else:
+        from clkernels.multi_device import resolve
+        runtimes = resolve(options.devices)
+        comm = LocalParts(len(runtimes))
+        ranges = point_ranges(observations.point_index, observations.num_points, len(runtimes))
+    parts = make_parts(make_evaluator, np.asarray(observations.camera_index), np.asarray(observations.point_index),
+                       observations.observations, observations.num_cameras, observations.num_points,
+                       runtimes, ranges)
+    return PartitionedState(ev, options, x0, parts, comm)

@@ -1,0 +1,175 @@
+"""Bundle adjustment split over devices and MPI ranks (solvers.partitioned): the split solve
+against the one-device solve (the same iterations; final cost to 1e-9 relative) on real BAL
+problems and a synthetic one, on two real PoCL devices and two real MPI ranks (Open MPI's
+mpirun); a failing rank; bad arguments."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import solvers
+from solvers.partitioned import point_ranges
+
+from bal_data import bal_file
+from pocl_pair import ROOT, run_on_two_devices
+
+
+def _mpirun():
+    """Open MPI's mpirun and mpi4py; missing: skipped on a user's machine, a failure where
+    PYCLAD_REQUIRE_MPI=1 (CI installs both)."""
+    exe = shutil.which("mpirun")
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        exe = None
+    if exe is None:
+        message = "needs Open MPI's mpirun (apt-get install openmpi-bin libopenmpi-dev) and mpi4py"
+        if os.environ.get("PYCLAD_REQUIRE_MPI") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return exe
+
+
+def _run_mpi(script: str, n: int = 2, timeout: int = 600):
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1", "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("PYCLAD_DEVICE", None)
+    return subprocess.run([_mpirun(), "-n", str(n), sys.executable, "-W", "ignore", "-c", script],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 7])
+def test_point_ranges_cover_the_points_with_balanced_observations(parts):
+    p = solvers.synthetic_problem(5, 1000, 4, seed=3)
+    ranges = point_ranges(p.point_index, p.num_points, parts)
+    assert ranges[0][0] == 0 and ranges[-1][1] == p.num_points and len(ranges) == parts
+    assert all(ranges[i][1] == ranges[i + 1][0] for i in range(parts - 1))
+    counts = [np.count_nonzero((p.point_index >= a) & (p.point_index < b)) for a, b in ranges]
+    assert max(counts) - min(counts) <= 2 * np.bincount(p.point_index).max()
+
+
+def _same_solve(single, split, rtol=1e-9):
+    """The same iterations (accepted and rejected steps), the final cost to rtol."""
+    assert split["iterations"] == single["iterations"]
+    assert split["successful"] == single["successful"]
+    assert abs(split["final_cost"] - single["final_cost"]) <= rtol * single["final_cost"]
+    np.testing.assert_allclose(split["costs"], single["costs"], rtol=1e-7)
+
+
+SUMMARY = """
+def summary(r):
+    return {"iterations": len(r.history), "successful": r.num_successful_steps,
+            "final_cost": r.final_cost, "costs": [h.cost for h in r.history], "state": r.state,
+            "termination": r.termination_type, "bytes": r.transfers.get("reduced_bytes", 0)}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,linear_solver,loss", [
+    ("problem-49-7776-pre", "sparse_schur", None),
+    ("problem-21-11315-pre", "iterative_schur", "huber"),
+    (None, "sparse_schur", "cauchy"),           # synthetic
+])
+def test_two_devices_solve_as_one(name, linear_solver, loss):
+    path = str(bal_file(name)) if name else None
+    out = run_on_two_devices(SUMMARY + textwrap.dedent(f"""
+        import json, solvers
+        p = solvers.read_bal({path!r}) if {path!r} else solvers.synthetic_problem(12, 800, 5, seed=4)
+        kw = dict(linear_solver={linear_solver!r}, loss={loss!r}, max_iterations=8)
+        one = solvers.bundle_adjust(p, device=pair[0], device_resident=False, **kw)
+        reference = solvers.bundle_adjust(p, device=pair[0], **kw)   # the default: device-resident
+        two = solvers.bundle_adjust(p, devices=pair, **kw)
+        print(json.dumps({{"one": summary(one), "reference": summary(reference), "two": summary(two),
+                          "points": float(abs(two.points - one.points).max() / abs(one.points).max()), "detail": two.linear_solver_detail}}))
+    """))
+    assert out["two"]["state"] == "partitioned" and "2 devices" in out["detail"]
+    _same_solve(out["one"], out["two"])
+    _same_solve(out["reference"], out["two"])
+    assert out["points"] < 1e-6       # (relative to the largest coordinate)
+    assert out["two"]["bytes"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("linear_solver", ["sparse_schur", "iterative_schur"])
+def test_two_mpi_ranks_solve_as_one(linear_solver):
+    path = str(bal_file("problem-49-7776-pre"))
+    single = solvers.bundle_adjust(solvers.read_bal(path), linear_solver=linear_solver, max_iterations=6,
+                                   device_resident=False)
+    run = _run_mpi(SUMMARY + textwrap.dedent(f"""
+        import json, solvers
+        from mpi4py import MPI
+        p = solvers.read_bal({path!r})
+        r = solvers.bundle_adjust(p, linear_solver={linear_solver!r}, max_iterations=6, comm=MPI.COMM_WORLD)
+        s = summary(r)
+        s["rank"], s["points_sum"] = MPI.COMM_WORLD.Get_rank(), float(r.points.sum())
+        print(json.dumps(s))
+    """))
+    assert run.returncode == 0, run.stderr[-3000:]
+    ranks = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    assert sorted(s["rank"] for s in ranks) == [0, 1]
+    want = {"iterations": len(single.history), "successful": single.num_successful_steps,
+            "final_cost": single.final_cost, "costs": [h.cost for h in single.history]}
+    for s in ranks:        # every rank ends with the whole solution
+        _same_solve(want, s)
+        assert abs(s["points_sum"] - single.points.sum()) < 1e-6 * abs(single.points).sum()
+    assert ranks[0]["points_sum"] == ranks[1]["points_sum"]
+
+
+@pytest.mark.slow
+def test_the_cli_under_mpirun_prints_once_and_writes_on_rank_0(tmp_path):
+    out = tmp_path / "solved.txt"
+    run = subprocess.run([_mpirun(), "-n", "2", sys.executable, "-W", "ignore", "-m", "solvers.bal",
+                          "--synthetic", "10,500,4", "--iterations", "5", "--mpi", "--out", str(out)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=600,
+                         env={**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+                              "OMPI_MCA_rmaps_base_oversubscribe": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("Solver Summary") == 1 and "MPI: 2 ranks" in run.stdout
+    assert "Points split over 2 MPI ranks" in run.stdout
+    single = solvers.bundle_adjust(solvers.synthetic_problem(10, 500, 4, seed=0), max_iterations=5)
+    written = solvers.read_bal(str(out))
+    np.testing.assert_allclose(written.points, single.points, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_failing_rank_ends_every_rank_with_a_message():
+    run = _run_mpi(textwrap.dedent("""
+        from mpi4py import MPI
+        import solvers.partitioned as part
+        from solvers.bal.__main__ import main
+        if MPI.COMM_WORLD.Get_rank() == 1:
+            calls = []
+            original = part.PartitionedState.solve_step
+            def failing(self, *a, **k):
+                calls.append(1)
+                if len(calls) == 2:
+                    raise RuntimeError("device lost (injected)")
+                return original(self, *a, **k)
+            part.PartitionedState.solve_step = failing
+        main(["--synthetic", "10,300,4", "--iterations", "10", "--mpi"])
+    """), timeout=120)
+    assert run.returncode != 0
+    assert "MPI rank 1 of 2 failed (RuntimeError: device lost (injected)); ending every rank" in run.stderr
+
+
+def test_bad_arguments_are_named():
+    p = solvers.synthetic_problem(5, 100, 3, seed=1)
+    with pytest.raises(ValueError, match="devices must be a list of devices or 'all'"):
+        solvers.bundle_adjust(p, devices="both", max_iterations=1)
+    with pytest.raises(TypeError, match="comm must be an mpi4py communicator"):
+        solvers.bundle_adjust(p, comm=object(), max_iterations=1)
+    with pytest.raises(ValueError, match="device_resident=True keeps one device's state"):
+        solvers.bundle_adjust(p, devices="all", device_resident=True, max_iterations=1)
+    with pytest.raises(ValueError, match="point_ranges|at least 1"):
+        point_ranges(p.point_index, p.num_points, 0)
+    # a problem that is not a bundle adjustment runs on one device
+    prob = solvers.Problem()
+    prob.add_parameter_block("x", np.ones((1, 2)))
+    prob.add_residual_block(lambda x: [x[0] - 1.0, x[1] - 2.0], ["x"], index=(np.array([0]),))
+    with pytest.raises(ValueError, match="split a bundle-adjustment problem"):
+        solvers.solve(prob, devices="all")
