@@ -117,11 +117,14 @@ def default_config(info, real: str, tables: "Tables", n_outputs: int,
 
     CPUs: vectors of the native width, as many per work-item as fit L1, slots contiguous per
     work-item, a sweep per output, 64 work-items per core. GPUs: one tuple per work-item
-    (work-items are the SIMD lanes), slots slot-major across work-items, tables in constant
-    memory when they fit, a sweep per output, 1,024 work-items per compute unit. The GPU choices
-    are the H200's fastest in ``benchmarks/bench_tape.py --sweep`` that keep the scratch bounded:
-    there a joint sweep, local-memory slots and two tuples per work-item were no faster, and a
-    work-item per tuple only 2-8 % faster than this grid (for a scratch growing with the batch)."""
+    (work-items are the SIMD lanes), slots in local memory (work-groups of 128, or fewer where
+    128 work-items' slots would take more than half of it; slot-major global scratch where
+    not even 32 fit), tables in constant memory when they fit, a sweep per output, 1,024
+    work-items per compute unit. The GPU choices are the H200's fastest in
+    ``benchmarks/bench_tape.py --sweep`` (with library superinstructions the slots are few
+    enough for local memory to pay: 0.38-0.45x codegen against 0.30-0.33x in global memory);
+    there a joint sweep and two tuples per work-item were slower, a work-item per tuple no
+    faster, and capping the registers (``-cl-nv-maxrregcount``) slower at every cap."""
     c = config or TapeConfig()
     if info.is_cpu:
         lanes = c.lanes or codegen.lanes(info, real)   # the native SIMD width, as codegen's
@@ -134,9 +137,17 @@ def default_config(info, real: str, tables: "Tables", n_outputs: int,
         d = dict(lanes=lanes, blocks=blocks, slots=True, fuse=True, library=c.cases != "all", preload=True, cases="used", layout="item", tables="global", sweep="each",
                  wg=1, work_items=64 * max(1, info.compute_units))
     else:
-        d = dict(lanes=1, blocks=1, slots=True, fuse=True, library=c.cases != "all", preload=True, cases="used", layout="node", sweep="each",
+        joint = c.sweep == "joint"
+        slots = (arrays.round_up(tables.value_slots, 8)
+                 + arrays.round_up(tables.adjoint_slots[joint], 8) * (n_outputs if joint else 1))
+        wg = 128
+        while wg > 32 and slots * wg * (8 if real == "double" else 4) > info.local_mem_bytes // 2:
+            wg //= 2
+        local = slots * wg * (8 if real == "double" else 4) <= info.local_mem_bytes // 2
+        d = dict(lanes=1, blocks=1, slots=True, fuse=True, library=c.cases != "all", preload=True, cases="used",
+                 layout="local" if local else "node", sweep="each",
                  tables="constant" if tables.nbytes() <= info.max_constant_bytes // 2 else "global",
-                 wg=128, work_items=1024 * max(1, info.compute_units))
+                 wg=wg if local else 128, work_items=1024 * max(1, info.compute_units))
     d.update({k: v for k, v in dataclasses.asdict(c).items() if v is not None})
     widest = info.widest_vector(real)
     if widest is not None and d["lanes"] > widest:
