@@ -332,8 +332,11 @@ class PartitionedState:
 
     @property
     def linear_solver_detail(self) -> str:
-        where = f"{self.comm.size} MPI ranks" if self.comm.size > 1 else f"{len(self.parts)} devices"
         devices = ", ".join(sorted({p.runtime.info.name if p.runtime is not None else "host" for p in self.parts}))
+        if isinstance(self.comm, MPIParts):
+            where, devices = f"{self.comm.size} MPI ranks", f"rank {self.comm.rank}: {devices}"
+        else:
+            where = f"{len(self.parts)} device{'s' if len(self.parts) > 1 else ''}"
         how = ("reduced camera matrix summed over the parts, factorised on each"
                if self.o.linear_solver == "sparse_schur" else "Schur products summed over the parts per CG step")
         return f"Points split over {where} ({devices}); {how}"

@@ -173,3 +173,26 @@ def test_bad_arguments_are_named():
     prob.add_residual_block(lambda x: [x[0] - 1.0, x[1] - 2.0], ["x"], index=(np.array([0]),))
     with pytest.raises(ValueError, match="split a bundle-adjustment problem"):
         solvers.solve(prob, devices="all")
+
+
+def test_solve_of_a_bundle_adjustment_problem_takes_devices(device):
+    """solvers.solve on a Problem of cameras, points and the Snavely residual, split over a list
+    of one device: the same solve as the host reference (the split code with one part)."""
+    if not device.info.fp64:
+        pytest.skip("float64 bundle adjustment needs fp64")
+    from solvers.snavely import snavely_residual
+    p = solvers.synthetic_problem(8, 300, 4, seed=2)
+
+    def problem():
+        prob = solvers.Problem(device=device)
+        prob.add_parameter_block("cameras", p.cameras)
+        prob.add_parameter_block("points", p.points)
+        prob.add_residual_block(snavely_residual, ["cameras", "points"], index=(p.camera_index, p.point_index),
+                                data=p.observations)
+        return prob
+    one = solvers.solve(problem(), max_iterations=6, device_resident=False)
+    split = solvers.solve(problem(), max_iterations=6, devices=[device])
+    assert split.state == "partitioned" and one.state == "host"
+    assert len(split.history) == len(one.history)
+    assert abs(split.final_cost - one.final_cost) <= 1e-9 * one.final_cost
+    np.testing.assert_allclose(split.parameters["points"], one.parameters["points"], rtol=1e-6, atol=1e-8)
