@@ -19,9 +19,7 @@ reports.
     mpirun -n 2 python benchmarks/bench_multi_device.py --mpi
 """
 import sys
-import time
 
-import numpy as np
 
 import harness
 import ceres_peer

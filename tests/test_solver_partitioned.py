@@ -24,7 +24,7 @@ def _mpirun():
     PYCLAD_REQUIRE_MPI=1 (CI installs both)."""
     exe = shutil.which("mpirun")
     try:
-        import mpi4py  # noqa: F401
+        import mpi4py  # noqa: F401 - only whether it imports
     except ImportError:
         exe = None
     if exe is None:
