@@ -113,8 +113,8 @@ class Tape(Backend):
         self._device_tables = {}   # (context, tables key, joint) -> the tables as kernel arguments
         self._launches = {}        # queue -> (config, the kernel's table and scratch arguments)
 
-    def tables(self, key=(True, True, True)) -> tape.Tables:
-        """The tables of ``key`` = (liveness, fused, library) (TapeConfig.tables_key)."""
+    def tables(self, key=(True, True, True, True)) -> tape.Tables:
+        """The tables of ``key`` = (liveness, fused, library, preload) (TapeConfig.tables_key)."""
         if key not in self._tables:
             self._tables[key] = tape.Tables(self.traced, self.dtype, *key)
         return self._tables[key]
@@ -137,9 +137,9 @@ class Tape(Backend):
         tb = self.tables(config.tables_key())
         local = (0, 0)
         if config.layout == "local":
-            local = (arrays.round_up(tb.value_slots, 8), arrays.round_up(tb.adjoint_slots[config.joint], 8))
-            need = ((local[0] + local[1] * self._planes(config)) * config.blocks * config.lanes * config.wg
-                    * self.dtype.itemsize)
+            local = tb.local_slots(config.joint)
+            need = tb.local_bytes(config.joint, self._planes(config), config.blocks * config.lanes, config.wg,
+                                  self.dtype.itemsize)
             if need > runtime.info.local_mem_bytes:
                 raise ValueError(f"TapeConfig(layout='local', wg={config.wg}): {need} bytes of local memory "
                                  f"needed, the device has {runtime.info.local_mem_bytes}; use a smaller wg "

@@ -11,7 +11,7 @@ drops nodes the outputs do not need.
 from __future__ import annotations
 
 import numbers
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -184,29 +184,16 @@ class Graph:
             return Node(self, self.args[nodes[0].id][0])
         return None
 
-    # -- orders ---------------------------------------------------------------------------
     def mark_region(self, name: str, inputs, outputs):
         """Record that library helper ``name`` computed ``outputs`` from ``inputs`` (scalars)."""
         self.regions.append((name, tuple(self.as_node(v).id for v in inputs),
                              tuple(self.as_node(v).id for v in outputs)))
 
+    # -- orders ---------------------------------------------------------------------------
     def forward_order(self, outputs: Sequence[int], stop: Set[int] = frozenset()) -> List[int]:
         """Every node the outputs need, operands before users (iterative DFS postorder);
         ``stop``: nodes neither visited nor expanded."""
-        seen, order = set(stop), []
-        for root in outputs:
-            stack = [(root, False)]
-            while stack:
-                node, expanded = stack.pop()
-                if expanded:
-                    order.append(node)
-                    continue
-                if node in seen:
-                    continue
-                seen.add(node)
-                stack.append((node, True))
-                stack.extend((arg, False) for arg in reversed(self.args[node]) if arg not in seen)
-        return order
+        return postorder(outputs, lambda node: self.args[node], stop)
 
     def active(self, order: Sequence[int]) -> set:
         """Nodes whose value depends on a differentiable input through differentiable ops."""
@@ -220,3 +207,23 @@ class Graph:
                 if any(v is not None and arg in active for arg, v in zip(self.args[node], vjps)):
                     active.add(node)
         return active
+
+
+def postorder(roots: Sequence, operands: Callable, stop=frozenset()) -> list:
+    """Every node the roots reach through ``operands(node)``, operands before users (iterative
+    DFS postorder, so deep graphs need no recursion); ``stop``: nodes neither visited nor
+    expanded. Graph.forward_order walks a graph with it, the tape its fused instructions."""
+    seen, order = set(stop), []
+    for root in roots:
+        stack = [(root, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if expanded:
+                order.append(node)
+                continue
+            if node in seen:
+                continue
+            seen.add(node)
+            stack.append((node, True))
+            stack.extend((arg, False) for arg in reversed(operands(node)) if arg not in seen)
+    return order

@@ -194,7 +194,7 @@ def find(traced) -> List[Found]:
     for n in traced.order:
         for a in graph.args[n]:
             users.setdefault(a, set()).add(n)
-    found, taken = [], set()
+    found, taken, function_outputs = [], set(), set(traced.outputs)
     for name, inputs, outputs in graph.regions:
         if not in_order.intersection(outputs):
             continue
@@ -204,7 +204,7 @@ def find(traced) -> List[Found]:
             continue
         absorbed = {n for n in internal if graph.ops[n] != "const"}
         private = absorbed - set(outputs)
-        if absorbed & taken or private & set(traced.outputs) \
+        if absorbed & taken or private & function_outputs \
                 or any(not users.get(n, set()) <= absorbed for n in private):
             continue
         taken |= absorbed

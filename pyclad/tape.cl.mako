@@ -107,28 +107,18 @@ __kernel void pyclad_tape(
         const bool full = base + ${T} <= n;   // no tail lane: stores need no test
 %if preload:
         // The inputs, unrolled: no dispatch per component (the forward table has no leaves).
-<% offset = 0 %>
-%for g in range(n_groups):
-        for (int c = 0; c < ${group_sizes[g]}; ++c) {
+        // Each source: (its rows' prefix, components, first entry in input_slots).
+<% sources = [(f"row{g}_", group_sizes[g], sum(group_sizes[:g])) for g in range(n_groups)] + ([("drow_", data_size, D)] if data_size else []) %>
+%for prefix, size, offset in sources:
+        for (int c = 0; c < ${size}; ++c) {
             const int s = input_slots[${offset} + c];
             if (s >= 0) {
 %for k in range(blocks):
-                ${gather(f"V(s, {k})", lambda l: f"row{g}_{k * lanes + l}[c]")}
+                ${gather(f"V(s, {k})", lambda l: f"{prefix}{k * lanes + l}[c]")}
 %endfor
             }
         }
-<% offset += group_sizes[g] %>
 %endfor
-%if data_size:
-        for (int c = 0; c < ${data_size}; ++c) {
-            const int s = input_slots[${D} + c];
-            if (s >= 0) {
-%for k in range(blocks):
-                ${gather(f"V(s, {k})", lambda l: f"drow_{k * lanes + l}[c]")}
-%endfor
-            }
-        }
-%endif
 %endif
         for (int i = 0; i < n_fwd; ++i) {
             const int8 f = fwd[i];

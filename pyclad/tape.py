@@ -34,6 +34,7 @@ import numpy as np
 from clkernels import arrays, templates
 
 from . import codegen, regions
+from .graph import postorder
 from .ops import FUSED, LEAVES, OPS, to_c
 from .trace import Traced
 
@@ -138,12 +139,13 @@ def default_config(info, real: str, tables: "Tables", n_outputs: int,
                  wg=1, work_items=64 * max(1, info.compute_units))
     else:
         joint = c.sweep == "joint"
-        slots = (arrays.round_up(tables.value_slots, 8)
-                 + arrays.round_up(tables.adjoint_slots[joint], 8) * (n_outputs if joint else 1))
+
+        def local_bytes(wg):
+            return tables.local_bytes(joint, n_outputs if joint else 1, 1, wg, 8 if real == "double" else 4)
         wg = 128
-        while wg > 32 and slots * wg * (8 if real == "double" else 4) > info.local_mem_bytes // 2:
+        while wg > 32 and local_bytes(wg) > info.local_mem_bytes // 2:
             wg //= 2
-        local = slots * wg * (8 if real == "double" else 4) <= info.local_mem_bytes // 2
+        local = local_bytes(wg) <= info.local_mem_bytes // 2
         d = dict(lanes=1, blocks=1, slots=True, fuse=True, library=c.cases != "all", preload=True, cases="used",
                  layout="local" if local else "node", sweep="each",
                  tables="constant" if tables.nbytes() <= info.max_constant_bytes // 2 else "global",
@@ -259,6 +261,12 @@ def render(group_sizes, data_size: int, n_outputs: int, real: str, jacobians: bo
         tables=config.tables, wg=config.wg, local_slots=local_slots)
 
 
+def _pack(record, width: int) -> List[list]:
+    """A flat int record (a library superinstruction's) as table rows of ``width``, zero-padded."""
+    record = list(record) + [0] * (-len(record) % width)
+    return [record[k:k + width] for k in range(0, len(record), width)]
+
+
 class _Slots:
     """Greedy slot allocation over intervals [first, last] of a time line."""
 
@@ -307,18 +315,8 @@ def fuse(traced: Traced, products: bool = True, library: bool = True):
                 args.pop(n, None)
         if found:
             # Users of a region's outputs depend on its instruction; DFS from the outputs again.
-            deps = lambda n: tuple(dict.fromkeys(producer.get(a, a) for a in args.get(n, ())))  # noqa: E731
-            seen, order = set(), []
-            for root in dict.fromkeys(producer.get(o, o) for o in traced.outputs):
-                stack = [(root, False)]
-                while stack:
-                    node, expanded = stack.pop()
-                    if expanded:
-                        order.append(node)
-                    elif node not in seen:
-                        seen.add(node)
-                        stack.append((node, True))
-                        stack.extend((d, False) for d in reversed(deps(node)) if d not in seen)
+            order = postorder([producer.get(o, o) for o in traced.outputs],
+                              lambda n: [producer.get(a, a) for a in args.get(n, ())])
     if not products:
         return order, ops, args, produces
     uses: Dict[int, int] = {}
@@ -368,7 +366,8 @@ class Tables:
         self.order = order
         self.n_nodes = len(order)
         self.n_library = len(self.produces)
-        self.zero_slot = ZERO if self.produces else -1
+        # Adjoint slots no node takes: the sink, and with a library superinstruction the zero.
+        self.reserved = ZERO + 1 if self.produces else SINK + 1
         graph = traced.graph
         results = lambda node: self.produces.get(node, (node,))  # noqa: E731 - the nodes an instruction computes
         # -- the reverse sweeps, as codegen unrolls them: which nodes each visits, and what
@@ -414,9 +413,8 @@ class Tables:
         for node in order:
             op = self.ops[node]
             if node in self.produces:
-                record = [op.code, *(vslot[r] for r in self.produces[node]), *(vslot[a] for a in self.args[node])]
-                record += [0] * (8 * op.forward_rows() - len(record))
-                rows.extend(record[k:k + 8] for k in range(0, len(record), 8))
+                rows.extend(_pack([op.code, *(vslot[r] for r in self.produces[node]),
+                                   *(vslot[a] for a in self.args[node])], 8))
                 continue
             row = [0] * 8
             row[1] = vslot[node]
@@ -449,7 +447,7 @@ class Tables:
             self.seeds[joint] = np.full(traced.n_outputs, -1, np.int32)
             self.leaf_slots[joint] = np.full((traced.n_outputs, D), -1, np.int32)
             groups = [[o] for o in range(traced.n_outputs)] if not joint else [list(range(traced.n_outputs))]
-            rows, offsets, count, labels = [], [0], 1 + (ZERO if self.produces else 0), set()
+            rows, offsets, count, labels = [], [0], self.reserved, set()
             for outs in groups:
                 aslot, written = self._allocate(traced, sweeps, outs, vslot, rows, labels, liveness, joint)
                 for o in outs:
@@ -469,6 +467,16 @@ class Tables:
         self.input_slots = np.array([vslot.get(n, -1) if n >= 0 else -1
                                      for comps in (*traced.inputs, traced.data) for n in comps] or [-1], np.int32)
 
+    def local_slots(self, joint: bool):
+        """The value and adjoint slots of the "local" layout's arrays (rounded up to 8)."""
+        return arrays.round_up(self.value_slots, 8), arrays.round_up(self.adjoint_slots[joint], 8)
+
+    def local_bytes(self, joint: bool, planes: int, tuples: int, wg: int, itemsize: int) -> int:
+        """Local memory of a work-group of ``wg`` work-items of ``tuples`` tuples each, in the
+        "local" layout (``planes`` adjoints per slot: the outputs of a joint sweep, else 1)."""
+        values, adjoints = self.local_slots(joint)
+        return (values + adjoints * planes) * tuples * wg * itemsize
+
     def _codes(self) -> frozenset:
         """The forward op codes (leaves and guards aside) of the instructions."""
         return frozenset(self.ops[n].code for n in self.order if self.ops[n] not in LEAVES)
@@ -483,12 +491,11 @@ class Tables:
             for node, c in sweeps[o]:
                 reached[node] = reached.get(node, 0) | (1 << (o - outs[0]))
                 contribs[node] = c
-        first_free = ZERO + 1 if self.produces else SINK + 1
-        slots, aslot, ids = _Slots(first_free=first_free), {}, {}
+        slots, aslot, ids = _Slots(first_free=self.reserved), {}, {}
 
         def slot_of(node):
             if node not in aslot:
-                aslot[node] = slots.take() if liveness else ids.setdefault(node, first_free + len(ids))
+                aslot[node] = slots.take() if liveness else ids.setdefault(node, self.reserved + len(ids))
             return aslot[node]
         written = set()   # (node, plane): its adjoint in that plane has been assigned
         for o in outs:
@@ -524,16 +531,14 @@ class Tables:
             if not joint:
                 code += first             # the case that assigns these (joint: slots are cleared)
             labels.add(code)
-            if region:
-                record = [code, 0, 0, mask if joint else 0, *owns, *(vslot[a] for a in self.args[node]), *r2]
-                record += [0] * (12 * op.reverse_units() - len(record))
-                rows.extend([record[k:k + 4], record[k + 4:k + 8], record[k + 8:k + 12]]
-                            for k in range(0, len(record), 12))
+            if region:   # rows of 12 ints: a reverse instruction's 3 x 4
+                rows.extend(_pack([code, 0, 0, mask if joint else 0, *owns, *(vslot[a] for a in self.args[node]),
+                                   *r2], 12))
                 continue
             r0 = [code, vslot[node], owns[0], mask if joint else 0]
             r1 = [vslot[a] for a in self.args[node]] + [0] * (4 - len(self.args[node]))
             r2 += [SINK] * (4 - len(r2))
-            rows.append([r0, r1, r2])
+            rows.append(r0 + r1 + r2)
         return aslot, written
 
     def _sweep(self, traced: Traced, output: int):

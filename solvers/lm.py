@@ -107,7 +107,7 @@ class Options:
                              f"iterations), got {every!r}")
         if self.checkpoint is not None:
             self._check_checkpoint_path()
-        if self.devices is not None or self.comm is not None:
+        if self.split:
             if self.device_resident is True:
                 raise ValueError("device_resident=True keeps one device's state; devices= and comm= split the "
                                  "problem over several (solvers.partitioned): leave device_resident unset")
@@ -117,6 +117,11 @@ class Options:
             if self.comm is not None and self.checkpoint is not None:
                 raise ValueError("checkpoint= with comm=: not supported (every rank would write); "
                                  "write the result on rank 0 instead")
+
+    @property
+    def split(self) -> bool:
+        """Whether the solve is split over devices or MPI ranks (solvers.partitioned)."""
+        return self.devices is not None or self.comm is not None
 
     def _check_checkpoint_path(self):
         """Refuse at once a checkpoint path that could never be written (rather than after the

@@ -49,35 +49,31 @@ def point_ranges(point_index, num_points: int, parts: int):
 
 
 class LocalParts:
-    """Parts in this process: reductions are sums in part order."""
+    """Parts in this process. The state combines its parts' values itself (in part order), so
+    each reduction here receives the combined value and has nothing left to add."""
     size, rank = 1, 0
 
     def __init__(self, n_parts: int):
-        self.n_parts = n_parts
         self._pool = ThreadPoolExecutor(n_parts) if n_parts > 1 else None
-        self.bytes = 0     # a part's contributions to the reductions (as a rank would send them)
+        self.bytes = 0     # contributed to the reductions (as a rank would send them)
 
     def map(self, fn, parts):
         if self._pool is None:
             return [fn(p) for p in parts]
         return list(self._pool.map(fn, parts))
 
-    def sum(self, values):
-        self.bytes += np.asarray(values[0]).nbytes
-        total = np.array(values[0], dtype=np.float64, copy=True)
-        for v in values[1:]:
-            total += v
-        return total
+    def sum(self, local):
+        local = np.asarray(local, dtype=np.float64)
+        self.bytes += local.nbytes
+        return local
 
-    def max(self, values):
-        self.bytes += np.asarray(values[0]).nbytes
-        return np.max(np.stack([np.asarray(v, np.float64) for v in values]), axis=0)
+    max = sum
 
-    def concat(self, values):
-        return np.concatenate(values)
+    def concat(self, local):
+        return local
 
     def union(self, keys):
-        return np.unique(np.concatenate(keys))
+        return np.unique(keys)
 
     def close(self):
         if self._pool is not None:
@@ -95,27 +91,26 @@ class MPIParts:
     def map(self, fn, parts):
         return [fn(p) for p in parts]
 
-    def _allreduce(self, value, op):
+    def _allreduce(self, local, op):
         from mpi4py import MPI
-        a = np.ascontiguousarray(value, dtype=np.float64)
+        a = np.ascontiguousarray(local, dtype=np.float64)
         out = np.empty_like(a)
         self.bytes += a.nbytes
         self.comm.Allreduce(a, out, op={"sum": MPI.SUM, "max": MPI.MAX}[op])
         return out
 
-    def sum(self, values):
-        return self._allreduce(values[0], "sum")
+    def sum(self, local):
+        return self._allreduce(local, "sum")
 
-    def max(self, values):
-        return self._allreduce(values[0], "max")
+    def max(self, local):
+        return self._allreduce(local, "max")
 
-    def concat(self, values):
-        gathered = self.comm.allgather(np.ascontiguousarray(values[0]))
-        self.bytes += values[0].nbytes
-        return np.concatenate(gathered)
+    def concat(self, local):
+        self.bytes += local.nbytes
+        return np.concatenate(self.comm.allgather(np.ascontiguousarray(local)))
 
     def union(self, keys):
-        return np.unique(np.concatenate(self.comm.allgather(keys[0])))
+        return np.unique(np.concatenate(self.comm.allgather(keys)))
 
     def close(self):
         pass
@@ -131,7 +126,11 @@ class Part:
         if runtime is not None and runtime.info.fp64:
             from .schur_cl import ClStructure
             self.cl_structure = ClStructure(self.st, runtime)
+        # The state's per-part vectors (solvers.partitioned.PartitionedState sets them): the
+        # points, their Jacobi scaling and LM diagonal, V's inverses, the step, the candidate.
         self.neq: Optional[NormalEquations] = None
+        self.pts = self.scale = self.diagonal = self.Vinv = self.delta = self.cand = None
+        self.block_positions = None   # where its pair blocks sit in the union of every part's
 
     def normal_equations(self, r, jc, jp):
         if self.cl_structure is not None:
@@ -164,11 +163,16 @@ class PartitionedState:
     def _x(self, p, cams=None, pts=None):
         return np.concatenate([self.cams if cams is None else cams, p.pts if pts is None else pts])
 
-    def _sum(self, values):
-        return self.comm.sum(values)
+    def _sum(self, local):
+        """The sum over every part of this process's ``local`` (its parts' values combined)."""
+        return self.comm.sum(local)
+
+    def _scalars(self, *local):
+        """Several scalar sums in one reduction."""
+        return [float(v) for v in self._sum(np.array(local, dtype=np.float64))]
 
     def _all_ok(self, flags) -> bool:
-        return bool(self.comm.sum([np.array([0.0 if f else 1.0 for f in flags]).sum(keepdims=True)])[0] == 0)
+        return self._scalars(0.0 if all(flags) else 1.0)[0] == 0
 
     # -- evaluation at x ---------------------------------------------------------------------
     def evaluate_jacobian(self, first: bool):
@@ -181,11 +185,11 @@ class PartitionedState:
         t1 = time.perf_counter()
         for p, (_, r, jc, jp) in zip(self.parts, results):
             p.neq = p.normal_equations(r, jc, jp)
-        cost = float(self._sum([np.array([sum(res[0] for res in results)])])[0])
+        cost, = self._scalars(sum(res[0] for res in results))
         if first:
             if self.o.jacobi_scaling:
-                col2_c = self._sum([sum(p.st.camera_sum(res[2][:, 0] ** 2 + res[2][:, 1] ** 2).ravel()
-                                        for p, res in zip(self.parts, results))])
+                col2_c = self._sum(sum(p.st.camera_sum(res[2][:, 0] ** 2 + res[2][:, 1] ** 2).ravel()
+                                       for p, res in zip(self.parts, results)))
                 self.scale_c = 1.0 / (1.0 + np.sqrt(col2_c))
                 for p, res in zip(self.parts, results):
                     p.scale = 1.0 / (1.0 + np.sqrt(p.st.point_sum(res[3][:, 0] ** 2 + res[3][:, 1] ** 2).ravel()))
@@ -193,13 +197,13 @@ class PartitionedState:
                 self.scale_c = np.ones(self.nc9)
                 for p in self.parts:
                     p.scale = np.ones(p.pts.size)
-        self.gc = self._sum([sum(p.neq.gc for p in self.parts)]).ravel()
+        self.gc = self._sum(sum(p.neq.gc for p in self.parts)).ravel()
         # The gradient's norms as Ceres measures them, |x - Plus(x, -g)|, over cameras and points.
         proj_c = self.cams - (self.cams + (-self.gc))
         proj_p = [p.pts - (p.pts + (-p.neq.gp.ravel())) for p in self.parts]
         local = np.array([max([0.0] + [float(np.max(np.abs(q))) for q in proj_p if q.size])])
-        gmax = max(float(np.max(np.abs(proj_c))) if proj_c.size else 0.0, float(self.comm.max([local])[0]))
-        sq = float(self._sum([np.array([sum(float(np.dot(q, q)) for q in proj_p)])])[0]) + float(np.dot(proj_c, proj_c))
+        gmax = max(float(np.max(np.abs(proj_c))) if proj_c.size else 0.0, float(self.comm.max(local)[0]))
+        sq = self._scalars(sum(float(np.dot(q, q)) for q in proj_p))[0] + float(np.dot(proj_c, proj_c))
         self.linear_solver_time += time.perf_counter() - t1
         return cost, gmax, sq ** 0.5
 
@@ -208,7 +212,7 @@ class PartitionedState:
         o = self.o
         t0 = time.perf_counter()
         if not reuse_diagonal:
-            bdiag = self._sum([sum(np.einsum("cii->ci", p.neq.B).ravel() for p in self.parts)])
+            bdiag = self._sum(sum(np.einsum("cii->ci", p.neq.B).ravel() for p in self.parts))
             self.diagonal = np.clip(bdiag * self.scale_c * self.scale_c, o.min_lm_diagonal, o.max_lm_diagonal)
             for p in self.parts:
                 vdiag = np.einsum("pii->pi", p.neq.V).ravel()
@@ -238,7 +242,7 @@ class PartitionedState:
             p.delta = (-(yp / p.scale)) * p.scale
             m = j_x(p.neq.Jc, self.delta_c.reshape(-1, 9)[p.st.cam]) + j_x(p.neq.Jp, p.delta.reshape(-1, 3)[p.st.pt])
             mcc_local += float(-np.sum(m * (p.neq.r + m / 2.0)))
-        mcc = float(self._sum([np.array([mcc_local])])[0])
+        mcc, = self._scalars(mcc_local)
         return StepSolution(True, its, msg, mcc)
 
     def _pairs(self):
@@ -246,8 +250,8 @@ class PartitionedState:
         its blocks sit in it."""
         if self._global_pairs is None:
             nc = self.ev.nc
-            keys = [p.neq.st.pairs().block_row.astype(np.int64) * nc + p.neq.st.pairs().block_col for p in self.parts]
-            union = self.comm.union([np.concatenate(keys)] if self.comm.size > 1 else keys)
+            keys = [p.st.pairs().block_row.astype(np.int64) * nc + p.st.pairs().block_col for p in self.parts]
+            union = self.comm.union(np.concatenate(keys))
             for p, k in zip(self.parts, keys):
                 p.block_positions = np.searchsorted(union, k)
             self._global_pairs = Pairs(None, None, union // nc, union % nc, [])
@@ -263,14 +267,12 @@ class PartitionedState:
             return blocks, p.neq.B, p.neq._rhs(p.Vinv).ravel()
         shares = self.comm.map(share, self.parts)
         # One reduction for the three: blocks, B, rhs.
-        flat = self._sum([sum(np.concatenate([b.ravel(), B.ravel(), r]) for b, B, r in shares)])
+        flat = self._sum(sum(np.concatenate([b.ravel(), B.ravel(), r]) for b, B, r in shares))
         nc = self.ev.nc
         blocks = flat[:nb * 81].reshape(nb, 9, 9)
         diag = flat[nb * 81:nb * 81 + nc * 81].reshape(nc, 9, 9).copy()
         rhs = flat[nb * 81 + nc * 81:]
         diag[:, np.arange(9), np.arange(9)] += Dc2
-        if not (np.all(np.isfinite(blocks)) and np.all(np.isfinite(diag)) and np.all(np.isfinite(rhs))):
-            return None, False, 1, "Linear solver failure: non-finite reduced camera matrix."
         return solve_reduced(pairs, nc, blocks, diag, rhs)
 
     def _solve_pcg(self, Dc2):
@@ -280,9 +282,9 @@ class PartitionedState:
         dc2 = Dc2.ravel()
 
         def apply_S(x):
-            return self._sum([sum(op(x) for op, _ in ops)]) + dc2 * x
-        b = self._sum([sum(rhs for _, rhs in ops)])
-        Sd = self._sum([sum(p.neq.B - p.neq._diagonal_pair_sums(p.Vinv) for p in self.parts)])
+            return self._sum(sum(op(x) for op, _ in ops)) + dc2 * x
+        b = self._sum(sum(rhs for _, rhs in ops))
+        Sd = self._sum(sum(p.neq.B - p.neq._diagonal_pair_sums(p.Vinv) for p in self.parts))
         Sd[:, np.arange(9), np.arange(9)] += Dc2
         Pinv = spd_block_inverses(Sd)
 
@@ -302,10 +304,9 @@ class PartitionedState:
         self.ev.residual_time += time.perf_counter() - t0
         sq_local = sum(float(np.dot(p.pts - p.cand, p.pts - p.cand)) for p in self.parts)
         ok = self._all_ok([c is not None for c in costs])
-        total = self._sum([np.array([sum(c for c in costs if c is not None), sq_local])])
+        cost, sq = self._scalars(sum(c for c in costs if c is not None), sq_local)
         dc = self.cams - self.cand_c
-        step_norm = (float(total[1]) + float(np.dot(dc, dc))) ** 0.5
-        return (float(total[0]) if ok else None), step_norm
+        return (cost if ok else None), (sq + float(np.dot(dc, dc))) ** 0.5
 
     def accept(self):
         self.cams = self.cand_c
@@ -315,7 +316,7 @@ class PartitionedState:
     @property
     def x_norm(self) -> float:
         local = sum(float(np.dot(p.pts, p.pts)) for p in self.parts)
-        return (float(self._sum([np.array([local])])[0]) + float(np.dot(self.cams, self.cams))) ** 0.5
+        return (self._scalars(local)[0] + float(np.dot(self.cams, self.cams))) ** 0.5
 
     def remember_best(self):
         self.best_cams = self.cams.copy()
@@ -324,7 +325,7 @@ class PartitionedState:
     def best(self, final: bool = True) -> np.ndarray:
         """The best parameters (cameras, then every part's points in order), on every part."""
         local = np.concatenate(self.best_pts) if self.best_pts else np.zeros(0)
-        return np.concatenate([self.best_cams, self.comm.concat([local])])
+        return np.concatenate([self.best_cams, self.comm.concat(local)])
 
     def transfers(self) -> dict:
         """``reduced_bytes``: what one part contributed to the reductions, all iterations."""

@@ -280,10 +280,7 @@ class NormalEquations:
         return dense_reduced_matrix(self.st.pairs(), self.st.nc, blocks, diag)
 
     def _solve_explicit(self, Vinv, Dc2):
-        blocks, diag, rhs = self.reduced_camera_system(Vinv, Dc2)
-        if not np.all(np.isfinite(blocks)) or not np.all(np.isfinite(diag)) or not np.all(np.isfinite(rhs)):
-            return None, False, 1, "Linear solver failure: non-finite reduced camera matrix."
-        return solve_reduced(self.st.pairs(), self.st.nc, blocks, diag, rhs)
+        return solve_reduced(self.st.pairs(), self.st.nc, *self.reduced_camera_system(Vinv, Dc2))
 
     # ------------------------------------------------------------------ iterative_schur
     def _pcg_operator(self, Vinv, Dc2):
@@ -344,6 +341,8 @@ def solve_reduced(pairs: Pairs, nc: int, blocks, diag, rhs):
     """Solve the reduced camera system ``S yc = rhs`` (S from ``pairs``' blocks and ``diag``,
     as :func:`dense_reduced_matrix`) -> ``(yc (nc, 9), ok, iterations, message)``: dense
     Cholesky (LAPACK) up to DENSE_MAX unknowns, else SuperLU's LDL^T with a symmetric ordering."""
+    if not np.all(np.isfinite(blocks)) or not np.all(np.isfinite(diag)) or not np.all(np.isfinite(rhs)):
+        return None, False, 1, "Linear solver failure: non-finite reduced camera matrix."
     if 9 * nc <= DENSE_MAX:
         S = dense_reduced_matrix(pairs, nc, blocks, diag)
         try:

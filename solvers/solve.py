@@ -227,7 +227,7 @@ def solve(problem, linear_solver: str = "sparse_schur", eliminate="auto", max_it
             raise ValueError("model= is for a problem of one residual kind over a camera group and an "
                              "eliminated group with nothing constant; this problem is evaluated with pyclad")
         core = _GeneralCore(problem, eliminated, opts)
-    if (opts.devices is not None or opts.comm is not None) and not isinstance(core, _BACore):
+    if opts.split and not isinstance(core, _BACore):
         raise ValueError("devices= / comm= split a bundle-adjustment problem (one residual kind over a camera "
                          "group and an eliminated point group); this problem runs on one device")
     if ck is not None:
@@ -300,7 +300,6 @@ class _BACore:
     name = "bundle-adjustment"
 
     def __init__(self, problem, shape, opts, model, merged=None, original=None):
-        from .evaluator import Evaluator
         self.problem, self.opts = problem, opts
         # A merge (solvers.merged_groups) of ``original``'s groups, whose constant entries the
         # device holds: reports and results are of the original problem.
@@ -320,11 +319,8 @@ class _BACore:
 
             def model(c, p, obs, dtype=None, device=None, backend=None):
                 return BatchModel(f, c, p, obs, device=device)
-        self._model, self._loss, self._dtype = model, block.loss, problem.dtype
-        self._backend = None if problem.backend == "auto" else problem.backend
-        self.evaluator = Evaluator(self.checkpoint_problem, block.loss, model=model, dtype=problem.dtype,
-                                   device=problem.device,
-                                   backend=None if problem.backend == "auto" else problem.backend)
+        self._model, self._loss = model, block.loss
+        self.evaluator = self._evaluator(self.checkpoint_problem, problem.device)
         self.model_name = type(self.evaluator.model).__name__
         if merged is not None:          # the report names the problem's residual kind
             self.model_name = ", ".join(r.name for r in original.residuals)
@@ -385,20 +381,22 @@ class _BACore:
         ev.reduced_pattern = pat
         return (pat.fill >= pair_schur.DENSE_FRACTION) == (m.copies is not None)
 
-    def partitioned(self, opts):
-        """solvers.lm.Minimizer's state factory for a solve split over devices or MPI ranks."""
+    def _evaluator(self, observations, device):
+        """The evaluator of ``observations`` (the problem's, or a part's) on ``device``."""
         from .evaluator import Evaluator
+        p = self.problem
+        return Evaluator(observations, self._loss, model=self._model, dtype=p.dtype, device=device,
+                         backend=None if p.backend == "auto" else p.backend)
+
+    def partitioned(self):
+        """solvers.lm.Minimizer's state factory for a solve split over devices or MPI ranks."""
         from .partitioned import partitioned_state
         if self.merged is not None or (self.evaluator.C, self.evaluator.P, self.num_residuals) != (9, 3, 2):
             raise ValueError("devices= / comm= split a bundle-adjustment problem of 9-parameter cameras, "
                              "3-parameter points and 2 residuals per observation; this problem is not one")
 
-        def evaluator(sub, runtime):
-            return Evaluator(sub, self._loss, model=self._model, dtype=self._dtype, device=runtime,
-                             backend=self._backend)
-
         def make(ev, options, runtime, x0):
-            return partitioned_state(ev, options, x0, self.checkpoint_problem, evaluator)
+            return partitioned_state(ev, options, x0, self.checkpoint_problem, self._evaluator)
         return make
 
     @property
@@ -406,8 +404,8 @@ class _BACore:
         """solvers.lm.Minimizer's own choice (None: the device, else the host reference), or, for
         a merge, the device with the constant entries held; split over devices or ranks when the
         options say so."""
-        if self.opts.devices is not None or self.opts.comm is not None:
-            return self.partitioned(self.opts)
+        if self.opts.split:
+            return self.partitioned()
         if self.merged is None:
             return None
         merged = self.merged
