@@ -108,9 +108,6 @@ class Options:
         if self.checkpoint is not None:
             self._check_checkpoint_path()
         if self.split:
-            if self.device_resident is True:
-                raise ValueError("device_resident=True keeps one device's state; devices= and comm= split the "
-                                 "problem over several (solvers.partitioned): leave device_resident unset")
             if self.comm is not None and not hasattr(self.comm, "Allreduce"):
                 raise TypeError(f"comm must be an mpi4py communicator (mpi4py.MPI.COMM_WORLD), "
                                 f"got {type(self.comm).__name__}")

@@ -165,6 +165,10 @@ class DeviceState:
         sums = lambda size: arrays.scratch(rt, max(1, int(size)), self.acc)  # noqa: E731
         self.ncC, self.total = nc * C, nc * C + npt * P
         self._ncC, self._total = np.int32(self.ncC), np.int32(self.total)     # as kernel arguments
+        # What the norms' reductions (the gradient's, the step's, |x|) run over: every entry, or,
+        # for a part of a split solve that leaves the cameras to another part
+        # (solvers.partitioned_device), the points alone (ncC = 0: every index a point entry).
+        self._norm_ncC, self._norm_total = self._ncC, self.total
         x0 = np.asarray(x0, dtype=self.dtype)
         self._views = {}
         self.x = self._upload_pair(x0)
@@ -264,7 +268,6 @@ class DeviceState:
 
     def _pairs(self, *vectors):
         return [b.data for v in vectors for b in v]
-
     def _reduce_cost(self, r, with_jacobians, read=True):
         """Per-observation rho (corrected r, Jc, Jp in place when ``with_jacobians``), summed;
         the cost (None when not finite), or nothing yet with ``read=False`` (see _cost)."""
@@ -295,6 +298,14 @@ class DeviceState:
 
     # -- evaluation at x ---------------------------------------------------------------------
     def evaluate_jacobian(self, first: bool):
+        self._enqueue_jacobian()
+        sc = self._finish_jacobian(first)
+        return self._jacobian_result(sc)
+
+    def _enqueue_jacobian(self):
+        """Enqueue the model's residuals and Jacobian at x, the robust correction, the cost's
+        reduction, and the normal equations' blocks B, V and gradient g (nothing read yet; a
+        split solve sums B and the camera gradient over its parts before :meth:`_finish_jacobian`)."""
         ev, n = self.ev, self.n
         t0 = time.perf_counter()
         # Let the last Jacobian go first: the new one takes its memory.
@@ -324,6 +335,13 @@ class DeviceState:
         self._run("camera_partials", pcg.nseg, jc.data, r.data, pcg.obs.data, pcg.seg_start.data,
                   self.partial.data, np.int32(pcg.nseg))
         self._run("camera_normal", nc * (self.T + self.C), self.partial.data, pcg.cam_seg.data, self.B.data, g[0].data, np.int32(nc))
+        self.linear_solver_time += time.perf_counter() - t0
+
+    def _finish_jacobian(self, first: bool):
+        """After :meth:`_enqueue_jacobian`: the Jacobi scaling (first), the gradient's norms; the
+        scalars read back (the cost's and the gradient's slots)."""
+        t0 = time.perf_counter()
+        g = self.g
         if self.copies is not None:
             # A shared column's gradient and norm: the sums over its copies, at every copy.
             self._run("camera_diagonal", self.ncC, self.B.data, self.cd.data, self._ncC)
@@ -335,14 +353,18 @@ class DeviceState:
         if first:
             self._run("jacobi_scale", self.total, *self._cd, self.B.data, self.V.data, *self._pairs(self.s),
                       self._ncC, self._total, np.int32(1 if self.o.jacobi_scaling else 0))
-        self._reduce("reduce_gradient", GRADIENT, self.total, *self._count, *self._pairs(self.x, g), self._ncC,
-                     second_max=True)
+        self._reduce("reduce_gradient", GRADIENT, self._norm_total, *self._count, *self._pairs(self.x, g),
+                     self._norm_ncC, second_max=True)
         sc = self._read_scalars()
         self.linear_solver_time += time.perf_counter() - t0
-        cost = self._cost(sc, COST) if n else 0.0
+        return sc
+
+    def _jacobian_result(self, sc):
+        """``evaluate_jacobian``'s result from the scalars (None: the cost is not finite)."""
+        cost = self._cost(sc, COST) if self.n else 0.0
         if cost is None:
             return None
-        pcg.bind_jacobian(jc, r_dev=r, Jp_dev=jp)
+        self.pcg.bind_jacobian(self.jc, r_dev=self.r, Jp_dev=self.jp)
         return cost, float(sc[GRADIENT + 1]), float(np.sqrt(sc[GRADIENT]))
 
     # -- the step ----------------------------------------------------------------------------
@@ -376,13 +398,20 @@ class DeviceState:
         """The step, candidate and model cost change from the linear solution ``raw`` (camera and
         point parts on the device). ``outcome``: the linear solver's ``(ok, message)``, known once
         the queue has passed the solve (a failed solve's step, made all the same, is dropped)."""
+        self._enqueue_step(raw)
+        return self._step_verdict(self._read_scalars(), its, msg, outcome)
+
+    def _enqueue_step(self, raw):
+        """Enqueue the step, the candidate, the model cost change and the step's norms."""
         pcg, ncC, total = self.pcg, self._ncC, self._total
         self._run("make_step", self.total, *self._pairs(raw, self.s, self.x, self.delta, self.cand), ncC, total)
         self._run("model_change", self.n, self.jc.data, self.jp.data, self.r.data, pcg.cam.data, pcg.pt.data,
                   self.delta[0].data, self.delta[1].data, self.value.data, np.int32(self.n))
         self._reduce("reduce_sum", CHANGE, self.n, self.value.data)
-        self._reduce("reduce_step", STEP, self.total, *self._count, *self._pairs(self.x, self.cand, raw), ncC)
-        sc = self._read_scalars()
+        self._reduce("reduce_step", STEP, self._norm_total, *self._count,
+                     *self._pairs(self.x, self.cand, raw), self._norm_ncC)
+
+    def _step_verdict(self, sc, its, msg, outcome=None) -> StepSolution:
         if outcome is not None:
             ok, msg = outcome()
             if not ok:
@@ -418,16 +447,20 @@ class DeviceState:
         self._enqueue_norm()
 
     def _enqueue_norm(self):
-        self._reduce("reduce_norm", NORM, self.total, *self._count, *self._pairs(self.x), self._ncC)
+        self._reduce("reduce_norm", NORM, self._norm_total, *self._count, *self._pairs(self.x), self._norm_ncC)
         self._norm_read = False
 
-    @property
-    def x_norm(self) -> float:
+    def _norm_sq(self) -> float:
+        """``|x|^2`` over the entries this state's norms count."""
         if self._norm_read is None:
             self._enqueue_norm()
         if not self._norm_read:
             self._read_scalars()
-        return float(np.sqrt(max(self._scalars[NORM] - self.norm_excluded, 0.0)))
+        return float(self._scalars[NORM] - self.norm_excluded)
+
+    @property
+    def x_norm(self) -> float:
+        return float(np.sqrt(max(self._norm_sq(), 0.0)))
 
     def remember_best(self):
         q = self.rt.queue

@@ -333,31 +333,52 @@ class PartitionedState:
 
     @property
     def linear_solver_detail(self) -> str:
-        devices = ", ".join(sorted({p.runtime.info.name if p.runtime is not None else "host" for p in self.parts}))
-        if isinstance(self.comm, MPIParts):
-            where, devices = f"{self.comm.size} MPI ranks", f"rank {self.comm.rank}: {devices}"
-        else:
-            where = f"{len(self.parts)} device{'s' if len(self.parts) > 1 else ''}"
         how = ("reduced camera matrix summed over the parts, factorised on each"
                if self.o.linear_solver == "sparse_schur" else "Schur products summed over the parts per CG step")
-        return f"Points split over {where} ({devices}); {how}"
+        return describe_split(self.comm, self.parts, how)
 
     def close(self):
         self.comm.close()
 
 
-def make_parts(make_evaluator, camera_index, point_index, data, num_cameras: int, num_points: int,
-               runtimes: List, ranges) -> List[Part]:
-    """A :class:`Part` per (runtime, point range): ``make_evaluator(sub_problem, runtime)``
-    evaluates the observations of the range's points, numbered from the range's start."""
+def describe_split(comm, parts, how: str) -> str:
+    """The log's line for a split solve: over what, on which devices, and ``how`` it solves."""
+    devices = ", ".join(sorted({p.runtime.info.name if p.runtime is not None else "host" for p in parts}))
+    if isinstance(comm, MPIParts):
+        where, devices = f"{comm.size} MPI ranks", f"rank {comm.rank}: {devices}"
+    else:
+        where = f"{len(parts)} device{'s' if len(parts) > 1 else ''}"
+    return f"Points split over {where} ({devices}); {how}"
+
+
+def part_evaluators(make_evaluator, camera_index, point_index, data, num_cameras: int, num_points: int,
+                    runtimes: List, ranges) -> List[tuple]:
+    """``(evaluator, runtime, lo, hi)`` per (runtime, point range): ``make_evaluator(sub_problem,
+    runtime)`` evaluates the observations of the range's points, numbered from the range's start."""
     from .solve import _Observations
-    parts = []
+    out = []
     for rt, (lo, hi) in zip(runtimes, ranges):
         keep = (point_index >= lo) & (point_index < hi)
         sub = _Observations(camera_index[keep], point_index[keep] - lo,
                             None if data is None else data[keep], num_cameras, hi - lo, f"points {lo}:{hi}", 9, 3)
-        parts.append(Part(make_evaluator(sub, rt), rt, lo, hi))
-    return parts
+        out.append((make_evaluator(sub, rt), rt, lo, hi))
+    return out
+
+
+def device_split_reason(evaluators, options):
+    """Why the parts cannot keep their states on their devices (None when they can;
+    solvers.partitioned_device)."""
+    from .lm_device import device_unavailable_reason
+    if options.linear_solver != "iterative_schur":
+        return (f"a split {options.linear_solver} sums the parts' reduced camera matrices on the host "
+                "(iterative_schur keeps the parts on their devices)")
+    for ev, rt, lo, hi in evaluators:
+        if ev.cam.size == 0:
+            return f"the part of points {lo}:{hi} has no observations"
+        why = device_unavailable_reason(ev, options, rt)
+        if why is not None:
+            return why
+    return None
 
 
 def rank_runtime(comm, devices=None):
@@ -371,20 +392,39 @@ def rank_runtime(comm, devices=None):
     return runtimes[local % len(runtimes)]
 
 
-def partitioned_state(ev, options, x0, observations, make_evaluator) -> PartitionedState:
+def partitioned_state(ev, options, x0, observations, make_evaluator):
     """The state of a solve split over ``options.devices`` (this process) or the ranks of
     ``options.comm``; ``observations``: the problem's index fields (a BALProblem's);
-    ``make_evaluator(sub_problem, runtime)``: a part's evaluator."""
+    ``make_evaluator(sub_problem, runtime)``: a part's evaluator. The parts keep their states on
+    their devices (:class:`solvers.partitioned_device.PartitionedDeviceState`) wherever
+    ``device_split_reason`` finds nothing against it on any part (every rank agrees) and
+    ``device_resident`` is not False; otherwise they run the host reference
+    (:class:`PartitionedState`)."""
     if options.comm is not None:
         comm = MPIParts(options.comm)
         runtimes = [rank_runtime(options.comm, options.devices)]
         ranges = point_ranges(observations.point_index, observations.num_points, comm.size)[comm.rank:comm.rank + 1]
+        first = comm.rank           # the number of this process's first part
     else:
         from clkernels.multi_device import resolve
         runtimes = resolve(options.devices)
         comm = LocalParts(len(runtimes))
         ranges = point_ranges(observations.point_index, observations.num_points, len(runtimes))
-    parts = make_parts(make_evaluator, np.asarray(observations.camera_index), np.asarray(observations.point_index),
-                       observations.observations, observations.num_cameras, observations.num_points,
-                       runtimes, ranges)
-    return PartitionedState(ev, options, x0, parts, comm)
+        first = 0
+    evaluators = part_evaluators(make_evaluator, np.asarray(observations.camera_index),
+                                 np.asarray(observations.point_index), observations.observations,
+                                 observations.num_cameras, observations.num_points, runtimes, ranges)
+    why = "device_resident=False" if options.device_resident is False else device_split_reason(evaluators, options)
+    # Every rank must take the same path: one that cannot makes them all take the host's.
+    if comm.max(np.array([0.0 if why is None else 1.0]))[0] > 0:
+        if options.device_resident is True:
+            raise ValueError(f"device_resident=True, but {why or 'another rank cannot keep its part on its device'}")
+        parts = [Part(e, rt, lo, hi) for e, rt, lo, hi in evaluators]
+        return PartitionedState(ev, options, x0, parts, comm)
+    from .partitioned_device import DevicePart, PartitionedDeviceState
+    x0 = np.asarray(x0, dtype=np.float64)
+    nc9 = 9 * observations.num_cameras
+    parts = [DevicePart(e, options, rt, np.concatenate([x0[:nc9], x0[nc9 + 3 * lo:nc9 + 3 * hi]]), lo, hi,
+                        counts_cameras=first + k == 0)
+             for k, (e, rt, lo, hi) in enumerate(evaluators)]
+    return PartitionedDeviceState(ev, options, parts, comm)

@@ -19,7 +19,8 @@
 ## work-group of the same launch writes.
 ##
 ## Per linear system also jacobi_blocks (the preconditioner's blocks of S, less B + Dc^2) and,
-## after the solve, back_substitute (the points' step). The host enqueues iterations ahead and reads
+## after the solve, back_substitute (the points' step). camera_sums serves a solve split over
+## parts, whose CG runs on the host over the parts' summed products. The host enqueues iterations ahead and reads
 ## the small state now and then: every kernel returns at once when the state says the solve has
 ## ended, so iterations enqueued past the end cost only their launches.
 ## Observations are sorted by point; Jacobian blocks are as the model returns them, F (n, R, C) and
@@ -354,6 +355,21 @@ __kernel void back_substitute(__global const real *restrict Jc,     // (n, R, C)
 %for k in range(P):
     yp[${P} * p + ${k}] = ${' + '.join(f'M[{P * k + i}] * u{i}' for i in range(P))};
 %endfor
+}
+
+// Per camera, the sum of its runs' rows (``width`` values each: camera_partials' C, or
+// jacobi_blocks' T): a part's camera-sized share of a product or of the preconditioner's blocks,
+// which a solve split over parts sums across them (solvers.partitioned_device).
+__kernel void camera_sums(__global const acc *restrict rows,     // (nseg, width)
+                          __global const int *restrict cam_seg,  // (nc + 1)
+                          __global acc *restrict out,            // (nc, width)
+                          const int nc, const int width)
+{
+    const int i = get_global_id(0), c = i / width, a = i - c * width;
+    if (c >= nc) return;
+    acc v = 0.0;
+    for (int s = cam_seg[c]; s < cam_seg[c + 1]; ++s) v += rows[(size_t)s * width + a];
+    out[i] = v;
 }
 
 // ------------------------------------------------------------------ the CG's vector kernels

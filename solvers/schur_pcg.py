@@ -151,6 +151,7 @@ class DevicePCG:
         self.stage = stage_capacity(rt, R, P, dtype) if split and STAGED_PROJECTION else 0
         prg = get_program(TEMPLATE, rt, C=C, P=P, R=R, L=L, SPLIT=split, STAGE=self.stage, LP=STAGE_POINTS,
                           REAL=ctype(dtype), ACC=ctype(self.acc))
+        self._program, self._sums = prg, None      # (camera_sums: made by its first use)
         # Kernel objects of this instance alone, one per use and state parity, their arguments
         # set once (here and in bind_jacobian): an iteration is then five enqueues and nothing
         # else (templates.kernel's shared objects would let two solves overwrite each other's
@@ -399,6 +400,42 @@ class DevicePCG:
             out[self._seen_cams] = self._per_camera(part)
         for event in pending:
             event.wait()
+        return out
+
+    # -- a part of a split solve (solvers.partitioned_device): camera-sized shares, summed on the
+    # device per camera and read back, for the host to add over the parts.
+    def part_product(self, v=None):
+        """This part's share of ``S v`` less ``Dc^2 v``, per camera (nc, C):
+        ``F^T (I - E V^-1 E^T) F v`` over the bound Jacobian, with the device's ``Vinv``; with
+        ``v`` None, the share of the reduced right-hand side ``F^T (f - E V^-1 E^T f)``."""
+        self._check_bound()
+        pending = []
+        arrays.write_async(self.rt, self.states[0], np.zeros(8, self.acc), pending)     # RUNNING
+        self.bytes_to_device += 8 * self.acc.itemsize
+        if v is not None:
+            arrays.write_async(self.rt, self.p, np.asarray(v).ravel(), pending)
+            self.bytes_to_device += self.p.nbytes
+        self._apply("f" if v is None else "p", 0)
+        return self._camera_sums(self.partial, self.C)      # (a blocking read: the writes are done)
+
+    def part_jacobi_sums(self):
+        """This part's ``sum over its points of G V^-1 G^T`` per camera, upper triangles (nc, T),
+        with the device's ``Vinv``."""
+        return self._camera_sums(self.jacobi_blocks(), self.T)
+
+    def _camera_sums(self, rows, width):
+        """camera_sums of ``rows`` (nseg, width) read back (nc, width)."""
+        out = np.zeros((self.nc, width), self.acc)
+        if not self.nseg:
+            return out
+        if self._sums is None:      # only a part of a split solve needs them
+            self._sums = arrays.scratch(self.rt, max(1, self.nc * max(self.C, self.T)), self.acc)
+            self._k_sums = owned_kernel(self._program, "camera_sums", self)
+        ls = self.ls_partials
+        self._k_sums.set_args(rows.data, self.cam_seg.data, self._sums.data, np.int32(self.nc), np.int32(width))
+        self._enqueue("camera_sums", self._k_sums, (arrays.round_up(self.nc * width, ls),), (ls,))
+        cl.enqueue_copy(self.rt.queue, out, self._sums.data)      # (reads out.nbytes)
+        self.bytes_to_host += out.nbytes
         return out
 
     def jacobi_blocks(self):

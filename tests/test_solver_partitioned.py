@@ -1,7 +1,8 @@
-"""Bundle adjustment split over devices and MPI ranks (solvers.partitioned): the split solve
-against the one-device solve (the same iterations; final cost to 1e-9 relative) on real BAL
-problems and a synthetic one, on two real PoCL devices and two real MPI ranks (Open MPI's
-mpirun); a failing rank; bad arguments."""
+"""Bundle adjustment split over devices and MPI ranks (solvers.partitioned: the host reference
+path, and solvers.partitioned_device: every part's state on its device): the split solve against
+the one-device solve (the same iterations; final cost to 1e-9 relative) on real BAL problems and a
+synthetic one, on two real PoCL devices and two real MPI ranks (Open MPI's mpirun); every kernel
+of a split on Oclgrind; a failing rank; bad arguments."""
 import json
 import os
 import shutil
@@ -84,14 +85,58 @@ def test_two_devices_solve_as_one(name, linear_solver, loss):
         one = solvers.bundle_adjust(p, device=pair[0], device_resident=False, **kw)
         reference = solvers.bundle_adjust(p, device=pair[0], **kw)   # the default: device-resident
         two = solvers.bundle_adjust(p, devices=pair, **kw)
+        two_host = solvers.bundle_adjust(p, devices=pair, device_resident=False, **kw)
         print(json.dumps({{"one": summary(one), "reference": summary(reference), "two": summary(two),
+                          "two_host": summary(two_host),
                           "points": float(abs(two.points - one.points).max() / abs(one.points).max()), "detail": two.linear_solver_detail}}))
     """))
-    assert out["two"]["state"] == "partitioned" and "2 devices" in out["detail"]
+    # iterative_schur keeps the parts on their devices; sparse_schur sums S on the host
+    state = "partitioned-device" if linear_solver == "iterative_schur" else "partitioned"
+    assert out["two"]["state"] == state and "2 devices" in out["detail"]
     _same_solve(out["one"], out["two"])
     _same_solve(out["reference"], out["two"])
+    assert out["two_host"]["state"] == "partitioned"          # the reference path, asked for
+    _same_solve(out["one"], out["two_host"])
     assert out["points"] < 1e-6       # (relative to the largest coordinate)
     assert out["two"]["bytes"] > 0
+
+
+@pytest.mark.slow
+def test_two_devices_solve_in_float32():
+    """float32 storage on both parts (sums in float64). The CG's rounding differs from the
+    one-device float32 solve's (its vectors are float32 on the device, the split's float64 on the
+    host), so the trajectories part after a few iterations: both end where float64 does, to
+    float32's accuracy (as the one-device float32 tests hold it)."""
+    path = str(bal_file("problem-49-7776-pre"))
+    out = run_on_two_devices(SUMMARY + textwrap.dedent(f"""
+        import json, numpy as np, solvers
+        p = solvers.read_bal({path!r})
+        kw = dict(linear_solver="iterative_schur", max_iterations=6)
+        f64 = solvers.bundle_adjust(p, device=pair[0], **kw)
+        one = solvers.bundle_adjust(p, device=pair[0], dtype=np.float32, **kw)
+        two = solvers.bundle_adjust(p, devices=pair, dtype=np.float32, **kw)
+        print(json.dumps({{"f64": summary(f64), "one": summary(one), "two": summary(two)}}))
+    """))
+    assert out["one"]["state"] == "device" and out["two"]["state"] == "partitioned-device"
+    assert out["two"]["iterations"] == out["f64"]["iterations"]
+    for r in (out["one"], out["two"]):
+        assert abs(r["final_cost"] - out["f64"]["final_cost"]) <= 1e-3 * out["f64"]["final_cost"]
+    assert out["two"]["final_cost"] < 0.02 * out["two"]["costs"][0]
+
+
+@pytest.mark.oclgrind
+def test_a_split_on_its_devices_tiny_problem(device, keep_on_simulator):
+    """Every kernel of a part (solvers.partitioned_device) on a tiny problem, Oclgrind too (which
+    must report nothing): a split over a list of one device solves as the device-resident solve."""
+    if not device.info.fp64:
+        pytest.skip("float64 bundle adjustment needs fp64")
+    from test_solver_lm_device import assert_same_solve
+    p = solvers.synthetic_problem(4, 12, 3, seed=9)
+    kw = dict(linear_solver="iterative_schur", max_iterations=2, loss="huber", handle_sigint=False)
+    one = solvers.bundle_adjust(p, device=device, device_resident=True, **kw)
+    split = solvers.bundle_adjust(p, devices=[device], device_resident=True, **kw)
+    assert one.state == "device" and split.state == "partitioned-device"
+    assert_same_solve(one, split)
 
 
 @pytest.mark.slow
@@ -114,6 +159,8 @@ def test_two_mpi_ranks_solve_as_one(linear_solver, tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     ranks = [json.loads(f.read_text()) for f in sorted(tmp_path.glob("rank*.json"))]
     assert sorted(s["rank"] for s in ranks) == [0, 1]
+    state = "partitioned-device" if linear_solver == "iterative_schur" else "partitioned"
+    assert all(s["state"] == state for s in ranks)
     want = {"iterations": len(single.history), "successful": single.num_successful_steps,
             "final_cost": single.final_cost, "costs": [h.cost for h in single.history]}
     for s in ranks:        # every rank ends with the whole solution
@@ -139,21 +186,24 @@ def test_the_cli_under_mpirun_prints_once_and_writes_on_rank_0(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_failing_rank_ends_every_rank_with_a_message():
-    run = _run_mpi(textwrap.dedent("""
+@pytest.mark.parametrize("module,state,linear_solver", [
+    ("partitioned", "PartitionedState", "sparse_schur"),
+    ("partitioned_device", "PartitionedDeviceState", "iterative_schur")])
+def test_a_failing_rank_ends_every_rank_with_a_message(module, state, linear_solver):
+    run = _run_mpi(textwrap.dedent(f"""
         from mpi4py import MPI
-        import solvers.partitioned as part
+        import solvers.{module} as part
         from solvers.bal.__main__ import main
         if MPI.COMM_WORLD.Get_rank() == 1:
             calls = []
-            original = part.PartitionedState.solve_step
+            original = part.{state}.solve_step
             def failing(self, *a, **k):
                 calls.append(1)
                 if len(calls) == 2:
                     raise RuntimeError("device lost (injected)")
                 return original(self, *a, **k)
-            part.PartitionedState.solve_step = failing
-        main(["--synthetic", "10,300,4", "--iterations", "10", "--mpi"])
+            part.{state}.solve_step = failing
+        main(["--synthetic", "10,300,4", "--iterations", "10", "--mpi", "--linear-solver", "{linear_solver}"])
     """), timeout=120)
     assert run.returncode != 0
     assert "MPI rank 1 of 2 failed (RuntimeError: device lost (injected)); ending every rank" in run.stderr
@@ -165,7 +215,8 @@ def test_bad_arguments_are_named():
         solvers.bundle_adjust(p, devices="both", max_iterations=1)
     with pytest.raises(TypeError, match="comm must be an mpi4py communicator"):
         solvers.bundle_adjust(p, comm=object(), max_iterations=1)
-    with pytest.raises(ValueError, match="device_resident=True keeps one device's state"):
+    with pytest.raises(ValueError, match="device_resident=True, but a split sparse_schur sums the parts' "
+                                         "reduced camera matrices on the host"):
         solvers.bundle_adjust(p, devices="all", device_resident=True, max_iterations=1)
     with pytest.raises(ValueError, match="point_ranges|at least 1"):
         point_ranges(p.point_index, p.num_points, 0)

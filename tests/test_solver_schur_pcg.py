@@ -133,6 +133,35 @@ def test_preconditioner_blocks_and_back_substitution(device, max_segment, layout
     keep_on_simulator(cs, cl_neq)
 
 
+@pytest.mark.oclgrind
+@pytest.mark.parametrize("max_segment", [256, 2], ids=["whole-cameras", "split-cameras"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_a_parts_camera_sums(device, max_segment, layout, monkeypatch, keep_on_simulator):
+    """What a part of a split solve reads back (solvers.partitioned_device): its share of S v
+    without Dc^2, of the reduced right-hand side and of the Schur-Jacobi blocks, summed per camera
+    on the device (camera_sums), against the numpy operator and pair sums."""
+    if not device.info.fp64:
+        pytest.skip("float64 systems need fp64")
+    monkeypatch.setattr(schur_pcg, "MAX_SEGMENT_CPU", max_segment)
+    monkeypatch.setattr(schur_pcg, "MAX_SEGMENT_GPU", max_segment)
+    _layout(monkeypatch, layout)
+    st, r, jc, jp, neq, Vinv, Dc2 = _system(seed=5)
+    cs = ClStructure(st, device)
+    cl_neq = NormalEquationsCL(st, r, jc, jp, cs)
+    pcg = cs.device_pcg()
+    pcg.bind_jacobian(cl_neq.Jc_dev, cl_neq.Jp_dev, cl_neq.r_dev)
+    pending = []
+    pcg._upload_vinv(Vinv, pending)
+    apply_S, b = neq._pcg_operator(Vinv, np.zeros_like(Dc2))
+    v = np.random.default_rng(1).standard_normal(9 * st.nc)
+    for got, want in ((pcg.part_product(v).ravel(), apply_S(v)), (pcg.part_product().ravel(), b)):
+        np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-11 * np.abs(want).max())
+    rows, cols = np.triu_indices(9)
+    want = neq._diagonal_pair_sums(Vinv)[:, rows, cols]
+    np.testing.assert_allclose(pcg.part_jacobi_sums(), want, rtol=1e-11, atol=1e-11 * np.abs(want).max())
+    keep_on_simulator(cs, cl_neq)
+
+
 def test_staged_projection_gives_the_unstaged_bits(device, monkeypatch):
     """project_points staged in local memory (every group, or some) does the same arithmetic in
     the same order as reading global memory directly: the same CG iterates, bit for bit."""

@@ -1,0 +1,252 @@
+"""A bundle adjustment split over devices or MPI ranks with every part's state on its device.
+
+:mod:`solvers.partitioned` splits the points into contiguous ranges, one per part, and sums the
+camera-sized quantities over the parts. Its state keeps the Jacobians on the host (the reference
+path); this one keeps each part's as :class:`solvers.lm_device.DeviceState` does: a
+:class:`DevicePart` is the device-resident state of the part's sub-problem (every camera, the
+part's points and all their observations). What crosses between the parts, as host arrays
+summed by the parts' reducer (:class:`solvers.partitioned.LocalParts` or ``MPIParts``):
+
+- per Jacobian evaluation: the camera blocks ``B`` of ``J^T J`` (C (C + 1) / 2 per camera) and the
+  camera gradient, read from every part, summed and written back, so that the Jacobi scaling, the
+  LM diagonal and ``Dc^2`` are computed from the whole problem's sums on every part alike; the
+  cost and the gradient's norms (scalars);
+- per linear solve (``iterative_schur``): every part's per-camera sums of ``G V^-1 G^T`` (the
+  Schur-Jacobi preconditioner's blocks, inverted on the host as the host path does) and its share
+  of the reduced right-hand side;
+- per CG step: one camera-sized vector, each part's share of the implicit product ``S p``
+  (:meth:`solvers.schur_pcg.DevicePCG.part_product`). The conjugate gradients themselves run on
+  the host (:func:`solvers.cg.conjugate_gradients`) on the summed numbers: their decisions are
+  taken once per process on equal inputs, so every rank takes the same ones;
+- per step and candidate: the model cost change, the step's norms and the candidate's cost.
+
+The parts' norms count the cameras once: the first part's reductions run over every entry, the
+others' over their points alone. The iterations and costs equal the one-device solve's up to the
+order of the sums (the tests hold the final cost to 1e-9 relative).
+
+Only ``iterative_schur``: a split ``sparse_schur`` would send every part's blocks of the reduced
+camera matrix per solve, which the host reference path (:class:`solvers.partitioned.PartitionedState`)
+does.
+"""
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import numpy as np
+import pyopencl as cl
+
+from .cg import conjugate_gradients
+from .host_state import StepSolution
+from .lm_device import CANDIDATE, CHANGE, COST, GRADIENT, NORM, STEP, DeviceState
+from .schur import spd_block_inverses
+
+
+class DevicePart(DeviceState):
+    """One part: the device-resident state of its sub-problem (``evaluator``: every camera, the
+    points ``lo:hi``), ``x0`` its cameras and points. ``counts_cameras``: whether its norms count
+    the camera entries (one part's do)."""
+
+    def __init__(self, evaluator, options, runtime, x0, lo: int, hi: int, counts_cameras: bool):
+        super().__init__(evaluator, options, runtime, x0, profile=options.profile_kernels)
+        self.runtime, self.lo, self.hi = runtime, lo, hi
+        if not counts_cameras:
+            self._norm_ncC, self._norm_total = np.int32(0), self.npt * self.P
+
+    def camera_normal_share(self) -> np.ndarray:
+        """This part's camera blocks ``B`` (nc * T) and camera gradient (nc * C), one float64 array."""
+        q, nT = self.rt.queue, self.nc * self.T
+        out = np.empty(nT + self.ncC, self.dtype)
+        if self.nc:
+            cl.enqueue_copy(q, out[:nT], self.B.data, is_blocking=False)
+            cl.enqueue_copy(q, out[nT:], self.g[0].data)
+            self.bytes_to_host += out.nbytes
+        return out.astype(np.float64)
+
+    def set_camera_normal(self, total: np.ndarray):
+        """Write the sums over every part (:meth:`camera_normal_share`'s layout) in place of its own."""
+        nT = self.nc * self.T
+        if self.nc:
+            host = total.astype(self.dtype)
+            cl.enqueue_copy(self.rt.queue, self.B.data, host[:nT], is_blocking=False)
+            cl.enqueue_copy(self.rt.queue, self.g[0].data, host[nT:])      # (blocking: host lives here)
+            self.bytes_to_device += host.nbytes
+
+    def candidate_scalars(self) -> np.ndarray:
+        """The candidate's cost (in ``CANDIDATE``) among the scalars."""
+        t0 = time.perf_counter()
+        try:
+            r = self.fn.values(self._model_params(self.cand), self.index, data=self.observed,
+                               device=self.rt, index_checked=True)
+            self._reduce_cost(r, with_jacobians=False, read=False)
+            return self._read_scalars()
+        finally:
+            self.ev.num_residual_evaluations += 1
+            self.ev.residual_time += time.perf_counter() - t0
+
+    def set_camera_solution(self, yc: np.ndarray):
+        """The cameras' linear solution (nc * C) into the CG's ``x``, and the points' by
+        back-substitution; returns the pair the step reads."""
+        pcg = self.pcg
+        if self.ncC:
+            cl.enqueue_copy(self.rt.queue, pcg.x.data, np.ascontiguousarray(yc, self.dtype))
+            self.bytes_to_device += pcg.x.nbytes
+        return pcg.x, pcg.back_substitute_solution()
+
+
+class PartitionedDeviceState:
+    """:class:`solvers.lm.Minimizer`'s state over :class:`DevicePart` s (the module docstring);
+    ``comm`` sums over the parts of every process; ``evaluator`` (the whole problem's) counts the
+    evaluations."""
+
+    where = "partitioned-device"
+
+    def __init__(self, evaluator, options, parts: Sequence[DevicePart], comm):
+        self.ev, self.o, self.parts, self.comm = evaluator, options, list(parts), comm
+        first = self.parts[0]
+        self.nc, self.C, self.T = first.nc, first.C, first.T
+        self.linear_solver_time = 0.0
+        self.B = None        # the summed camera blocks (nc, T) of the current Jacobian
+        self.step_norm = 0.0
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _map(self, fn):
+        return self.comm.map(fn, self.parts)
+
+    def _sum(self, local_values):
+        """The sum over every part of the arrays ``local_values`` (this process's parts')."""
+        return self.comm.sum(np.sum(local_values, axis=0))
+
+    def _scalars(self, per_part, max_slot=None):
+        """The parts' scalar arrays summed (``max_slot``: that slot their maximum)."""
+        total = self._sum(per_part)
+        if max_slot is not None:
+            total[max_slot] = self.comm.max(np.array([max(s[max_slot] for s in per_part)]))[0]
+        return total
+
+    # -- evaluation at x ---------------------------------------------------------------------
+    def evaluate_jacobian(self, first: bool):
+        t0 = time.perf_counter()
+        self._map(lambda p: p._enqueue_jacobian())
+        self.ev.num_jacobian_evaluations += 1
+        t1 = time.perf_counter()
+        self.ev.jacobian_time += t1 - t0
+        total = self._sum(self._map(lambda p: p.camera_normal_share()))
+        # As every part's device holds them (in its storage type): the preconditioner's B.
+        self.B = total[:self.nc * self.T].astype(self.parts[0].dtype).astype(np.float64).reshape(self.nc, self.T)
+        self._map(lambda p: p.set_camera_normal(total))
+        sc = self._scalars(self._map(lambda p: p._finish_jacobian(first)), max_slot=GRADIENT + 1)
+        self.linear_solver_time += time.perf_counter() - t1
+        cost = 0.5 * sc[COST]
+        if not np.isfinite(cost):
+            return None
+        for p in self.parts:
+            p.pcg.bind_jacobian(p.jc, r_dev=p.r, Jp_dev=p.jp)
+        return float(cost), float(sc[GRADIENT + 1]), float(np.sqrt(sc[GRADIENT]))
+
+    # -- the step ----------------------------------------------------------------------------
+    def solve_step(self, radius: float, reuse_diagonal: bool) -> StepSolution:
+        o, nc, C = self.o, self.nc, self.C
+        t0 = time.perf_counter()
+        try:
+            self._map(lambda p: p._regularize(radius, reuse_diagonal))
+            jacobi = self._sum(self._map(lambda p: p.pcg.part_jacobi_sums())).reshape(nc, self.T)
+            b = self._sum(self._map(lambda p: p.pcg.part_product().ravel()))
+            first = self.parts[0]
+            dc2 = np.empty(nc * C, first.dtype)          # the same on every part
+            if nc:
+                cl.enqueue_copy(first.rt.queue, dc2, first.pcg.dc2.data)
+                first.bytes_to_host += dc2.nbytes
+            dc2 = dc2.astype(np.float64)
+            # Schur-Jacobi: the inverses of B + Dc^2 - sum G V^-1 G^T (pseudo-inverses of all
+            # where one block is not positive definite, as the host path).
+            blocks = _full(self.B - jacobi, C)
+            blocks[:, np.arange(C), np.arange(C)] += dc2.reshape(nc, C)
+            Pinv = spd_block_inverses(blocks)
+
+            def apply_S(v):
+                return self._sum(self._map(lambda p: p.pcg.part_product(v).ravel())) + dc2 * v
+
+            def precondition(v):
+                return np.matmul(Pinv, v.reshape(nc, C, 1)).ravel()
+            yc, ok, its, msg = conjugate_gradients(apply_S, b, precondition, q_tolerance=o.eta, r_tolerance=-1.0,
+                                                   max_iterations=o.max_linear_solver_iterations)
+            if not ok:
+                return StepSolution(False, its, msg)
+
+            def step(p):
+                p._enqueue_step(p.set_camera_solution(yc))
+                return p._read_scalars()
+            sc = self._scalars(self._map(step))
+            verdicts = [p._step_verdict(sc, its, msg) for p in self.parts]
+            self.step_norm = getattr(self.parts[0], "step_norm", 0.0)
+            return verdicts[0]
+        finally:
+            self.linear_solver_time += time.perf_counter() - t0
+
+    def evaluate_candidate(self):
+        t0 = time.perf_counter()
+        sc = self._scalars(self._map(lambda p: p.candidate_scalars()))
+        self.ev.num_residual_evaluations += 1
+        self.ev.residual_time += time.perf_counter() - t0
+        cost = 0.5 * sc[CANDIDATE]
+        return (float(cost) if np.isfinite(cost) else None), self.step_norm
+
+    def accept(self):
+        for p in self.parts:
+            p.accept()
+
+    @property
+    def x_norm(self) -> float:
+        sq = self._sum([np.array([p._norm_sq()]) for p in self.parts])[0]
+        return float(np.sqrt(max(sq, 0.0)))
+
+    def remember_best(self):
+        for p in self.parts:
+            p.remember_best()
+
+    def best(self, final: bool = True) -> np.ndarray:
+        """The best parameters: the cameras, then every part's points in order, on every process."""
+        xs = [p.best(final) for p in self.parts]
+        ncC = self.nc * self.C
+        local = np.concatenate([x[ncC:] for x in xs])
+        return np.concatenate([xs[0][:ncC], self.comm.concat(local)])
+
+    def transfers(self) -> dict:
+        """The parts' host-device bytes added up (this process's), and ``reduced_bytes``: what
+        this process contributed to the reductions, all iterations."""
+        out = {}
+        for p in self.parts:
+            for k, v in p.transfers().items():
+                out[k] = out.get(k, 0) + v
+        out["reduced_bytes"] = self.comm.bytes
+        return out
+
+    def kernel_time(self) -> dict:
+        out = {}
+        for p in self.parts:
+            for k, v in p.kernel_time().items():
+                out[k] = out.get(k, 0.0) + v
+        return out
+
+    @property
+    def linear_solver_detail(self) -> str:
+        from .partitioned import describe_split
+        return describe_split(self.comm, self.parts, "Schur products summed over the parts per CG step; "
+                              "Jacobians, normal equations and vectors on the devices")
+
+    def close(self):
+        try:
+            for p in self.parts:
+                p.close()
+        finally:
+            self.comm.close()
+
+
+def _full(tri, C):
+    """Symmetric blocks (n, C, C) from their upper triangles (n, C (C + 1) / 2), row by row."""
+    rows, cols = np.triu_indices(C)
+    out = np.empty((tri.shape[0], C, C))
+    out[:, rows, cols] = tri
+    out[:, cols, rows] = tri
+    return out
