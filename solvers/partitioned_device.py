@@ -36,10 +36,8 @@ from typing import Sequence
 import numpy as np
 import pyopencl as cl
 
-from .cg import conjugate_gradients
 from .host_state import StepSolution
-from .lm_device import CANDIDATE, CHANGE, COST, GRADIENT, NORM, STEP, DeviceState
-from .schur import spd_block_inverses
+from .lm_device import CANDIDATE, COST, GRADIENT, DeviceState
 
 
 class DevicePart(DeviceState):
@@ -84,14 +82,19 @@ class DevicePart(DeviceState):
             self.ev.num_residual_evaluations += 1
             self.ev.residual_time += time.perf_counter() - t0
 
-    def set_camera_solution(self, yc: np.ndarray):
-        """The cameras' linear solution (nc * C) into the CG's ``x``, and the points' by
-        back-substitution; returns the pair the step reads."""
-        pcg = self.pcg
-        if self.ncC:
-            cl.enqueue_copy(self.rt.queue, pcg.x.data, np.ascontiguousarray(yc, self.dtype))
-            self.bytes_to_device += pcg.x.nbytes
-        return pcg.x, pcg.back_substitute_solution()
+    def split_preconditioner(self, jacobi: np.ndarray):
+        """The Schur-Jacobi preconditioner from the summed camera blocks B (on the device) and the
+        parts' summed ``G V^-1 G^T`` blocks ``jacobi`` (nc * T), as the one-device solve makes it."""
+        pcg, nc = self.pcg, self.nc
+        blocks, one_run_each = pcg.split_jacobi_total(jacobi)
+        self._run("schur_jacobi", nc, self.B.data, pcg.dc2.data, blocks.data, one_run_each.data,
+                  pcg.Pinv.data, self.failed.data, np.int32(nc))
+        if nc:
+            failed = np.empty(nc, np.int32)
+            cl.enqueue_copy(self.rt.queue, failed, self.failed.data)
+            self.bytes_to_host += failed.nbytes
+            if failed.any():
+                self.linear._pseudo_inverse_preconditioner(failed)
 
 
 class PartitionedDeviceState:
@@ -106,7 +109,6 @@ class PartitionedDeviceState:
         first = self.parts[0]
         self.nc, self.C, self.T = first.nc, first.C, first.T
         self.linear_solver_time = 0.0
-        self.B = None        # the summed camera blocks (nc, T) of the current Jacobian
         self.step_norm = 0.0
 
     # -- helpers ---------------------------------------------------------------------------
@@ -132,8 +134,6 @@ class PartitionedDeviceState:
         t1 = time.perf_counter()
         self.ev.jacobian_time += t1 - t0
         total = self._sum(self._map(lambda p: p.camera_normal_share()))
-        # As every part's device holds them (in its storage type): the preconditioner's B.
-        self.B = total[:self.nc * self.T].astype(self.parts[0].dtype).astype(np.float64).reshape(self.nc, self.T)
         self._map(lambda p: p.set_camera_normal(total))
         sc = self._scalars(self._map(lambda p: p._finish_jacobian(first)), max_slot=GRADIENT + 1)
         self.linear_solver_time += time.perf_counter() - t1
@@ -146,36 +146,18 @@ class PartitionedDeviceState:
 
     # -- the step ----------------------------------------------------------------------------
     def solve_step(self, radius: float, reuse_diagonal: bool) -> StepSolution:
-        o, nc, C = self.o, self.nc, self.C
+        o = self.o
         t0 = time.perf_counter()
         try:
             self._map(lambda p: p._regularize(radius, reuse_diagonal))
-            jacobi = self._sum(self._map(lambda p: p.pcg.part_jacobi_sums())).reshape(nc, self.T)
-            b = self._sum(self._map(lambda p: p.pcg.part_product().ravel()))
-            first = self.parts[0]
-            dc2 = np.empty(nc * C, first.dtype)          # the same on every part
-            if nc:
-                cl.enqueue_copy(first.rt.queue, dc2, first.pcg.dc2.data)
-                first.bytes_to_host += dc2.nbytes
-            dc2 = dc2.astype(np.float64)
-            # Schur-Jacobi: the inverses of B + Dc^2 - sum G V^-1 G^T (pseudo-inverses of all
-            # where one block is not positive definite, as the host path).
-            blocks = _full(self.B - jacobi, C)
-            blocks[:, np.arange(C), np.arange(C)] += dc2.reshape(nc, C)
-            Pinv = spd_block_inverses(blocks)
-
-            def apply_S(v):
-                return self._sum(self._map(lambda p: p.pcg.part_product(v).ravel())) + dc2 * v
-
-            def precondition(v):
-                return np.matmul(Pinv, v.reshape(nc, C, 1)).ravel()
-            yc, ok, its, msg = conjugate_gradients(apply_S, b, precondition, q_tolerance=o.eta, r_tolerance=-1.0,
-                                                   max_iterations=o.max_linear_solver_iterations)
+            jacobi = self._sum(self._map(lambda p: p.pcg.part_jacobi_sums()))
+            self._map(lambda p: p.split_preconditioner(jacobi))
+            ok, its, msg = self._conjugate_gradients(o.eta, -1.0, o.max_linear_solver_iterations)
             if not ok:
                 return StepSolution(False, its, msg)
 
             def step(p):
-                p._enqueue_step(p.set_camera_solution(yc))
+                p._enqueue_step((p.pcg.x, p.pcg.back_substitute_solution()))
                 return p._read_scalars()
             sc = self._scalars(self._map(step))
             verdicts = [p._step_verdict(sc, its, msg) for p in self.parts]
@@ -183,6 +165,52 @@ class PartitionedDeviceState:
             return verdicts[0]
         finally:
             self.linear_solver_time += time.perf_counter() - t0
+
+    def _conjugate_gradients(self, q_tolerance, r_tolerance, max_iterations):
+        """The device CG of every part (solvers.schur_pcg's split_* steps), one iteration at a
+        time, the products summed over the parts; ``(ok, iterations, message)``."""
+        from .schur_pcg import RESET, RESIDUAL_RESET_PERIOD, STEP, STEP_NO_R
+        self._map(lambda p: p.pcg.split_begin(q_tolerance, r_tolerance, max_iterations))
+
+        def total_of(v, parity):
+            """The parts' shares of a product summed and written back on every part; None when
+            the iteration about to run finds the solve ended (the state, the same on every part)."""
+            shares = self._map(lambda p: p.pcg.split_share(v, parity))
+            status = [float(state[0]) for _, state in shares]
+            # With the sum, on every process: the parts' statuses, to see that they agree.
+            local = np.concatenate([np.sum([share for share, _ in shares], axis=0),
+                                    [sum(status), sum(t * t for t in status), len(status)]])
+            total = self.comm.sum(local)
+            s, s2, k = total[-3:]
+            if s2 * k != s * s:
+                raise RuntimeError("the parts' conjugate gradients disagree on when to stop: their devices "
+                                   "round differently; split the solve over devices of one kind")
+            if s != 0:                   # ended (RUNNING is 0)
+                return shares[0][1]
+            self._map(lambda p: p.pcg.split_total(total[:-3]))
+            return None
+
+        ended = total_of("f", 0)
+        if ended is None:
+            self._map(lambda p: p.pcg.split_start())
+            i = 1
+            while True:
+                s = i % 2
+                ended = total_of("p", s)
+                if ended is not None:
+                    break
+                self._map(lambda p: p.pcg.split_product(s))
+                if i % RESIDUAL_RESET_PERIOD == 0:       # r = b - S x, as Ceres does
+                    self._map(lambda p: p.pcg.split_advance(STEP_NO_R, s))
+                    ended = total_of("x", s)
+                    if ended is not None:
+                        break
+                    self._map(lambda p: p.pcg.split_advance(RESET, s))
+                else:
+                    self._map(lambda p: p.pcg.split_advance(STEP, s))
+                self._map(lambda p: p.pcg.split_direction(s))
+                i += 1
+        return self.parts[0].pcg.split_result(ended, q_tolerance)
 
     def evaluate_candidate(self):
         t0 = time.perf_counter()
@@ -242,11 +270,3 @@ class PartitionedDeviceState:
         finally:
             self.comm.close()
 
-
-def _full(tri, C):
-    """Symmetric blocks (n, C, C) from their upper triangles (n, C (C + 1) / 2), row by row."""
-    rows, cols = np.triu_indices(C)
-    out = np.empty((tri.shape[0], C, C))
-    out[:, rows, cols] = tri
-    out[:, cols, rows] = tri
-    return out

@@ -151,7 +151,7 @@ class DevicePCG:
         self.stage = stage_capacity(rt, R, P, dtype) if split and STAGED_PROJECTION else 0
         prg = get_program(TEMPLATE, rt, C=C, P=P, R=R, L=L, SPLIT=split, STAGE=self.stage, LP=STAGE_POINTS,
                           REAL=ctype(dtype), ACC=ctype(self.acc))
-        self._program, self._sums = prg, None      # (camera_sums: made by its first use)
+        self._program = prg
         # Kernel objects of this instance alone, one per use and state parity, their arguments
         # set once (here and in bind_jacobian): an iteration is then five enqueues and nothing
         # else (templates.kernel's shared objects would let two solves overwrite each other's
@@ -163,10 +163,7 @@ class DevicePCG:
         self.k_project = {(v, s): K("project_points") for v in ("p", "x", "f") for s in (0, 1)}
         self.k_rows = {(v, s): K("camera_rows") for v in ("p", "x") for s in (0, 1)} if split else {}
         self.k_partials = [K("camera_partials") for s in (0, 1)]
-        self.k_product = [K("cg_product") for s in (0, 1)]
-        self.k_advance = {(m, s): K("cg_advance") for m in (STEP, STEP_NO_R, RESET) for s in (0, 1)}
         self.k_direction = [K("cg_direction") for s in (0, 1)]
-        self.k_start = K("cg_start")
         # Small groups on CPUs: PoCL runs a group per core at a time, and a few hundred segments
         # in groups of 64 leave one core idle at the end (8 was a third faster for the partials).
         ls = 8 if rt.info.is_cpu else 64
@@ -181,22 +178,38 @@ class DevicePCG:
         for s in (0, 1):
             self.k_partials[s].set_args(None, self.w.data, self.obs.data, self.seg_start.data,
                                         self.partial.data, st[s].data, i32n(self.nseg))
-            self.k_product[s].set_args(self.partial.data, self.cam_seg.data, self.dc2.data, self.p.data,
-                                       self.q.data, self.dots_pq.data, st[s].data, i32n(nc))
-            for m in (STEP, STEP_NO_R, RESET):
-                self.k_advance[m, s].set_args(
-                    self.partial.data, self.cam_seg.data, self.dc2.data, self.Pinv.data, self.b.data,
-                    self.x.data, self.r.data, self.p.data, self.z.data, self.q.data, self.dots_pq.data,
-                    self.dots.data, st[s].data, i32n(nc), i32n(G_pq), i32n(m))
             self.k_direction[s].set_args(self.z.data, self.p.data, self.dots_pq.data, self.dots.data,
                                          st[s].data, st[1 - s].data, i32n(nc), i32n(G), i32n(G_pq),
                                          i32n(0), self.acc.type(0), self.acc.type(0))
-        self.k_start.set_args(self.partial.data, self.cam_seg.data, self.Pinv.data, self.b.data,
-                              self.x.data, self.r.data, self.z.data, self.dots.data, i32n(nc))
+        # cg_start, cg_product and cg_advance read S's products as per-run partials and each
+        # camera's runs; a part of a split solve gives them the parts' summed products instead
+        # (split_begin).
+        self.k_start, self.k_product, self.k_advance = self._cg_kernels(self.partial, self.cam_seg)
+        self._split_kit = None
         self._jacobian = None
         # Kernel events of the solves (for a profile; None: not kept) and bytes read back.
         self.events = None
         self.bytes_to_host = self.bytes_to_device = 0
+
+    def _cg_kernels(self, partial, cam_seg):
+        """cg_start, cg_product (per parity) and cg_advance (per mode and parity) reading the
+        products from ``partial`` (runs, C) summed per camera over ``cam_seg``'s runs."""
+        K = lambda name: owned_kernel(self._program, name, self)  # noqa: E731
+        i32n, st, nc = np.int32, self.states, self.nc
+        start = K("cg_start")
+        start.set_args(partial.data, cam_seg.data, self.Pinv.data, self.b.data, self.x.data, self.r.data,
+                       self.z.data, self.dots.data, i32n(nc))
+        product = [K("cg_product") for s in (0, 1)]
+        advance = {(m, s): K("cg_advance") for m in (STEP, STEP_NO_R, RESET) for s in (0, 1)}
+        for s in (0, 1):
+            product[s].set_args(partial.data, cam_seg.data, self.dc2.data, self.p.data, self.q.data,
+                                self.dots_pq.data, st[s].data, i32n(nc))
+            for m in (STEP, STEP_NO_R, RESET):
+                advance[m, s].set_args(
+                    partial.data, cam_seg.data, self.dc2.data, self.Pinv.data, self.b.data, self.x.data,
+                    self.r.data, self.p.data, self.z.data, self.q.data, self.dots_pq.data, self.dots.data,
+                    st[s].data, i32n(nc), i32n(self.G_pq), i32n(m))
+        return start, product, advance
 
     def bind_jacobian(self, Jc_dev, Jp_dev, r_dev):
         """The device Jacobian blocks (n, R, C), (n, R, P) and residuals (n * R) of the linear
@@ -341,12 +354,7 @@ class DevicePCG:
         q = self.rt.queue
         max_iterations = max(1, int(max_iterations))
         uploads = []
-        arrays.write_async(self.rt, self.states[0], np.zeros(8, self.acc), uploads)   # RUNNING, it 0
-        self.bytes_to_device += 8 * self.acc.itemsize
-        for k in self.k_direction:
-            k.set_arg(9, np.int32(max_iterations))
-            k.set_arg(10, self.acc.type(q_tolerance))
-            k.set_arg(11, self.acc.type(r_tolerance))
+        self._begin(q_tolerance, r_tolerance, max_iterations, uploads)
         self._apply("f", 0)
         self._vectors("cg_start", self.k_start)
         self._vectors("cg_direction", self.k_direction[0])
@@ -402,41 +410,106 @@ class DevicePCG:
             event.wait()
         return out
 
-    # -- a part of a split solve (solvers.partitioned_device): camera-sized shares, summed on the
-    # device per camera and read back, for the host to add over the parts.
-    def part_product(self, v=None):
-        """This part's share of ``S v`` less ``Dc^2 v``, per camera (nc, C):
-        ``F^T (I - E V^-1 E^T) F v`` over the bound Jacobian, with the device's ``Vinv``; with
-        ``v`` None, the share of the reduced right-hand side ``F^T (f - E V^-1 E^T f)``."""
+    # -- a part of a split solve (solvers.partitioned_device) ----------------------------------
+    # Every part holds the same camera vectors and runs the same CG kernels on them; only S's
+    # products cross: each part sums its runs' partials per camera on the device (camera_sums),
+    # the host adds the parts' sums, and cg_start, cg_product and cg_advance read the total back
+    # as one run per camera. The host drives the iterations one at a time (a reduction per
+    # product) and reads the CG state with every product.
+    def split_begin(self, q_tolerance=0.1, r_tolerance=-1.0, max_iterations=500):
+        """Start a split solve (on what Vinv, dc2 and Pinv hold on the device)."""
         self._check_bound()
-        pending = []
-        arrays.write_async(self.rt, self.states[0], np.zeros(8, self.acc), pending)     # RUNNING
+        self._begin(q_tolerance, r_tolerance, max_iterations, [])     # (the write done on return)
+
+    @property
+    def _split(self):
+        """The split solve's buffers and kernels, made by their first use."""
+        if self._split_kit is None:
+            C, T, nc = self.C, self.T, self.nc
+            total = arrays.scratch(self.rt, max(1, nc * max(C, T)), self.acc)
+            ident = arrays.to_device(self.rt, np.arange(nc + 1, dtype=np.int32))
+            sums = arrays.scratch(self.rt, max(1, nc * max(C, T)), self.acc)
+            kernels = {}
+            for name, rows, width in (("partials", self.partial, C), ("blocks", self.blocks, T)):
+                k = kernels[name] = owned_kernel(self._program, "camera_sums", self)
+                k.set_args(rows.data, self.cam_seg.data, sums.data, np.int32(nc), np.int32(width))
+            self._split_kit = dict(total=total, ident=ident, sums=sums, camera_sums=kernels,
+                                   cg=self._cg_kernels(total, ident))
+        return self._split_kit
+
+    def _begin(self, q_tolerance, r_tolerance, max_iterations, pending):
+        """The CG state RUNNING at iteration 0 (its write's event into ``pending``), and the
+        termination tests' parameters."""
+        arrays.write_async(self.rt, self.states[0], np.zeros(8, self.acc), pending)
         self.bytes_to_device += 8 * self.acc.itemsize
-        if v is not None:
-            arrays.write_async(self.rt, self.p, np.asarray(v).ravel(), pending)
-            self.bytes_to_device += self.p.nbytes
-        self._apply("f" if v is None else "p", 0)
-        return self._camera_sums(self.partial, self.C)      # (a blocking read: the writes are done)
+        for k in self.k_direction:
+            k.set_arg(9, np.int32(max(1, int(max_iterations))))
+            k.set_arg(10, self.acc.type(q_tolerance))
+            k.set_arg(11, self.acc.type(r_tolerance))
+
+    def _read_camera_sums(self, name, width):
+        """camera_sums of the partials or the blocks, read back (nc, width)."""
+        out = np.zeros((self.nc, width), self.acc)
+        if self.nseg:
+            ls = self.ls_partials
+            self._enqueue("camera_sums", self._split["camera_sums"][name], (arrays.round_up(self.nc * width, ls),), (ls,))
+            cl.enqueue_copy(self.rt.queue, out, self._split["sums"].data)
+            self.bytes_to_host += out.nbytes
+        return out
+
+    def split_share(self, v, parity):
+        """This part's share of a product per camera (nc * C), and the CG state of ``parity``
+        (8 values) as the iteration about to run reads it. ``v``: "f" (the right-hand side
+        ``F^T (f - E V^-1 E^T f)``), "p" or "x" (``F^T (I - E V^-1 E^T) F v``, without Dc^2)."""
+        state = np.empty(8, self.acc)
+        read = cl.enqueue_copy(self.rt.queue, state, self.states[parity].data, is_blocking=False)
+        self._apply(v, parity)
+        share = self._read_camera_sums("partials", self.C).ravel()
+        read.wait()
+        self.bytes_to_host += state.nbytes
+        return share, state
+
+    def split_total(self, total):
+        """Write the parts' summed product (nc * C), which the next CG kernel reads."""
+        if total.size:
+            cl.enqueue_copy(self.rt.queue, self._split["total"].data, np.ascontiguousarray(total, self.acc))
+            self.bytes_to_device += total.size * self.acc.itemsize
+
+    def split_start(self):
+        """After the right-hand side's total: b = r, x = 0, z = M r, the first direction."""
+        self._vectors("cg_start", self._split["cg"][0])
+        self._vectors("cg_direction", self.k_direction[0])
+
+    def split_product(self, parity):
+        """After the total of ``S p``'s share: q = S p."""
+        self._enqueue("cg_product", self._split["cg"][1][parity], (self.G_pq * self.L,), (self.L,))
+
+    def split_advance(self, mode, parity):
+        """x and r advance (``mode`` STEP; or STEP_NO_R, then RESET after the total of ``S x``)."""
+        self._vectors("cg_advance", self._split["cg"][2][mode, parity])
+
+    def split_direction(self, parity):
+        self._vectors("cg_direction", self.k_direction[parity])
+
+    def split_result(self, state, q_tolerance):
+        """``(ok, iterations, message)`` of a split solve that ended with ``state``; the solution
+        stays in ``self.x``."""
+        _, ok, its, msg = self._result(np.asarray(state, np.float64), q_tolerance, read_x=False)
+        return ok, its, msg
 
     def part_jacobi_sums(self):
-        """This part's ``sum over its points of G V^-1 G^T`` per camera, upper triangles (nc, T),
+        """This part's ``sum over its points of G V^-1 G^T`` per camera, upper triangles (nc * T),
         with the device's ``Vinv``."""
-        return self._camera_sums(self.jacobi_blocks(), self.T)
+        self.jacobi_blocks()
+        return self._read_camera_sums("blocks", self.T).ravel()
 
-    def _camera_sums(self, rows, width):
-        """camera_sums of ``rows`` (nseg, width) read back (nc, width)."""
-        out = np.zeros((self.nc, width), self.acc)
-        if not self.nseg:
-            return out
-        if self._sums is None:      # only a part of a split solve needs them
-            self._sums = arrays.scratch(self.rt, max(1, self.nc * max(self.C, self.T)), self.acc)
-            self._k_sums = owned_kernel(self._program, "camera_sums", self)
-        ls = self.ls_partials
-        self._k_sums.set_args(rows.data, self.cam_seg.data, self._sums.data, np.int32(self.nc), np.int32(width))
-        self._enqueue("camera_sums", self._k_sums, (arrays.round_up(self.nc * width, ls),), (ls,))
-        cl.enqueue_copy(self.rt.queue, out, self._sums.data)      # (reads out.nbytes)
-        self.bytes_to_host += out.nbytes
-        return out
+    def split_jacobi_total(self, total):
+        """Write the parts' summed ``G V^-1 G^T`` blocks (nc * T); returns them and one run per
+        camera, as schur_jacobi reads its blocks."""
+        if total.size:
+            cl.enqueue_copy(self.rt.queue, self._split["total"].data, np.ascontiguousarray(total, self.acc))
+            self.bytes_to_device += total.size * self.acc.itemsize
+        return self._split["total"], self._split["ident"]
 
     def jacobi_blocks(self):
         """Enqueue ``jacobi_blocks`` into ``self.blocks`` (nseg, T) from the device ``self.Vinv``."""

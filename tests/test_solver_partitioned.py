@@ -124,6 +124,23 @@ def test_two_devices_solve_in_float32():
     assert out["two"]["final_cost"] < 0.02 * out["two"]["costs"][0]
 
 
+@pytest.mark.parametrize("cap", [3, 12])
+def test_a_split_cg_stops_as_the_devices_cg(device, cap):
+    """The split CG (one iteration at a time, products summed over the parts) ends where the
+    one-device CG does: at its iteration cap (3), and past a residual reset (every 10)."""
+    if not device.info.fp64:
+        pytest.skip("float64 bundle adjustment needs fp64")
+    p = solvers.synthetic_problem(12, 800, 5, seed=4)
+    kw = dict(linear_solver="iterative_schur", max_iterations=6, eta=1e-6, max_linear_solver_iterations=cap,
+              handle_sigint=False)
+    one = solvers.bundle_adjust(p, device=device, **kw)
+    split = solvers.bundle_adjust(p, devices=[device], **kw)
+    assert split.state == "partitioned-device"
+    its = [h.linear_solver_iterations for h in split.history]
+    assert its == [h.linear_solver_iterations for h in one.history] and max(its) == cap
+    assert abs(split.final_cost - one.final_cost) <= 1e-9 * one.final_cost
+
+
 @pytest.mark.oclgrind
 def test_a_split_on_its_devices_tiny_problem(device, keep_on_simulator):
     """Every kernel of a part (solvers.partitioned_device) on a tiny problem, Oclgrind too (which

@@ -139,7 +139,7 @@ def test_preconditioner_blocks_and_back_substitution(device, max_segment, layout
 def test_a_parts_camera_sums(device, max_segment, layout, monkeypatch, keep_on_simulator):
     """What a part of a split solve reads back (solvers.partitioned_device): its share of S v
     without Dc^2, of the reduced right-hand side and of the Schur-Jacobi blocks, summed per camera
-    on the device (camera_sums), against the numpy operator and pair sums."""
+    on the device (camera_sums), against the numpy operator and pair sums; the CG state with them."""
     if not device.info.fp64:
         pytest.skip("float64 systems need fp64")
     monkeypatch.setattr(schur_pcg, "MAX_SEGMENT_CPU", max_segment)
@@ -152,12 +152,16 @@ def test_a_parts_camera_sums(device, max_segment, layout, monkeypatch, keep_on_s
     pcg.bind_jacobian(cl_neq.Jc_dev, cl_neq.Jp_dev, cl_neq.r_dev)
     pending = []
     pcg._upload_vinv(Vinv, pending)
+    pcg.split_begin()
     apply_S, b = neq._pcg_operator(Vinv, np.zeros_like(Dc2))
     v = np.random.default_rng(1).standard_normal(9 * st.nc)
-    for got, want in ((pcg.part_product(v).ravel(), apply_S(v)), (pcg.part_product().ravel(), b)):
+    pcg.p.set(v)
+    for name, want in (("p", apply_S(v)), ("f", b)):
+        got, state = pcg.split_share(name, 0)
+        assert state[schur_pcg.S_STATUS] == schur_pcg.RUNNING
         np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-11 * np.abs(want).max())
     rows, cols = np.triu_indices(9)
-    want = neq._diagonal_pair_sums(Vinv)[:, rows, cols]
+    want = neq._diagonal_pair_sums(Vinv)[:, rows, cols].ravel()
     np.testing.assert_allclose(pcg.part_jacobi_sums(), want, rtol=1e-11, atol=1e-11 * np.abs(want).max())
     keep_on_simulator(cs, cl_neq)
 
