@@ -8,6 +8,11 @@ the solve's minimizer per iteration (median of ``--repeat`` solves after a warm-
 scaling efficiency ``t(1) / (K t(K))``, the bytes one part contributes to the reductions per
 iteration, and the final cost against the one-part solve's (they must agree to 1e-9).
 
+With ``--parts-on-one-device K`` the split also runs with K parts on the first device, a queue
+each: on a machine with one GPU this measures what splitting costs (the reductions, the host's
+part in every CG step) at the problem's size, and checks the split's result there. It is not a
+scaling figure: the parts share one device.
+
 Under MPI (``mpirun -n K python benchmarks/bench_multi_device.py --mpi``) the K ranks run the
 split solve with Allreduce; rank 0 runs the one-part and one-device solves alone first, and
 reports.
@@ -15,6 +20,7 @@ reports.
     python benchmarks/bench_multi_device.py                        # BAL problem-49, this host's devices
     python benchmarks/bench_multi_device.py --synthetic final      # 13,682 cameras, 4.46M points, 29M obs.
     python benchmarks/bench_multi_device.py --synthetic 4x         # four times as many points and observations
+    python benchmarks/bench_multi_device.py --parts-on-one-device 2   # a machine of one GPU: see below
     POCL_DEVICES="pthread pthread" python benchmarks/bench_multi_device.py   # two CPU devices
     mpirun -n 2 python benchmarks/bench_multi_device.py --mpi
 """
@@ -41,6 +47,19 @@ def problem_of(args):
     return solvers.read_bal(path)
 
 
+def queues_on(runtime, k):
+    """``k`` runtimes of one device, a queue each, as ``devices=`` takes them: the split's
+    check that every device comes once (clkernels.multi_device.resolve) is passed by the
+    benchmark alone, which patches it for this case."""
+    import pyopencl as cl
+    from clkernels import multi_device
+    from clkernels.runtime import runtime_for_queue
+    runtimes = [runtime] + [runtime_for_queue(cl.CommandQueue(runtime.context, runtime.device)) for _ in range(k - 1)]
+    multi_device.resolve = lambda devices, _resolve=multi_device.resolve: (
+        list(devices) if devices is runtimes or list(devices) == runtimes else _resolve(devices))
+    return runtimes
+
+
 def solve_time(problem, iterations, repeat, **kw):
     """(median minimizer seconds per iteration, the last result) over ``repeat`` solves after one."""
     solvers.bundle_adjust(problem, max_iterations=iterations, **kw)
@@ -60,6 +79,8 @@ def main():
                    help="iterative_schur (default: the parts' states on their devices) or sparse_schur (host path)")
     p.add_argument("--devices", default=None, help="counts of devices to use, e.g. 1,2,4,8 (default: 1, 2, 4, 8 up to all)")
     p.add_argument("--mpi", action="store_true", help="under mpirun: the ranks split the solve")
+    p.add_argument("--parts-on-one-device", type=int, default=0, metavar="K",
+                   help="also split into K parts on the first device, a queue each (not a scaling figure)")
     p.set_defaults(repeat=3)
     args = p.parse_args()
     comm = None
@@ -98,6 +119,10 @@ def main():
         for k in counts:
             t_k, r_k = solve_time(problem, args.iterations, repeat, devices=every[:k], **kw)
             rows.append((f"{k} device{'s' if k > 1 else ''}", k, t_k, r_k))
+        if args.parts_on_one_device > 1:
+            k = args.parts_on_one_device
+            t_k, r_k = solve_time(problem, args.iterations, repeat, devices=queues_on(every[0], k), **kw)
+            rows.append((f"{k} parts on one device", 1, t_k, r_k))
     if not root:
         return 0
     one = next(r for r in rows if r[0] in ("one part", "1 device"))
