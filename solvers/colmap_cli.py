@@ -1,6 +1,9 @@
 """``python -m solvers.colmap MODEL_DIR --out OUT_DIR``: bundle-adjust a COLMAP reconstruction
 (text or binary) and write it back, with Ceres' iteration log and report (as ``python -m
 solvers.bal``). Ctrl-C stops after the current iteration; the best state found is still written.
+``--devices`` / ``--mpi`` split the points over devices or MPI ranks (``mpirun -n K python -m
+solvers.colmap MODEL_DIR --mpi``): for a reconstruction with a camera per image, by
+iterative_schur (the default when split).
 """
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import sys
 import time
 
 
+from . import split_cli
 from .linear_solver import LINEAR_SOLVERS
 from .loss import LOSSES
 
@@ -26,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fix", default="gauge", help="gauge, first-two-poses, none, or comma-separated image ids "
                                                   "whose poses stay fixed (default gauge: COLMAP's TWO_CAMS_FROM_WORLD)")
     p.add_argument("--iterations", type=int, default=50, help="maximum iterations (default 50)")
-    p.add_argument("--linear-solver", default="sparse_schur", choices=list(LINEAR_SOLVERS))
+    p.add_argument("--linear-solver", default=None, choices=list(LINEAR_SOLVERS),
+                   help="default sparse_schur; iterative_schur with --devices or --mpi")
     p.add_argument("--loss", default="none", choices=["none"] + [n for n in LOSSES if n != "trivial"])
     p.add_argument("--loss-scale", type=float, default=1.0, help="loss scale in pixels (default 1)")
     p.add_argument("--device", default=None, help="OpenCL device spec (default: PYCLAD_DEVICE or the default device)")
@@ -36,12 +41,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", help="write the best state to this .npz file as the solve goes (atomically)")
     p.add_argument("--checkpoint-every", type=int, default=None, help="with --checkpoint: every N iterations (1)")
     p.add_argument("--resume", help="start from a checkpoint of this model's problem")
+    split_cli.add_arguments(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no iteration log, only the report")
     return p
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    return split_cli.run(parser, parser.parse_args(argv), _main)
+
+
+def _main(parser, args, comm=None) -> int:
+    if not split_cli.only_root_prints(comm):          # rank 0 prints and writes; the others compute
+        args.out = None
+    if args.linear_solver is None:
+        args.linear_solver = "iterative_schur" if split_cli.is_split(args) else "sparse_schur"
     if args.binary and args.text:
         print("error: --binary and --text exclude each other", file=sys.stderr)
         return 2
@@ -81,9 +95,14 @@ def main(argv=None) -> int:
         result = solvers.solve(prob, linear_solver=args.linear_solver, max_iterations=args.iterations,
                                function_tolerance=args.function_tolerance, gradient_tolerance=args.gradient_tolerance,
                                parameter_tolerance=args.parameter_tolerance, verbose=not args.quiet,
-                               resume=args.resume, **checkpoint)
+                               resume=args.resume, **checkpoint, **split_cli.options(args, comm))
     except (solvers.CheckpointError, FileNotFoundError) as e:
         print(f"error: --resume: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        if not split_cli.is_split(args):
+            raise
+        print(f"error: {e}", file=sys.stderr)      # what a split cannot solve, and why
         return 2
     print()
     print(result.full_report())

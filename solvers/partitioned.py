@@ -351,16 +351,19 @@ def describe_split(comm, parts, how: str) -> str:
     return f"Points split over {where} ({devices}); {how}"
 
 
-def part_evaluators(make_evaluator, camera_index, point_index, data, num_cameras: int, num_points: int,
-                    runtimes: List, ranges) -> List[tuple]:
+def part_evaluators(make_evaluator, observations, runtimes: List, ranges) -> List[tuple]:
     """``(evaluator, runtime, lo, hi)`` per (runtime, point range): ``make_evaluator(sub_problem,
-    runtime)`` evaluates the observations of the range's points, numbered from the range's start."""
+    runtime)`` evaluates the observations of the range's points, numbered from the range's start
+    (``observations``: the problem's index fields, a BALProblem's)."""
     from .solve import _Observations
+    o = observations
+    camera_index, point_index = np.asarray(o.camera_index), np.asarray(o.point_index)
     out = []
     for rt, (lo, hi) in zip(runtimes, ranges):
         keep = (point_index >= lo) & (point_index < hi)
         sub = _Observations(camera_index[keep], point_index[keep] - lo,
-                            None if data is None else data[keep], num_cameras, hi - lo, f"points {lo}:{hi}", 9, 3)
+                            None if o.observations is None else o.observations[keep], o.num_cameras, hi - lo,
+                            f"points {lo}:{hi}", getattr(o, "camera_size", 9), getattr(o, "point_size", 3))
         out.append((make_evaluator(sub, rt), rt, lo, hi))
     return out
 
@@ -392,14 +395,18 @@ def rank_runtime(comm, devices=None):
     return runtimes[local % len(runtimes)]
 
 
-def partitioned_state(ev, options, x0, observations, make_evaluator):
+def partitioned_state(ev, options, x0, observations, make_evaluator, host_path: bool = True,
+                      camera_blocks=None, held=None):
     """The state of a solve split over ``options.devices`` (this process) or the ranks of
-    ``options.comm``; ``observations``: the problem's index fields (a BALProblem's);
-    ``make_evaluator(sub_problem, runtime)``: a part's evaluator. The parts keep their states on
-    their devices (:class:`solvers.partitioned_device.PartitionedDeviceState`) wherever
-    ``device_split_reason`` finds nothing against it on any part (every rank agrees) and
-    ``device_resident`` is not False; otherwise they run the host reference
-    (:class:`PartitionedState`)."""
+    ``options.comm``; ``observations``: the problem's index fields (a BALProblem's, or the
+    bundle-adjustment core's); ``make_evaluator(sub_problem, runtime)``: a part's evaluator. The
+    parts keep their states on their devices
+    (:class:`solvers.partitioned_device.PartitionedDeviceState`) wherever ``device_split_reason``
+    finds nothing against it on any part (every rank agrees) and ``device_resident`` is not False;
+    otherwise they run the host reference (:class:`PartitionedState`), where ``host_path`` allows
+    it (BAL's cameras and points, nothing held constant). ``camera_blocks`` and ``held`` (``(free
+    camera entries (nc, C), free point entries (npt, P), the squared norm |x| leaves out)``): a
+    merge's (solvers.merged_groups), for the device parts."""
     if options.comm is not None:
         comm = MPIParts(options.comm)
         runtimes = [rank_runtime(options.comm, options.devices)]
@@ -411,20 +418,29 @@ def partitioned_state(ev, options, x0, observations, make_evaluator):
         comm = LocalParts(len(runtimes))
         ranges = point_ranges(observations.point_index, observations.num_points, len(runtimes))
         first = 0
-    evaluators = part_evaluators(make_evaluator, np.asarray(observations.camera_index),
-                                 np.asarray(observations.point_index), observations.observations,
-                                 observations.num_cameras, observations.num_points, runtimes, ranges)
+    evaluators = part_evaluators(make_evaluator, observations, runtimes, ranges)
     why = "device_resident=False" if options.device_resident is False else device_split_reason(evaluators, options)
     # Every rank must take the same path: one that cannot makes them all take the host's.
     if comm.max(np.array([0.0 if why is None else 1.0]))[0] > 0:
+        why = why or "another rank cannot keep its part on its device"
         if options.device_resident is True:
-            raise ValueError(f"device_resident=True, but {why or 'another rank cannot keep its part on its device'}")
+            raise ValueError(f"device_resident=True, but {why}")
+        if not host_path:
+            raise ValueError(f"this split problem holds entries constant, which only the parts on their devices "
+                             f"do (linear_solver='iterative_schur' on devices with fp64), but {why}")
         parts = [Part(e, rt, lo, hi) for e, rt, lo, hi in evaluators]
         return PartitionedState(ev, options, x0, parts, comm)
     from .partitioned_device import DevicePart, PartitionedDeviceState
     x0 = np.asarray(x0, dtype=np.float64)
-    nc9 = 9 * observations.num_cameras
-    parts = [DevicePart(e, options, rt, np.concatenate([x0[:nc9], x0[nc9 + 3 * lo:nc9 + 3 * hi]]), lo, hi,
-                        counts_cameras=first + k == 0)
-             for k, (e, rt, lo, hi) in enumerate(evaluators)]
+    C, P = getattr(observations, "camera_size", 9), getattr(observations, "point_size", 3)
+    ncC = C * observations.num_cameras
+    parts = []
+    for k, (e, rt, lo, hi) in enumerate(evaluators):
+        part = DevicePart(e, options, rt, np.concatenate([x0[:ncC], x0[ncC + P * lo:ncC + P * hi]]), lo, hi,
+                          counts_cameras=first + k == 0, camera_blocks=camera_blocks)
+        if held is not None:
+            free_c, free_p, excluded_sq = held
+            # |x| leaves the constant entries out once: the part that counts the cameras does.
+            part.hold_constant(free_c, np.asarray(free_p)[lo:hi], excluded_sq if first + k == 0 else 0.0)
+        parts.append(part)
     return PartitionedDeviceState(ev, options, parts, comm)

@@ -43,10 +43,12 @@ from .lm_device import CANDIDATE, COST, GRADIENT, DeviceState
 class DevicePart(DeviceState):
     """One part: the device-resident state of its sub-problem (``evaluator``: every camera, the
     points ``lo:hi``), ``x0`` its cameras and points. ``counts_cameras``: whether its norms count
-    the camera entries (one part's do)."""
+    the camera entries (one part's do). ``camera_blocks``: as DeviceState's (a merge's)."""
 
-    def __init__(self, evaluator, options, runtime, x0, lo: int, hi: int, counts_cameras: bool):
-        super().__init__(evaluator, options, runtime, x0, profile=options.profile_kernels)
+    def __init__(self, evaluator, options, runtime, x0, lo: int, hi: int, counts_cameras: bool,
+                 camera_blocks=None):
+        super().__init__(evaluator, options, runtime, x0, profile=options.profile_kernels,
+                         camera_blocks=camera_blocks)
         self.runtime, self.lo, self.hi = runtime, lo, hi
         if not counts_cameras:
             self._norm_ncC, self._norm_total = np.int32(0), self.npt * self.P

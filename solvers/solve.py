@@ -220,7 +220,8 @@ def solve(problem, linear_solver: str = "sparse_schur", eliminate="auto", max_it
         if merged is not None:
             core = _BACore(merged.problem, core_shape(merged.problem, eliminated, constants=True),
                            opts, None, merged=merged, original=problem)
-            if not core.runs(opts):
+            # (A split keeps the merge: its parts' states are device-resident or it is refused.)
+            if not (opts.split or core.runs(opts)):
                 core = None
     if core is None:
         if model is not None:
@@ -229,7 +230,8 @@ def solve(problem, linear_solver: str = "sparse_schur", eliminate="auto", max_it
         core = _GeneralCore(problem, eliminated, opts)
     if opts.split and not isinstance(core, _BACore):
         raise ValueError("devices= / comm= split a bundle-adjustment problem (one residual kind over a camera "
-                         "group and an eliminated point group); this problem runs on one device")
+                         "group and an eliminated point group, or a COLMAP reconstruction with a camera per "
+                         "image and linear_solver='iterative_schur'); this problem runs on one device")
     if ck is not None:
         ck.check_problem(core.checkpoint_problem)
 
@@ -391,12 +393,17 @@ class _BACore:
     def partitioned(self):
         """solvers.lm.Minimizer's state factory for a solve split over devices or MPI ranks."""
         from .partitioned import partitioned_state
-        if self.merged is not None or (self.evaluator.C, self.evaluator.P, self.num_residuals) != (9, 3, 2):
-            raise ValueError("devices= / comm= split a bundle-adjustment problem of 9-parameter cameras, "
-                             "3-parameter points and 2 residuals per observation; this problem is not one")
+        m = self.merged
+        if m is not None and m.copies is not None:
+            raise ValueError("devices= / comm= split a problem whose cameras each serve one image; here images "
+                             "share a camera (its columns are copies), which only one device solves")
+        bal_sizes = (self.evaluator.C, self.evaluator.P, self.num_residuals) == (9, 3, 2)
+        held = None if m is None else (m.free, m.free_points, m.excluded_sq)
 
         def make(ev, options, runtime, x0):
-            return partitioned_state(ev, options, x0, self.checkpoint_problem, self._evaluator)
+            return partitioned_state(ev, options, x0, self.checkpoint_problem, self._evaluator,
+                                     host_path=m is None and bal_sizes,
+                                     camera_blocks=None if m is None else m.block_sizes, held=held)
         return make
 
     @property

@@ -203,6 +203,79 @@ def test_the_cli_under_mpirun_prints_once_and_writes_on_rank_0(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_colmap_reconstruction_on_two_devices(tmp_path):
+    """A COLMAP problem with a camera per image (merged pose and intrinsics rows, the gauge and
+    the principal points held constant on the devices) split over two devices: the one-device
+    solve's iterations and parameters; images that share a camera are refused by name."""
+    from test_solver_colmap_problem import synthetic
+    _, path = synthetic(tmp_path, n_images=12, per_image_cameras=True)
+    _, shared = synthetic(tmp_path / "shared", n_images=8) if (tmp_path / "shared").mkdir() is None else None
+    out = run_on_two_devices(SUMMARY + textwrap.dedent(f"""
+        import json, numpy as np, solvers
+        from solvers import colmap
+        def problem(path):
+            return colmap.problem_from_reconstruction(colmap.read_model(path), device=pair[0])
+        kw = dict(linear_solver="iterative_schur", max_iterations=10, handle_sigint=False)
+        one = solvers.solve(problem({path!r}), **kw)
+        two = solvers.solve(problem({path!r}), devices=pair, **kw)
+        diff = {{k: float(np.abs(one.parameters[k] - two.parameters[k]).max() / np.abs(one.parameters[k]).max())
+                for k in one.parameters}}
+        try:
+            solvers.solve(problem({shared!r}), devices=pair, linear_solver="sparse_schur", max_iterations=2)
+            refused = ""
+        except ValueError as e:
+            refused = str(e)
+        print(json.dumps({{"one": summary(one), "two": summary(two), "diff": diff, "refused": refused,
+                          "effective": [one.num_effective_parameters, two.num_effective_parameters]}}))
+    """))
+    assert out["one"]["state"] == "device" and out["two"]["state"] == "partitioned-device"
+    _same_solve(out["one"], out["two"])
+    assert max(out["diff"].values()) < 1e-9
+    assert out["effective"][0] == out["effective"][1]
+    assert "here images share a camera" in out["refused"]
+
+
+def _colmap_under_mpirun(model, *extra, n=2):
+    return subprocess.run([_mpirun(), "-n", str(n), sys.executable, "-W", "ignore", "-m", "solvers.colmap", model,
+                           "--mpi", *extra], capture_output=True, text=True, cwd=ROOT, timeout=600,
+                          env={**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+                               "OMPI_MCA_rmaps_base_oversubscribe": "1"})
+
+
+@pytest.mark.slow
+def test_the_colmap_cli_under_mpirun(tmp_path):
+    """A COLMAP reconstruction with a camera per image over 2 ranks: one log, the model written
+    by rank 0, equal to the one-process solve's (iterative_schur, the split's default)."""
+    from solvers import colmap
+    from test_solver_colmap_problem import synthetic
+    _, path = synthetic(tmp_path, n_images=12, per_image_cameras=True)
+    out = tmp_path / "refined"
+    run = _colmap_under_mpirun(path, "--out", str(out), "--iterations", "10")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("Solver Summary") == 1 and "MPI: 2 ranks" in run.stdout
+    assert "Points split over 2 MPI ranks" in run.stdout
+    rec = colmap.read_model(path)
+    single = solvers.solve(colmap.problem_from_reconstruction(rec), linear_solver="iterative_schur",
+                           max_iterations=10, handle_sigint=False)
+    assert single.state == "device"
+    colmap.update_reconstruction(rec, single)
+    written = colmap.read_model(str(out))
+    np.testing.assert_allclose(written.point_xyz, rec.point_xyz, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.concatenate(written.camera_params), np.concatenate(rec.camera_params), rtol=1e-6)
+    np.testing.assert_allclose(written.image_qvec, rec.image_qvec, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_the_colmap_cli_refuses_a_split_of_a_shared_camera(tmp_path):
+    """Images that share a camera: every rank ends with the reason, none waits."""
+    from test_solver_colmap_problem import synthetic
+    _, path = synthetic(tmp_path, n_images=8, per_image_cameras=False)
+    run = _colmap_under_mpirun(path, "--iterations", "3")
+    assert run.returncode == 2
+    assert "this problem runs on one device" in run.stderr
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("module,state,linear_solver", [
     ("partitioned", "PartitionedState", "sparse_schur"),
     ("partitioned_device", "PartitionedDeviceState", "iterative_schur")])

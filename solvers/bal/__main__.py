@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from .. import split_cli
 from ..loss import LOSSES
 from ..linear_solver import LINEAR_SOLVERS
 
@@ -49,27 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="iterations between checkpoints (default 1; needs --checkpoint)")
     p.add_argument("--resume", metavar="PATH",
                    help="start from the parameters (and trust region radius) of a checkpoint of this problem")
-    p.add_argument("--devices", default=None, metavar="SPEC,SPEC|all",
-                   help="split the points over several OpenCL devices of this host (comma-separated device "
-                        "specs, or 'all': every GPU of the chosen platform); with --mpi, the devices a host's "
-                        "ranks take in turn")
-    p.add_argument("--mpi", action="store_true",
-                   help="split the points over the ranks of MPI_COMM_WORLD (run under mpirun -n K; needs mpi4py): "
-                        "each rank uses its host's GPU or CPU device, rank 0 prints and writes")
+    split_cli.add_arguments(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no iteration log, only the report")
     return p
-
-
-def _split(args, comm) -> dict:
-    """bundle_adjust's devices= / comm= from --devices and --mpi."""
-    out = {}
-    if args.devices:
-        out["devices"] = "all" if args.devices == "all" else args.devices.split(",")
-    if comm is not None:
-        out["comm"] = comm
-        if comm.Get_rank() == 0:
-            print(f"MPI: {comm.Get_size()} ranks")
-    return out
 
 
 def _positive_int(text: str) -> int:
@@ -114,30 +97,11 @@ def plot_convergence(result, path) -> None:
 
 def main(argv=None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if not args.mpi:
-        return _main(parser, args)
-    try:
-        from mpi4py import MPI
-    except ImportError as e:
-        parser.error(f"--mpi needs mpi4py (pip install mpi4py, with an MPI such as Open MPI): {e}")
-    comm = MPI.COMM_WORLD
-    try:
-        return _main(parser, args, comm)
-    except BaseException as e:     # noqa: B902 - any failure must end every rank, not leave them waiting
-        if isinstance(e, SystemExit) and not e.code:
-            raise
-        import traceback
-        traceback.print_exc()
-        print(f"error: MPI rank {comm.Get_rank()} of {comm.Get_size()} failed ({type(e).__name__}: {e}); "
-              "ending every rank", file=sys.stderr, flush=True)
-        comm.Abort(1)
+    return split_cli.run(parser, parser.parse_args(argv), _main)
 
 
 def _main(parser, args, comm=None) -> int:
-    root = comm is None or comm.Get_rank() == 0
-    if not root:                    # rank 0 prints and writes; the others only compute
-        sys.stdout = open(os.devnull, "w")
+    if not split_cli.only_root_prints(comm):          # rank 0 prints and writes; the others compute
         args.out = args.ply = args.plot = None
     if args.checkpoint_every is not None and not args.checkpoint:
         parser.error("--checkpoint-every needs --checkpoint PATH")
@@ -194,7 +158,7 @@ def _main(parser, args, comm=None) -> int:
         max_iterations=args.iterations, function_tolerance=args.function_tolerance,
         gradient_tolerance=args.gradient_tolerance, parameter_tolerance=args.parameter_tolerance,
         eta=args.eta, dtype=np.dtype(args.dtype), device=args.device, backend=backend,
-        verbose=not args.quiet, resume=resume, **checkpoint, **_split(args, comm))
+        verbose=not args.quiet, resume=resume, **checkpoint, **split_cli.options(args, comm))
     print()
     print(result.full_report())
     if args.out:
