@@ -26,6 +26,7 @@ reports.
     mpirun -n 2 python benchmarks/bench_multi_device.py --mpi
 """
 import sys
+import time
 
 
 import harness
@@ -107,14 +108,16 @@ def main():
     rows = []
     if comm is not None:
         k = comm.Get_size()
-        base = None
         if root:
             t_one, one = solve_time(problem, args.iterations, repeat, devices=[report.runtime], **kw)
             t_dev, dev = solve_time(problem, args.iterations, repeat, **kw)
-            base = (t_one.median, one.final_cost)
             rows.append(("one device (default solve)", 1, t_dev, dev))
             rows.append(("one part", 1, t_one, one))
-        base = comm.bcast(base)
+        # The other ranks wait asleep: MPI's blocking waits spin, and would take the cores that
+        # rank 0's one-process solves are timed on.
+        waiting = comm.Ibarrier()
+        while not waiting.Test():
+            time.sleep(0.01)
         t_k, r_k = solve_time(problem, args.iterations, repeat, comm=comm, **kw)
         if root:
             rows.append((f"{k} MPI ranks", k, t_k, r_k))
