@@ -197,7 +197,9 @@ def test_the_cli_under_mpirun_prints_once_and_writes_on_rank_0(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.count("Solver Summary") == 1 and "MPI: 2 ranks" in run.stdout
     assert "Points split over 2 MPI ranks" in run.stdout
-    single = solvers.bundle_adjust(solvers.synthetic_problem(10, 500, 4, seed=0), max_iterations=5)
+    # (split, the command line solves by iterative_schur)
+    single = solvers.bundle_adjust(solvers.synthetic_problem(10, 500, 4, seed=0), max_iterations=5,
+                                   linear_solver="iterative_schur")
     written = solvers.read_bal(str(out))
     np.testing.assert_allclose(written.points, single.points, rtol=1e-6, atol=1e-6)
 

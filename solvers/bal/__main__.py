@@ -25,7 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", nargs="?", help="BAL file (.txt, .bz2, .gz); omitted: a synthetic problem")
     p.add_argument("--iterations", type=int, default=50, help="maximum iterations (default 50)")
-    p.add_argument("--linear-solver", default="sparse_schur", choices=list(LINEAR_SOLVERS))
+    p.add_argument("--linear-solver", default=None, choices=list(LINEAR_SOLVERS),
+                   help="default sparse_schur; iterative_schur with --devices or --mpi (the parts stay on "
+                        "their devices)")
     p.add_argument("--loss", default="none", choices=["none"] + [name for name in LOSSES if name != "trivial"],
                    help="robust loss (default none)")
     p.add_argument("--loss-scale", type=float, default=1.0, help="loss scale in pixels (default 1)")
@@ -103,6 +105,8 @@ def main(argv=None) -> int:
 def _main(parser, args, comm=None) -> int:
     if not split_cli.only_root_prints(comm):          # rank 0 prints and writes; the others compute
         args.out = args.ply = args.plot = None
+    if args.linear_solver is None:
+        args.linear_solver = "iterative_schur" if split_cli.is_split(args) else "sparse_schur"
     if args.checkpoint_every is not None and not args.checkpoint:
         parser.error("--checkpoint-every needs --checkpoint PATH")
     if args.plot:
