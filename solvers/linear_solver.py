@@ -49,9 +49,18 @@ class DeviceIterativeSchur:
         """Nothing of its own: its kernels are the state's and the CG's."""
 
     def solve(self):
-        st, pcg, nc, o = self.st, self.st.pcg, self.st.nc, self.st.o
-        blocks = pcg.jacobi_blocks()
-        st._run("schur_jacobi", nc, st.B.data, pcg.dc2.data, blocks.data, pcg.cam_seg.data,
+        pcg, o = self.st.pcg, self.st.o
+        self.preconditioner(pcg.jacobi_blocks(), pcg.cam_seg)
+        _, ok, its, msg = pcg.run(q_tolerance=o.eta, r_tolerance=-1.0,
+                                  max_iterations=o.max_linear_solver_iterations, read_x=False)
+        return ok, its, msg
+
+    def preconditioner(self, blocks, runs):
+        """The Schur-Jacobi blocks' inverses into the CG's ``Pinv``, from B + Dc^2 less ``blocks``
+        (the sums of G V^-1 G^T per run of one camera's observations, ``runs`` each camera's
+        first run; a split solve gives the parts' sums, one run per camera)."""
+        st, pcg, nc = self.st, self.st.pcg, self.st.nc
+        st._run("schur_jacobi", nc, st.B.data, pcg.dc2.data, blocks.data, runs.data,
                 pcg.Pinv.data, st.failed.data, np.int32(nc))
         if nc:
             failed = np.empty(nc, np.int32)
@@ -59,9 +68,6 @@ class DeviceIterativeSchur:
             st.bytes_to_host += failed.nbytes
             if failed.any():
                 self._pseudo_inverse_preconditioner(failed)
-        _, ok, its, msg = pcg.run(q_tolerance=o.eta, r_tolerance=-1.0,
-                                  max_iterations=o.max_linear_solver_iterations, read_x=False)
-        return ok, its, msg
 
     def _pseudo_inverse_preconditioner(self, failed):
         """A diagonal block of S that is not positive definite (``failed``, per camera): as the host

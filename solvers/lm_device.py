@@ -427,6 +427,11 @@ class DeviceState:
         return self.linear.description
 
     def evaluate_candidate(self):
+        return self._candidate(), self.step_norm
+
+    def _candidate(self, read=True):
+        """The candidate's residuals and cost: the cost (None when not finite), or with
+        ``read=False`` only enqueued (into the scalars' CANDIDATE, zero without observations)."""
         ev = self.ev
         t0 = time.perf_counter()
         try:
@@ -435,11 +440,12 @@ class DeviceState:
             arrays.keep_on_simulator(self.rt, r)
             if self.events is not None:
                 self.events += [("model_residuals", e) for e in r.events]
-            cost = self._reduce_cost(r, with_jacobians=False) if self.n else 0.0
+            if not read:
+                return self._reduce_cost(r, with_jacobians=False, read=False)
+            return self._reduce_cost(r, with_jacobians=False) if self.n else 0.0
         finally:
             ev.num_residual_evaluations += 1
             ev.residual_time += time.perf_counter() - t0
-        return cost, self.step_norm
 
     def accept(self):
         self.x, self.cand = self.cand, self.x

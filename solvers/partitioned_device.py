@@ -74,29 +74,13 @@ class DevicePart(DeviceState):
 
     def candidate_scalars(self) -> np.ndarray:
         """The candidate's cost (in ``CANDIDATE``) among the scalars."""
-        t0 = time.perf_counter()
-        try:
-            r = self.fn.values(self._model_params(self.cand), self.index, data=self.observed,
-                               device=self.rt, index_checked=True)
-            self._reduce_cost(r, with_jacobians=False, read=False)
-            return self._read_scalars()
-        finally:
-            self.ev.num_residual_evaluations += 1
-            self.ev.residual_time += time.perf_counter() - t0
+        self._candidate(read=False)
+        return self._read_scalars()
 
     def split_preconditioner(self, jacobi: np.ndarray):
         """The Schur-Jacobi preconditioner from the summed camera blocks B (on the device) and the
         parts' summed ``G V^-1 G^T`` blocks ``jacobi`` (nc * T), as the one-device solve makes it."""
-        pcg, nc = self.pcg, self.nc
-        blocks, one_run_each = pcg.split_jacobi_total(jacobi)
-        self._run("schur_jacobi", nc, self.B.data, pcg.dc2.data, blocks.data, one_run_each.data,
-                  pcg.Pinv.data, self.failed.data, np.int32(nc))
-        if nc:
-            failed = np.empty(nc, np.int32)
-            cl.enqueue_copy(self.rt.queue, failed, self.failed.data)
-            self.bytes_to_host += failed.nbytes
-            if failed.any():
-                self.linear._pseudo_inverse_preconditioner(failed)
+        self.linear.preconditioner(*self.pcg.split_jacobi_total(jacobi))
 
 
 class PartitionedDeviceState:
