@@ -68,8 +68,9 @@ class Options:
     # Where the Schur complement's per-observation and per-pair products run: "opencl" (the
     # device of the camera model; needs fp64), "numpy", or "auto" (opencl when possible).
     schur_backend: str = "auto"
-    # Whether the iterations' vectors and arithmetic stay on the device (solvers.lm_device):
-    # None chooses (the device when it can), True requires it, False keeps the host reference.
+    # Whether the iterations' vectors and arithmetic stay on the device (solvers.lm_device; a
+    # split's parts on theirs, solvers.partitioned_device): None chooses (the device when it
+    # can), True requires it, False keeps the host reference.
     device_resident: Optional[bool] = None
     # Keep the device kernels' events and report their total time (times["device_kernels"]).
     profile_kernels: bool = False

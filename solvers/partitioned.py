@@ -13,6 +13,10 @@ elimination of the Schur complement stays local. Only camera-sized quantities cr
   camera vector (one camera-sized vector);
 - per candidate: its cost and the step's norms.
 
+This module holds the host reference path of a split (:class:`PartitionedState`): ``sparse_schur``,
+or ``device_resident=False``. With ``iterative_schur`` the parts keep their states on their
+devices instead (:mod:`solvers.partitioned_device`); :func:`partitioned_state` chooses.
+
 The arithmetic per part is the single-device reference's (:class:`solvers.host_state.HostState`
 with :class:`solvers.schur.NormalEquations`, the per-observation and per-pair products on the
 part's device when it has fp64): the iterations and costs equal the one-device solve's up to the
