@@ -101,18 +101,6 @@ def scratch(runtime: Runtime, shape, dtype) -> cla.Array:
     return empty(runtime, shape, dtype)
 
 
-def pinned(runtime: Runtime, size: int, dtype) -> np.ndarray:
-    """A host array (``size`` of ``dtype``) in memory the driver allocates for transfers (a mapped
-    ``ALLOC_HOST_PTR`` buffer, page-locked on GPU drivers): copies between it and device buffers
-    go by DMA, without the staging copy a pageable numpy array takes. For host arrays that cross
-    often (a split solve's per-CG-step vectors). The array keeps its mapping (and buffer) alive."""
-    dtype = np.dtype(dtype)
-    size = max(1, int(size))
-    buf = cl.Buffer(runtime.context, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR, size * dtype.itemsize)
-    host, _ = cl.enqueue_map_buffer(runtime.queue, buf, cl.map_flags.READ | cl.map_flags.WRITE, 0, (size,), dtype)
-    return host
-
-
 def keep_on_simulator(runtime: Runtime, *objects) -> None:
     """Never release these device arrays on the simulator (see :func:`simulator.keep`)."""
     simulator.keep(runtime, *objects)

@@ -433,11 +433,8 @@ class DevicePCG:
             for name, rows, width in (("partials", self.partial, C), ("blocks", self.blocks, T)):
                 k = kernels[name] = owned_kernel(self._program, "camera_sums", self)
                 k.set_args(rows.data, self.cam_seg.data, sums.data, np.int32(nc), np.int32(width))
-            # The per-step vectors cross through driver-allocated host memory (arrays.pinned).
             self._split_kit = dict(total=total, ident=ident, sums=sums, camera_sums=kernels,
-                                   cg=self._cg_kernels(total, ident),
-                                   share_host=arrays.pinned(self.rt, nc * max(C, T), self.acc),
-                                   total_host=arrays.pinned(self.rt, nc * max(C, T), self.acc))
+                                   cg=self._cg_kernels(total, ident))
         return self._split_kit
 
     def _begin(self, q_tolerance, r_tolerance, max_iterations, pending):
@@ -451,28 +448,14 @@ class DevicePCG:
             k.set_arg(11, self.acc.type(r_tolerance))
 
     def _read_camera_sums(self, name, width):
-        """camera_sums of the partials or the blocks, read back (nc, width): a view of the
-        split's host buffer, valid until this part's next read."""
-        out = self._split["share_host"][:self.nc * width].reshape(self.nc, width)
-        if not self.nseg:
-            out[:] = 0
-            return out
-        ls = self.ls_partials
-        self._enqueue("camera_sums", self._split["camera_sums"][name], (arrays.round_up(self.nc * width, ls),), (ls,))
-        if out.size:
+        """camera_sums of the partials or the blocks, read back (nc, width)."""
+        out = np.zeros((self.nc, width), self.acc)
+        if self.nseg:
+            ls = self.ls_partials
+            self._enqueue("camera_sums", self._split["camera_sums"][name], (arrays.round_up(self.nc * width, ls),), (ls,))
             cl.enqueue_copy(self.rt.queue, out, self._split["sums"].data)
             self.bytes_to_host += out.nbytes
         return out
-
-    def _write_total(self, total):
-        """The parts' summed vector into the split's device ``total``, through the host buffer
-        (a non-blocking copy: the next read, which waits for the queue, comes before the buffer
-        is written again)."""
-        if total.size:
-            host = self._split["total_host"][:total.size]
-            host[:] = total
-            cl.enqueue_copy(self.rt.queue, self._split["total"].data, host, is_blocking=False)
-            self.bytes_to_device += host.nbytes
 
     def split_share(self, v, parity):
         """This part's share of a product per camera (nc * C), and the CG state of ``parity``
@@ -488,7 +471,9 @@ class DevicePCG:
 
     def split_total(self, total):
         """Write the parts' summed product (nc * C), which the next CG kernel reads."""
-        self._write_total(total)
+        if total.size:
+            cl.enqueue_copy(self.rt.queue, self._split["total"].data, np.ascontiguousarray(total, self.acc))
+            self.bytes_to_device += total.size * self.acc.itemsize
 
     def split_start(self):
         """After the right-hand side's total: b = r, x = 0, z = M r, the first direction."""
@@ -521,7 +506,9 @@ class DevicePCG:
     def split_jacobi_total(self, total):
         """Write the parts' summed ``G V^-1 G^T`` blocks (nc * T); returns them and one run per
         camera, as schur_jacobi reads its blocks."""
-        self._write_total(total)
+        if total.size:
+            cl.enqueue_copy(self.rt.queue, self._split["total"].data, np.ascontiguousarray(total, self.acc))
+            self.bytes_to_device += total.size * self.acc.itemsize
         return self._split["total"], self._split["ident"]
 
     def jacobi_blocks(self):
