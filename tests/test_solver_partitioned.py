@@ -103,9 +103,9 @@ def test_two_devices_solve_as_one(name, linear_solver, loss):
 
 @pytest.mark.slow
 def test_two_devices_solve_in_float32():
-    """float32 storage on both parts (sums in float64). The CG's rounding differs from the
-    one-device float32 solve's (its vectors are float32 on the device, the split's float64 on the
-    host), so the trajectories part after a few iterations: both end where float64 does, to
+    """float32 storage on both parts (sums in float64). The products are summed in another order
+    (per part, then over the parts), which float32's CG vectors amplify, so the trajectories part
+    from the one-device float32 solve's after a few iterations: both end where float64 does, to
     float32's accuracy (as the one-device float32 tests hold it)."""
     path = str(bal_file("problem-49-7776-pre"))
     out = run_on_two_devices(SUMMARY + textwrap.dedent(f"""
