@@ -54,8 +54,7 @@ def main(argv=None) -> int:
 def _main(parser, args, comm=None) -> int:
     if not split_cli.only_root_prints(comm):          # rank 0 prints and writes; the others compute
         args.out = None
-    if args.linear_solver is None:
-        args.linear_solver = "iterative_schur" if split_cli.is_split(args) else "sparse_schur"
+    args.linear_solver = split_cli.linear_solver(args)
     if args.binary and args.text:
         print("error: --binary and --text exclude each other", file=sys.stderr)
         return 2

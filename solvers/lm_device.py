@@ -268,6 +268,7 @@ class DeviceState:
 
     def _pairs(self, *vectors):
         return [b.data for v in vectors for b in v]
+
     def _reduce_cost(self, r, with_jacobians, read=True):
         """Per-observation rho (corrected r, Jc, Jp in place when ``with_jacobians``), summed;
         the cost (None when not finite), or nothing yet with ``read=False`` (see _cost)."""

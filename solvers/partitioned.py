@@ -358,7 +358,7 @@ def describe_split(comm, parts, how: str) -> str:
 def part_evaluators(make_evaluator, observations, runtimes: List, ranges) -> List[tuple]:
     """``(evaluator, runtime, lo, hi)`` per (runtime, point range): ``make_evaluator(sub_problem,
     runtime)`` evaluates the observations of the range's points, numbered from the range's start
-    (``observations``: the problem's index fields, a BALProblem's)."""
+    (``observations``: the problem's index fields, solvers.solve._Observations)."""
     from .solve import _Observations
     o = observations
     camera_index, point_index = np.asarray(o.camera_index), np.asarray(o.point_index)
@@ -367,7 +367,7 @@ def part_evaluators(make_evaluator, observations, runtimes: List, ranges) -> Lis
         keep = (point_index >= lo) & (point_index < hi)
         sub = _Observations(camera_index[keep], point_index[keep] - lo,
                             None if o.observations is None else o.observations[keep], o.num_cameras, hi - lo,
-                            f"points {lo}:{hi}", getattr(o, "camera_size", 9), getattr(o, "point_size", 3))
+                            f"points {lo}:{hi}", o.camera_size, o.point_size)
         out.append((make_evaluator(sub, rt), rt, lo, hi))
     return out
 
@@ -402,8 +402,8 @@ def rank_runtime(comm, devices=None):
 def partitioned_state(ev, options, x0, observations, make_evaluator, host_path: bool = True,
                       camera_blocks=None, held=None):
     """The state of a solve split over ``options.devices`` (this process) or the ranks of
-    ``options.comm``; ``observations``: the problem's index fields (a BALProblem's, or the
-    bundle-adjustment core's); ``make_evaluator(sub_problem, runtime)``: a part's evaluator. The
+    ``options.comm``; ``observations``: the bundle-adjustment core's index fields
+    (solvers.solve._Observations); ``make_evaluator(sub_problem, runtime)``: a part's evaluator. The
     parts keep their states on their devices
     (:class:`solvers.partitioned_device.PartitionedDeviceState`) wherever ``device_split_reason``
     finds nothing against it on any part (every rank agrees) and ``device_resident`` is not False;
@@ -436,7 +436,7 @@ def partitioned_state(ev, options, x0, observations, make_evaluator, host_path: 
         return PartitionedState(ev, options, x0, parts, comm)
     from .partitioned_device import DevicePart, PartitionedDeviceState
     x0 = np.asarray(x0, dtype=np.float64)
-    C, P = getattr(observations, "camera_size", 9), getattr(observations, "point_size", 3)
+    C, P = observations.camera_size, observations.point_size
     ncC = C * observations.num_cameras
     parts = []
     for k, (e, rt, lo, hi) in enumerate(evaluators):

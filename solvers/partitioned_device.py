@@ -11,13 +11,12 @@ summed by the parts' reducer (:class:`solvers.partitioned.LocalParts` or ``MPIPa
   camera gradient, read from every part, summed and written back, so that the Jacobi scaling, the
   LM diagonal and ``Dc^2`` are computed from the whole problem's sums on every part alike; the
   cost and the gradient's norms (scalars);
-- per linear solve (``iterative_schur``): every part's per-camera sums of ``G V^-1 G^T`` (the
-  Schur-Jacobi preconditioner's blocks, inverted on the host as the host path does) and its share
-  of the reduced right-hand side;
-- per CG step: one camera-sized vector, each part's share of the implicit product ``S p``
-  (:meth:`solvers.schur_pcg.DevicePCG.part_product`). The conjugate gradients themselves run on
-  the host (:func:`solvers.cg.conjugate_gradients`) on the summed numbers: their decisions are
-  taken once per process on equal inputs, so every rank takes the same ones;
+- per linear solve (``iterative_schur``): every part's per-camera sums of ``G V^-1 G^T``, so that
+  every part inverts the same Schur-Jacobi blocks on its device;
+- per CG step: one camera-sized vector, each part's share of the implicit product ``S p`` (of
+  the right-hand side at the start, of ``S x`` at a residual reset). Every part runs the device
+  CG's kernels on the same camera vectors, reading the total (:func:`solvers.schur_pcg.run_split`);
+  the parts' CG states come with the shares and must agree;
 - per step and candidate: the model cost change, the step's norms and the candidate's cost.
 
 The parts' norms count the cameras once: the first part's reductions run over every entry, the
@@ -153,50 +152,10 @@ class PartitionedDeviceState:
             self.linear_solver_time += time.perf_counter() - t0
 
     def _conjugate_gradients(self, q_tolerance, r_tolerance, max_iterations):
-        """The device CG of every part (solvers.schur_pcg's split_* steps), one iteration at a
-        time, the products summed over the parts; ``(ok, iterations, message)``."""
-        from .schur_pcg import RESET, RESIDUAL_RESET_PERIOD, STEP, STEP_NO_R
-        self._map(lambda p: p.pcg.split_begin(q_tolerance, r_tolerance, max_iterations))
-
-        def total_of(v, parity):
-            """The parts' shares of a product summed and written back on every part; None when
-            the iteration about to run finds the solve ended (the state, the same on every part)."""
-            shares = self._map(lambda p: p.pcg.split_share(v, parity))
-            status = [float(state[0]) for _, state in shares]
-            # With the sum, on every process: the parts' statuses, to see that they agree.
-            local = np.concatenate([np.sum([share for share, _ in shares], axis=0),
-                                    [sum(status), sum(t * t for t in status), len(status)]])
-            total = self.comm.sum(local)
-            s, s2, k = total[-3:]
-            if s2 * k != s * s:
-                raise RuntimeError("the parts' conjugate gradients disagree on when to stop: their devices "
-                                   "round differently; split the solve over devices of one kind")
-            if s != 0:                   # ended (RUNNING is 0)
-                return shares[0][1]
-            self._map(lambda p: p.pcg.split_total(total[:-3]))
-            return None
-
-        ended = total_of("f", 0)
-        if ended is None:
-            self._map(lambda p: p.pcg.split_start())
-            i = 1
-            while True:
-                s = i % 2
-                ended = total_of("p", s)
-                if ended is not None:
-                    break
-                self._map(lambda p: p.pcg.split_product(s))
-                if i % RESIDUAL_RESET_PERIOD == 0:       # r = b - S x, as Ceres does
-                    self._map(lambda p: p.pcg.split_advance(STEP_NO_R, s))
-                    ended = total_of("x", s)
-                    if ended is not None:
-                        break
-                    self._map(lambda p: p.pcg.split_advance(RESET, s))
-                else:
-                    self._map(lambda p: p.pcg.split_advance(STEP, s))
-                self._map(lambda p: p.pcg.split_direction(s))
-                i += 1
-        return self.parts[0].pcg.split_result(ended, q_tolerance)
+        """The device CG of every part, the products summed over the parts (and every process)."""
+        from .schur_pcg import run_split
+        return run_split([p.pcg for p in self.parts], self.comm.map, self.comm.sum,
+                         q_tolerance, r_tolerance, max_iterations)
 
     def evaluate_candidate(self):
         t0 = time.perf_counter()

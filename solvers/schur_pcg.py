@@ -410,7 +410,7 @@ class DevicePCG:
             event.wait()
         return out
 
-    # -- a part of a split solve (solvers.partitioned_device) ----------------------------------
+    # -- a part of a split solve (solvers.partitioned_device; run_split drives them) ----------
     # Every part holds the same camera vectors and runs the same CG kernels on them; only S's
     # products cross: each part sums its runs' partials per camera on the device (camera_sums),
     # the host adds the parts' sums, and cg_start, cg_product and cg_advance read the total back
@@ -470,7 +470,8 @@ class DevicePCG:
         return share, state
 
     def split_total(self, total):
-        """Write the parts' summed product (nc * C), which the next CG kernel reads."""
+        """Write the parts' summed product (nc * C) or ``G V^-1 G^T`` blocks (nc * T) where the
+        next kernel reads them."""
         if total.size:
             cl.enqueue_copy(self.rt.queue, self._split["total"].data, np.ascontiguousarray(total, self.acc))
             self.bytes_to_device += total.size * self.acc.itemsize
@@ -506,9 +507,7 @@ class DevicePCG:
     def split_jacobi_total(self, total):
         """Write the parts' summed ``G V^-1 G^T`` blocks (nc * T); returns them and one run per
         camera, as schur_jacobi reads its blocks."""
-        if total.size:
-            cl.enqueue_copy(self.rt.queue, self._split["total"].data, np.ascontiguousarray(total, self.acc))
-            self.bytes_to_device += total.size * self.acc.itemsize
+        self.split_total(total)
         return self._split["total"], self._split["ident"]
 
     def jacobi_blocks(self):
@@ -546,3 +545,52 @@ class DevicePCG:
         if status != B_ZERO and x.size:
             cl.enqueue_copy(self.rt.queue, x, self.x.data)
         return x, True, its, msg
+
+
+def run_split(pcgs, each, reduce, q_tolerance=0.1, r_tolerance=-1.0, max_iterations=500):
+    """The PCG of :meth:`DevicePCG.run` over the parts ``pcgs`` of a split solve (and, through
+    ``reduce``, every other process's): ``each(fn, pcgs)`` runs ``fn`` on every part (at once),
+    ``reduce(local)`` sums a vector over every process. The iterations are
+    :meth:`DevicePCG._iteration`'s, one at a time, each product's shares summed and written back
+    before the kernels that read it. Returns ``(ok, iterations, message)``; the solution stays in
+    every part's ``x``."""
+    each(lambda p: p.split_begin(q_tolerance, r_tolerance, max_iterations), pcgs)
+
+    def total_of(v, parity):
+        """The parts' shares of a product summed and written back on every part; None, or the
+        state (the same on every part) when the iteration about to run finds the solve ended."""
+        shares = each(lambda p: p.split_share(v, parity), pcgs)
+        status = [float(state[S_STATUS]) for _, state in shares]
+        # With the sum, on every process: the parts' statuses, to see that they agree.
+        total = reduce(np.concatenate([np.sum([share for share, _ in shares], axis=0),
+                                       [sum(status), sum(t * t for t in status), len(status)]]))
+        s, s2, k = total[-3:]
+        if s2 * k != s * s:
+            raise RuntimeError("the parts' conjugate gradients disagree on when to stop: their devices "
+                               "round differently; split the solve over devices of one kind")
+        if s != RUNNING:
+            return shares[0][1]
+        each(lambda p: p.split_total(total[:-3]), pcgs)
+        return None
+
+    ended = total_of("f", 0)
+    if ended is None:
+        each(lambda p: p.split_start(), pcgs)
+        i = 1
+        while True:
+            s = i % 2
+            ended = total_of("p", s)
+            if ended is not None:
+                break
+            each(lambda p: p.split_product(s), pcgs)
+            if i % RESIDUAL_RESET_PERIOD == 0:       # r = b - S x, as Ceres does
+                each(lambda p: p.split_advance(STEP_NO_R, s), pcgs)
+                ended = total_of("x", s)
+                if ended is not None:
+                    break
+                each(lambda p: p.split_advance(RESET, s), pcgs)
+            else:
+                each(lambda p: p.split_advance(STEP, s), pcgs)
+            each(lambda p: p.split_direction(s), pcgs)
+            i += 1
+    return pcgs[0].split_result(ended, q_tolerance)

@@ -35,6 +35,14 @@ def is_split(args) -> bool:
     return bool(args.devices) or args.mpi
 
 
+def linear_solver(args) -> str:
+    """``--linear-solver``, or its default: iterative_schur when split (the parts stay on their
+    devices), else sparse_schur."""
+    if args.linear_solver is not None:
+        return args.linear_solver
+    return "iterative_schur" if is_split(args) else "sparse_schur"
+
+
 def run(parser, args, main) -> int:
     """``main(parser, args, comm)`` with ``comm`` None, or MPI_COMM_WORLD under ``--mpi``."""
     if not args.mpi:
