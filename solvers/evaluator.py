@@ -29,16 +29,20 @@ def default_model_class():
 class Evaluator:
     """Evaluates the problem at a state vector; counts and times the evaluations."""
 
-    def __init__(self, problem, loss: Loss, model=None, dtype=np.float64, device=None, backend=None):
+    def __init__(self, problem, loss: Loss, model=None, dtype=np.float64, device=None, backend=None,
+                 camera_order=None):
+        """``camera_order``: :meth:`camera_order`'s answer when the caller knows it already (a part
+        of a split solve takes its range's from the whole problem's, solvers.partitioned)."""
         self.problem, self.loss = problem, loss
         self.nc, self.npt = problem.num_cameras, problem.num_points
         n = problem.num_observations
         # The point order, np.argsort(point_index, kind="stable"), found without a comparison
         # sort (solvers.ordering), and the indices in it as int32 (where they fit), which every
         # consumer takes.
-        self._camera_order = None
+        self._camera_order = camera_order
         cam_type, pt_type = ordering.index_dtype(self.nc), ordering.index_dtype(self.npt)
-        if ordering.is_sorted(problem.point_index):
+        self.in_point_order = ordering.is_sorted(problem.point_index)
+        if self.in_point_order:
             # Already in point order: nothing to sort or gather.
             self.order = np.arange(n, dtype=ordering.index_dtype(n))
             self.cam = problem.camera_index.astype(cam_type, copy=False)
@@ -84,6 +88,15 @@ class Evaluator:
             else:
                 self._camera_order = ordering.stable_order(self.cam, self.nc)
         return self._camera_order
+
+    def observed_in_order(self) -> Optional[np.ndarray]:
+        """The problem's observations in this evaluator's (point) order (None without any): the
+        problem's own array when it came in that order, else a gather (the model keeps its own
+        copy, so this one is not kept)."""
+        o = self.problem.observations
+        if o is None or self.in_point_order:
+            return o
+        return ordering.take(o, self.order)
 
     def split(self, x):
         C, P = self.C, self.P

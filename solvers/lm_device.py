@@ -365,8 +365,12 @@ class DeviceState:
         cost = self._cost(sc, COST) if self.n else 0.0
         if cost is None:
             return None
-        self.pcg.bind_jacobian(self.jc, r_dev=self.r, Jp_dev=self.jp)
+        self._bind_jacobian()
         return cost, float(sc[GRADIENT + 1]), float(np.sqrt(sc[GRADIENT]))
+
+    def _bind_jacobian(self):
+        """Hand the new Jacobian and residuals to the CG's products (a finite cost's)."""
+        self.pcg.bind_jacobian(self.jc, r_dev=self.r, Jp_dev=self.jp)
 
     # -- the step ----------------------------------------------------------------------------
     def solve_step(self, radius: float, reuse_diagonal: bool) -> StepSolution:

@@ -35,6 +35,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
+from . import ordering
 from .cg import conjugate_gradients
 from .host_state import StepSolution
 from .schur import NormalEquations, Pairs, Structure, j_x, solve_reduced, spd_block_inverses
@@ -355,20 +356,32 @@ def describe_split(comm, parts, how: str) -> str:
     return f"Points split over {where} ({devices}); {how}"
 
 
-def part_evaluators(make_evaluator, observations, runtimes: List, ranges) -> List[tuple]:
+def part_evaluators(make_evaluator, evaluator, runtimes: List, ranges) -> List[tuple]:
     """``(evaluator, runtime, lo, hi)`` per (runtime, point range): ``make_evaluator(sub_problem,
-    runtime)`` evaluates the observations of the range's points, numbered from the range's start
-    (``observations``: the problem's index fields, solvers.solve._Observations)."""
+    runtime, camera_order)`` evaluates the observations of the range's points, numbered from the
+    range's start. ``evaluator``: the whole problem's (solvers.evaluator.Evaluator), whose point
+    order holds each range's observations as one slice, in the order a part's evaluator would
+    sort them to; so a part's need no mask, no sort, and, where the range starts at point 0, no
+    copy. Its camera order is the whole problem's restricted to the slice."""
     from .solve import _Observations
-    o = observations
-    camera_index, point_index = np.asarray(o.camera_index), np.asarray(o.point_index)
+    ev, o = evaluator, evaluator.problem
+    observed = ev.observed_in_order()
+    camera_order = ev.camera_order()
+    # Where each range's observations begin and end in point order.
+    bounds = np.searchsorted(ev.pt, np.asarray(ranges, dtype=ev.pt.dtype).reshape(-1), side="left").reshape(-1, 2)
     out = []
-    for rt, (lo, hi) in zip(runtimes, ranges):
-        keep = (point_index >= lo) & (point_index < hi)
-        sub = _Observations(camera_index[keep], point_index[keep] - lo,
-                            None if o.observations is None else o.observations[keep], o.num_cameras, hi - lo,
+    for rt, (lo, hi), (a, b) in zip(runtimes, ranges, bounds.tolist()):
+        pt = ev.pt[a:b] if lo == 0 else ev.pt[a:b] - ev.pt.dtype.type(lo)
+        if a == 0 and b == ev.pt.size:
+            co = camera_order
+        else:
+            # Positions in point order sorted by camera, ties in point order: keeping the slice's
+            # keeps that order.
+            co = camera_order[(camera_order >= a) & (camera_order < b)]
+            co = (co - a).astype(ordering.index_dtype(b - a), copy=False)
+        sub = _Observations(ev.cam[a:b], pt, None if observed is None else observed[a:b], o.num_cameras, hi - lo,
                             f"points {lo}:{hi}", o.camera_size, o.point_size)
-        out.append((make_evaluator(sub, rt), rt, lo, hi))
+        out.append((make_evaluator(sub, rt, co), rt, lo, hi))
     return out
 
 
@@ -422,7 +435,7 @@ def partitioned_state(ev, options, x0, observations, make_evaluator, host_path: 
         comm = LocalParts(len(runtimes))
         ranges = point_ranges(observations.point_index, observations.num_points, len(runtimes))
         first = 0
-    evaluators = part_evaluators(make_evaluator, observations, runtimes, ranges)
+    evaluators = part_evaluators(make_evaluator, ev, runtimes, ranges)
     why = "device_resident=False" if options.device_resident is False else device_split_reason(evaluators, options)
     # Every rank must take the same path: one that cannot makes them all take the host's.
     if comm.max(np.array([0.0 if why is None else 1.0]))[0] > 0:

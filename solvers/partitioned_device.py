@@ -126,7 +126,7 @@ class PartitionedDeviceState:
         if not np.isfinite(cost):
             return None
         for p in self.parts:
-            p.pcg.bind_jacobian(p.jc, r_dev=p.r, Jp_dev=p.jp)
+            p._bind_jacobian()
         return float(cost), float(sc[GRADIENT + 1]), float(np.sqrt(sc[GRADIENT]))
 
     # -- the step ----------------------------------------------------------------------------
@@ -145,8 +145,10 @@ class PartitionedDeviceState:
                 p._enqueue_step((p.pcg.x, p.pcg.back_substitute_solution()))
                 return p._read_scalars()
             sc = self._scalars(self._map(step))
+            # Every part reads the same sums, so every verdict (and step norm) is the same.
             verdicts = [p._step_verdict(sc, its, msg) for p in self.parts]
-            self.step_norm = getattr(self.parts[0], "step_norm", 0.0)
+            if verdicts[0].ok:
+                self.step_norm = self.parts[0].step_norm
             return verdicts[0]
         finally:
             self.linear_solver_time += time.perf_counter() - t0

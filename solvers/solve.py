@@ -383,12 +383,13 @@ class _BACore:
         ev.reduced_pattern = pat
         return (pat.fill >= pair_schur.DENSE_FRACTION) == (m.copies is not None)
 
-    def _evaluator(self, observations, device):
-        """The evaluator of ``observations`` (the problem's, or a part's) on ``device``."""
+    def _evaluator(self, observations, device, camera_order=None):
+        """The evaluator of ``observations`` (the problem's, or a part's) on ``device``
+        (``camera_order``: solvers.evaluator.Evaluator's)."""
         from .evaluator import Evaluator
         p = self.problem
         return Evaluator(observations, self._loss, model=self._model, dtype=p.dtype, device=device,
-                         backend=None if p.backend == "auto" else p.backend)
+                         backend=None if p.backend == "auto" else p.backend, camera_order=camera_order)
 
     def partitioned(self):
         """solvers.lm.Minimizer's state factory for a solve split over devices or MPI ranks."""

@@ -54,6 +54,47 @@ def test_point_ranges_cover_the_points_with_balanced_observations(parts):
     assert max(counts) - min(counts) <= 2 * np.bincount(p.point_index).max()
 
 
+@pytest.mark.parametrize("layout", ["camera_major", "shuffled"])
+@pytest.mark.parametrize("parts", [1, 3])
+def test_part_evaluators_hold_each_ranges_observations_as_a_mask_and_sort_would(layout, parts):
+    # A part's observations are sliced from the whole problem's point order; the reference here
+    # masks the range in file order and sorts stably with numpy, as the specification says.
+    from solvers.evaluator import Evaluator
+    from solvers.loss import Loss
+    from solvers.partitioned import part_evaluators
+    from solvers.solve import _Observations
+
+    p = solvers.synthetic_problem(6, 300, 3, seed=5)
+    ci, pi, obs = p.camera_index, p.point_index, p.observations
+    if layout == "shuffled":
+        perm = np.random.default_rng(1).permutation(ci.size)
+        ci, pi, obs = ci[perm], pi[perm], obs[perm]
+    whole = Evaluator(_Observations(ci, pi, obs, p.num_cameras, p.num_points, "whole"), Loss(), model=_RecordModel)
+    ranges = point_ranges(pi, p.num_points, parts)
+
+    def make(sub, runtime, camera_order):
+        return Evaluator(sub, Loss(), model=_RecordModel, camera_order=camera_order)
+    evs = part_evaluators(make, whole, [None] * parts, ranges)
+    assert [(lo, hi) for _, _, lo, hi in evs] == ranges
+    for ev, _, lo, hi in evs:
+        keep = (pi >= lo) & (pi < hi)
+        order = np.argsort(pi[keep], kind="stable")
+        want_cam, want_pt, want_obs = ci[keep][order], pi[keep][order] - lo, obs[keep][order]
+        np.testing.assert_array_equal(ev.model.cam, want_cam)
+        np.testing.assert_array_equal(ev.model.pt, want_pt)
+        np.testing.assert_array_equal(ev.model.obs, want_obs)
+        assert (ev.nc, ev.npt) == (p.num_cameras, hi - lo)
+        np.testing.assert_array_equal(ev.camera_order(), np.argsort(want_cam, kind="stable"))
+
+
+class _RecordModel:
+    """A model that only keeps what it was built from (the part evaluators' inputs)."""
+    sizes = (9, 3)
+
+    def __init__(self, cam, pt, obs, dtype=None, device=None):
+        self.cam, self.pt, self.obs = np.asarray(cam), np.asarray(pt), np.asarray(obs)
+
+
 def _same_solve(single, split, rtol=1e-9):
     """The same iterations (accepted and rejected steps), the final cost to rtol."""
     assert split["iterations"] == single["iterations"]
