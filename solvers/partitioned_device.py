@@ -60,7 +60,7 @@ class DevicePart(DeviceState):
             cl.enqueue_copy(q, out[:nT], self.B.data, is_blocking=False)
             cl.enqueue_copy(q, out[nT:], self.g[0].data)
             self.bytes_to_host += out.nbytes
-        return out.astype(np.float64)
+        return out.astype(np.float64, copy=False)
 
     def set_camera_normal(self, total: np.ndarray):
         """Write the sums over every part (:meth:`camera_normal_share`'s layout) in place of its own."""

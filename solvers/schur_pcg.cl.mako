@@ -21,8 +21,9 @@
 ## Per linear system also jacobi_blocks (the preconditioner's blocks of S, less B + Dc^2) and,
 ## after the solve, back_substitute (the points' step). camera_sums serves a solve split over
 ## parts: their per-camera shares of a product, which the host sums and the CG kernels read back
-## as one run per camera. The host enqueues iterations ahead and reads the small state now and then: every kernel returns at once when the state says the solve has
-## ended, so iterations enqueued past the end cost only their launches.
+## as one run per camera. The host enqueues iterations ahead and reads the small state now and
+## then: every kernel returns at once when the state says the solve has ended, so iterations
+## enqueued past the end cost only their launches.
 ## Observations are sorted by point; Jacobian blocks are as the model returns them, F (n, R, C) and
 ## E (n, R, P), row-major.
 ## Parameters: C, P, R (camera, point and residual block sizes, from the model); REAL (storage
