@@ -14,7 +14,6 @@ from typing import Dict, Iterable, Tuple
 
 import numpy as np
 import pyopencl as cl
-from mako.lookup import TemplateLookup
 
 from . import simulator
 from .runtime import Runtime, get_runtime
@@ -23,8 +22,17 @@ __all__ = ["render", "render_string", "build", "get_program", "kernel", "BuildEr
            "Storage", "FP64Error"]
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_lookup = TemplateLookup(directories=[_ROOT], strict_undefined=True,
-                         input_encoding="utf-8")
+_lookup = None
+
+
+def _template_lookup():
+    """Mako's lookup over the packages' templates, made at the first render: a process whose
+    programs all come from the binary cache never imports Mako."""
+    global _lookup
+    if _lookup is None:
+        from mako.lookup import TemplateLookup
+        _lookup = TemplateLookup(directories=[_ROOT], strict_undefined=True, input_encoding="utf-8")
+    return _lookup
 
 
 class BuildError(RuntimeError):
@@ -62,13 +70,13 @@ def numbered_excerpt(source: str, log: str, context: int = 3) -> str:
 
 def render(template: str, **params) -> str:
     """Render a template by its package path with explicit parameters."""
-    return _lookup.get_template(template).render(**params)
+    return _template_lookup().get_template(template).render(**params)
 
 
 def render_string(text: str, **params) -> str:
     """Render template text given inline (it may include package templates)."""
     from mako.template import Template
-    return Template(text, lookup=_lookup, strict_undefined=True).render(**params)
+    return Template(text, lookup=_template_lookup(), strict_undefined=True).render(**params)
 
 
 _programs: Dict[tuple, cl.Program] = {}
