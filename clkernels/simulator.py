@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .runtime import Runtime
 
-__all__ = ["active", "cpu_like", "build_options", "zeros_from_host", "keep", "zero_copy_ok",
+__all__ = ["active", "cpu_like", "build_options", "binary_cache_ok", "zeros_from_host", "keep", "zero_copy_ok",
            "single_write_from_offset_zero", "OPTIMISER_HIDES_FREEZE"]
 
 # Templates whose programs are built unoptimised on the simulator: its uninitialised-value
@@ -38,6 +38,13 @@ def build_options(runtime: Runtime, template: str) -> tuple:
     if runtime.info.is_simulator and template in OPTIMISER_HIDES_FREEZE:
         return ("-cl-opt-disable",)
     return ()
+
+
+def binary_cache_ok(runtime: Runtime) -> bool:
+    """Whether programs go through the on-disk binary cache (clkernels.cache): not on the
+    simulator, which builds in milliseconds and whose checks are what a run there is for, so every
+    run builds what it checks from source."""
+    return not runtime.info.is_simulator
 
 
 def zeros_from_host(runtime: Runtime) -> bool:

@@ -3,22 +3,26 @@
 Templates are named by their path from the directory that holds the packages, e.g.
 ``"clkernels/common.cl.mako"`` or ``"pyclad/codegen.cl.mako"``, so that any template can
 include the shared one with ``<%namespace name="common" file="/clkernels/common.cl.mako"/>``.
-A program is built once per (source, options, context, device) and kept for the process.
+A program is made once per (source, options, context, device) and kept for the process; its
+binary is kept on disk (:mod:`clkernels.cache`), so another process loads it instead of building.
 """
 from __future__ import annotations
 
 import hashlib
 import os
 import re
+import threading
+import time
+import warnings
 from typing import Dict, Iterable, Tuple
 
 import numpy as np
 import pyopencl as cl
 
-from . import simulator
+from . import cache, simulator
 from .runtime import Runtime, get_runtime
 
-__all__ = ["render", "render_string", "build", "get_program", "kernel", "BuildError", "ctype", "storage",
+__all__ = ["render", "render_string", "build", "get_program", "program_for", "prefetch", "kernel", "BuildError", "ctype", "storage",
            "Storage", "FP64Error"]
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -79,29 +83,102 @@ def render_string(text: str, **params) -> str:
     return Template(text, lookup=_template_lookup(), strict_undefined=True).render(**params)
 
 
-_programs: Dict[tuple, cl.Program] = {}
+_programs: Dict[tuple, cl.Program] = {}     # (source sha256, options, context, device)
+_guard = threading.Lock()                    # for the two dicts around it
+_building: Dict[tuple, threading.Lock] = {}  # a lock per program being made, so that threads
+                                             # asking for one program build it once
+_identities: Dict[int, str] = {}             # device pointer -> cache.device_identity
 
 
-def build(source: str, runtime: Runtime = None, options: Iterable[str] = ()) -> cl.Program:
-    """Build (or fetch from the cache) ``source`` for the runtime's device."""
+def build(source: str, runtime: Runtime = None, options: Iterable[str] = (), name: str = "") -> cl.Program:
+    """The program of ``source`` for the runtime's device: from this process' programs, else from
+    the binary cache on disk (:mod:`clkernels.cache`), else built from source (and its binary
+    stored). ``name`` labels it in the cache's listing and the build log."""
     runtime = get_runtime(runtime)
-    options = tuple(options)
+    return _program(hashlib.sha256(source.encode()).hexdigest(), lambda: source, runtime,
+                    tuple(options), name)
+
+
+def _program(sha: str, get_source, runtime: Runtime, options: tuple, name: str) -> cl.Program:
+    """The program whose source has sha256 ``sha`` (``get_source()`` makes the source, called
+    only when it must be built from source)."""
     # Per context, not per device: a program belongs to its context, and a caller's own
-    # context on the same device needs its own build (from pyopencl's on-disk cache).
-    key = (hashlib.sha256(source.encode()).hexdigest(), options, runtime.context.int_ptr,
-           runtime.device.int_ptr)
+    # context on the same device needs its own program (from the binary cache).
+    key = (sha, options, runtime.context.int_ptr, runtime.device.int_ptr)
     program = _programs.get(key)
-    if program is None:
-        program = cl.Program(runtime.context, source)
+    if program is not None:
+        return program
+    with _guard:
+        lock = _building.setdefault(key, threading.Lock())
+    with lock:
+        program = _programs.get(key)
+        if program is None:
+            program = _load(sha, runtime, options)
+            if program is None:
+                source = get_source()
+                actual = hashlib.sha256(source.encode()).hexdigest()
+                program = _from_source(source, actual, runtime, options, name)
+                if actual != sha:       # the caller's sha was of another source: keep both keys
+                    _programs[(actual,) + key[1:]] = program
+            _programs[key] = program
+    return program
+
+
+def _identity(runtime: Runtime) -> str:
+    ident = _identities.get(runtime.device.int_ptr)
+    if ident is None:
+        ident = _identities[runtime.device.int_ptr] = cache.device_identity(runtime.device)
+    return ident
+
+
+def _load(sha: str, runtime: Runtime, options: tuple):
+    """The program from its cached binary, or None."""
+    if not simulator.binary_cache_ok(runtime):
+        return None
+    ident = _identity(runtime)
+    pkey = cache.program_key(sha, options, ident)
+    binary = cache.load_binary(pkey, ident)
+    if binary is None:
+        return None
+    try:
+        program = cl.Program(runtime.context, [runtime.device], [binary])
+        program.build(options=list(options))
+    except cl.Error as exc:
+        # A whole entry of this device and driver that the driver still refuses: rebuild it.
+        warnings.warn(f"{runtime.info.name!r} refused a cached program binary ({exc}); "
+                      "building it from source", cache.CacheWarning, stacklevel=4)
+        return None
+    cache.count_binary_load()
+    return program
+
+
+def _from_source(source: str, sha: str, runtime: Runtime, options: tuple, name: str) -> cl.Program:
+    t0 = time.perf_counter()
+    program = cl.Program(runtime.context, source)
+    try:
+        program.build(options=list(options))
+    except cl.RuntimeError as exc:
         try:
-            program.build(options=list(options))
-        except cl.RuntimeError as exc:
-            try:
-                log = program.get_build_info(runtime.device, cl.program_build_info.LOG)
-            except cl.Error:
-                log = str(exc)
-            raise BuildError(runtime.info.name, log or str(exc), source, options) from None
-        _programs[key] = program
+            log = program.get_build_info(runtime.device, cl.program_build_info.LOG)
+        except cl.Error:
+            log = str(exc)
+        raise BuildError(runtime.info.name, log or str(exc), source, options) from None
+    seconds = time.perf_counter() - t0
+    pkey = None
+    if simulator.binary_cache_ok(runtime):
+        ident = _identity(runtime)
+        pkey = cache.program_key(sha, options, ident)
+        try:
+            at = program.get_info(cl.program_info.DEVICES).index(runtime.device)
+            binary = program.get_info(cl.program_info.BINARIES)[at]
+        except (cl.Error, ValueError, IndexError) as exc:
+            warnings.warn(f"no binary of the program for {runtime.info.name!r} ({exc}); it is not "
+                          "cached", cache.CacheWarning, stacklevel=4)
+        else:
+            if binary:
+                cache.store_binary(pkey, ident, bytes(binary), name=name,
+                                   kernels=program.get_info(cl.program_info.KERNEL_NAMES), options=options)
+    cache.count_source_build(pkey or sha, seconds, name)
     return program
 
 
@@ -118,25 +195,78 @@ def kernel(program: cl.Program, name: str) -> cl.Kernel:
     return k
 
 
-_rendered: Dict[tuple, str] = {}
+_rendered: Dict[tuple, str] = {}     # (template, parameters) -> the source's sha256
+_sources: Dict[str, str] = {}        # sha256 -> source, for sources rendered in this process
 
 
 def get_program(template: str, runtime: Runtime = None, options: Iterable[str] = (),
                 **params) -> cl.Program:
-    """Render ``template`` with ``params`` (hashable values) and build it, both cached (with the
-    simulator's build options for the template, clkernels.simulator.build_options)."""
+    """Render ``template`` with ``params`` and build it, both cached in the process and on disk
+    (:mod:`clkernels.cache`: a render of known parameters goes to its binary without Mako), with
+    the simulator's build options for the template (clkernels.simulator.build_options)."""
     runtime = get_runtime(runtime)
     options = tuple(options) + simulator.build_options(runtime, template)
-    key = (template, tuple(sorted(params.items())))
+    return _indexed(template, params, lambda: render(template, **params), runtime, options)
+
+
+def program_for(name: str, params: dict, make_source, runtime: Runtime = None,
+                options: Iterable[str] = ()) -> cl.Program:
+    """The program of ``make_source()``, a source that ``params`` (plain values: numbers,
+    strings, dtypes, tuples of them) determine together with the packages' code: cached like
+    :func:`get_program`'s, so a warm process does not make the source at all (pyclad's generated
+    kernels). ``name`` says which generator made it."""
+    return _indexed(name, params, make_source, get_runtime(runtime), tuple(options))
+
+
+def _indexed(name: str, params: dict, make_source, runtime: Runtime, options: tuple) -> cl.Program:
     try:
-        source = _rendered.get(key)
-    except TypeError:  # unhashable parameter: render every time, the build is still cached
-        key, source = None, None
-    if source is None:
-        source = render(template, **params)
+        local = (name, tuple(sorted(params.items())))
+        sha = _rendered.get(local)
+    except TypeError:  # unhashable parameter: make the source every time, the build is still cached
+        local, sha = None, None
+    disk = simulator.binary_cache_ok(runtime)
+    rkey = cache.render_key(name, params) if sha is None and disk else None
+    if rkey is not None:
+        sha = cache.load_render(rkey)
+
+    def source():
+        text = make_source()
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        _sources[digest] = text
+        if local is not None:
+            _rendered[local] = digest
+        key = rkey if rkey is not None or not disk else cache.render_key(name, params)
         if key is not None:
-            _rendered[key] = source
-    return build(source, runtime, options)
+            cache.store_render(key, digest)
+        return text
+
+    if sha is None:
+        text = source()
+        sha = hashlib.sha256(text.encode()).hexdigest()
+        get_source = lambda: text  # noqa: E731
+    else:
+        get_source = lambda: _sources.get(sha) or source()  # noqa: E731
+    program = _program(sha, get_source, runtime, options, name)
+    if local is not None:
+        _rendered[local] = sha
+    return program
+
+
+_pool = None
+
+
+def prefetch(template: str, runtime: Runtime = None, options: Iterable[str] = (), **params):
+    """Start making :func:`get_program`'s program on a thread and return at once (a
+    ``concurrent.futures.Future``); a later ``get_program`` with the same arguments waits for it
+    instead of building again. Builds release the GIL, so a solve's independent programs build
+    side by side where the driver allows it."""
+    global _pool
+    runtime = get_runtime(runtime)
+    with _guard:
+        if _pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+            _pool = ThreadPoolExecutor(max(2, min(8, os.cpu_count() or 2)), thread_name_prefix="pyclad-build")
+    return _pool.submit(get_program, template, runtime, tuple(options), **params)
 
 
 # ---------------------------------------------------------------- dtypes in templates
@@ -185,6 +315,10 @@ class Storage:
 
     def __repr__(self):
         return f"Storage({self.dtype})"
+
+    def cache_token(self) -> str:
+        """The exact text of this storage for the render cache (clkernels.cache)."""
+        return self.dtype.str
 
     def load(self, ptr: str, index: str) -> str:
         return f"vload_half({index}, {ptr})" if self.is_half else f"{ptr}[{index}]"

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import warnings
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 import pyopencl as cl
@@ -47,6 +47,11 @@ class Backend:
     def source(self, jacobians: bool, variant) -> str:
         raise NotImplementedError
 
+    def source_params(self, jacobians: bool, variant) -> Optional[dict]:
+        """Plain values that determine :meth:`source`'s text (with the packages' code), for the
+        binary cache (clkernels.templates.program_for); None: not indexed, made every process."""
+        return None
+
     def lanes(self, runtime) -> int:
         """Tuples per work-item."""
         return 1
@@ -77,6 +82,10 @@ class Codegen(Backend):
     def source(self, jacobians, variant):
         stage, lanes = variant
         return codegen.render(self.traced, self.real, jacobians, stage_wg=stage, lanes=lanes)
+
+    def source_params(self, jacobians, variant):
+        return {"traced": self.traced.fingerprint(), "real": self.real, "jacobians": bool(jacobians),
+                "variant": tuple(variant)}
 
     def lanes(self, runtime):
         return codegen.lanes(runtime.info, self.real)
@@ -151,6 +160,12 @@ class Tape(Backend):
         config, local, used = variant
         t = self.traced
         return tape.render(t.group_sizes, t.data_size, t.n_outputs, self.real, jacobians, config, local, used)
+
+    def source_params(self, jacobians, variant):
+        config, local, used = variant
+        t = self.traced
+        return {"sizes": (tuple(t.group_sizes), t.data_size, t.n_outputs), "real": self.real,
+                "jacobians": bool(jacobians), "config": config, "local": tuple(local), "used": used}
 
     def lanes(self, runtime):
         config = self.config_for(runtime)
@@ -261,6 +276,10 @@ class Auto(Backend):
     def source(self, jacobians, variant):
         name, inner = variant
         return (self._codegen if name == "codegen" else self._tape).source(jacobians, inner)
+
+    def source_params(self, jacobians, variant):
+        name, inner = variant
+        return (self._codegen if name == "codegen" else self._tape).source_params(jacobians, inner)
 
     def lanes(self, runtime):
         return self.choose(runtime).lanes(runtime)

@@ -324,8 +324,12 @@ class BatchFunction:
         key = (runtime.context.int_ptr, runtime.device.int_ptr, jacobians)
         plan = self._plans.get(key)
         if plan is None:
-            kernel = launch.kernel_for_plan(templates.build(self._source(jacobians, runtime), runtime),
-                                            self._impl.kernel_name_for(runtime))
+            variant = self._impl.variant(runtime, jacobians)
+            params = self._impl.source_params(jacobians, variant)
+            make = lambda: self._source(jacobians, runtime)  # noqa: E731
+            program = (templates.build(make(), runtime) if params is None else
+                       templates.program_for(f"pyclad/{self._impl.name}", params, make, runtime))
+            kernel = launch.kernel_for_plan(program, self._impl.kernel_name_for(runtime))
             wg = self._impl.work_group(runtime, kernel, jacobians)
             plan = self._plans[key] = _Plan(kernel, wg, self._impl.lanes(runtime))
         return plan

@@ -101,6 +101,10 @@ class TapeConfig:
     def joint(self) -> bool:
         return self.sweep == "joint"
 
+    def cache_token(self) -> str:
+        """The exact text of this configuration for the binary cache (clkernels.cache)."""
+        return repr(dataclasses.astuple(self))
+
     def tables_key(self):
         """The Tables switches (liveness, fused, library, preload) of this config, defaults
         resolved."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import Callable, Dict, List, Sequence, Set, Tuple
 
 import numpy as np
@@ -36,6 +37,19 @@ class Traced:
         ``output``, only the nodes that output depends on (its own sweep)."""
         needed = set(self.graph.forward_order([output])) if output is not None else self.active
         return [n for n in reversed(self.order) if n in self.active and n in needed]
+
+    def fingerprint(self) -> str:
+        """sha256 of everything the generated kernels depend on (the nodes, their operands,
+        constants and leaves, the orders and sets above): equal for equal functions, made once.
+        The binary cache keys generated programs by it (clkernels.templates.program_for)."""
+        fp = getattr(self, "_fingerprint", None)
+        if fp is None:
+            g = self.graph
+            text = repr((self.group_sizes, self.data_size, self.outputs, self.order, sorted(self.active),
+                         self.inputs, self.data, sorted(self.guarded), g.ops, g.args,
+                         [repr(c) for c in g.consts], g.leaf, g.regions))
+            fp = self._fingerprint = hashlib.sha256(text.encode()).hexdigest()
+        return fp
 
     def summary(self) -> str:
         ops: Dict[str, int] = {}
