@@ -28,10 +28,13 @@
 ## E (n, R, P), row-major.
 ## Parameters: C, P, R (camera, point and residual block sizes, from the model); REAL (storage
 ## type) and ACC (the type of sums and of the CG state: double where the device has it); L (the
-## work-group size of the cg_* kernels, a power of two); SPLIT (GPUs: camera_rows before
-## project_points, and camera_partials with one work-item per run and camera parameter instead of
-## per run, so that neighbouring work-items read neighbouring memory); STAGE (SPLIT only: 0, or
-## the observations per work-group of LP points that project_points stages in local memory).
+## work-group size of the cg_* kernels, a power of two); STAGE (0, or the observations per
+## work-group of LP points that project_points_split stages in local memory).
+## Both layouts of the products are in every program, chosen per solve by its size, never a
+## render parameter (a new size builds nothing): the fused one (project_points computes F v itself,
+## camera_partials has one work-item per run) and the split one of GPUs (camera_rows first, then
+## project_points_split, and camera_partials_split with one work-item per run and camera
+## parameter, so that neighbouring work-items read neighbouring memory).
 <%namespace name="common" file="/clkernels/common.cl.mako"/>
 ${common.fp64_pragma()}
 // No fused multiply-adds: the host reference (numpy) rounds every product, and CG's termination
@@ -101,7 +104,6 @@ ${subtract_projection(t_buf, w_buf, space, E_base)}
 #define STEP_NO_R     2   // x += alpha p only (a residual reset follows)
 #define RESET         3   // r = b - S x (S x from the partials of x), z = M r
 
-%if SPLIT:
 // GPUs: t = F v one work-item per observation row (neighbours read neighbouring rows of F), then
 // project_points per point from t; the fused kernel below reads F one point's rows per work-item,
 // far apart, which GPUs' caches serve poorly.
@@ -127,13 +129,13 @@ __kernel void camera_rows(__global const real *restrict Jc,      // (n, R, C)
 // observations apart and a GPU's loads serve them poorly. A group whose points have more than
 // ${STAGE} observations reads them directly (the same arithmetic, so the same bits).
 __kernel __attribute__((reqd_work_group_size(${LP}, 1, 1)))
-void project_points(__global const real *restrict Jp,      // (n, R, P)
-                    __global const int *restrict pt_start, // (npt + 1)
-                    __global const real *restrict Vinv,    // (npt, P, P)
-                    __global const real *restrict t,       // (n, R): F v, or f
-                    __global real *restrict w,             // (n, R)
-                    __global const acc *restrict state,
-                    const int npt)
+void project_points_split(__global const real *restrict Jp,      // (n, R, P)
+                          __global const int *restrict pt_start, // (npt + 1)
+                          __global const real *restrict Vinv,    // (npt, P, P)
+                          __global const real *restrict t,       // (n, R): F v, or f
+                          __global real *restrict w,             // (n, R)
+                          __global const acc *restrict state,
+                          const int npt)
 {
     __local real lt[${STAGE * R}];
     __local real lE[${STAGE * R * P}];
@@ -158,13 +160,13 @@ ${project_point('lt', 'lt', '__local', 'lE')}
     for (int i = lid; i < count * ${R}; i += ${LP}) w[(size_t)s0 * ${R} + i] = lt[i];
 }
 %else:
-__kernel void project_points(__global const real *restrict Jp,      // (n, R, P)
-                             __global const int *restrict pt_start, // (npt + 1)
-                             __global const real *restrict Vinv,    // (npt, P, P)
-                             __global const real *restrict t,       // (n, R): F v, or f
-                             __global real *restrict w,             // (n, R)
-                             __global const acc *restrict state,
-                             const int npt)
+__kernel void project_points_split(__global const real *restrict Jp,      // (n, R, P)
+                                   __global const int *restrict pt_start, // (npt + 1)
+                                   __global const real *restrict Vinv,    // (npt, P, P)
+                                   __global const real *restrict t,       // (n, R): F v, or f
+                                   __global real *restrict w,             // (n, R)
+                                   __global const acc *restrict state,
+                                   const int npt)
 {
     const int p = get_global_id(0);
     if (p >= npt || state[S_STATUS] != RUNNING) return;
@@ -172,7 +174,7 @@ __kernel void project_points(__global const real *restrict Jp,      // (n, R, P)
 ${project_point('t')}
 }
 %endif
-%else:
+// The fused layout (CPUs, and GPUs below SPLIT_MIN_OBSERVATIONS): F v inside project_points.
 __kernel void project_points(__global const real *restrict Jc,      // (n, R, C)
                              __global const real *restrict Jp,      // (n, R, P)
                              __global const int *restrict cam,      // (n)
@@ -212,18 +214,16 @@ ${accumulate_u(lambda j: f't{j}')}
 ${subtract_projection('w')}
 }
 
-%endif
 
-%if SPLIT:
 // One work-item per (run, camera parameter a): the work-items of one run read one observation's
 // F_o row entries side by side.
-__kernel void camera_partials(__global const real *restrict Jc,      // (n, R, C)
-                              __global const real *restrict w,       // (n, R)
-                              __global const int *restrict obs,      // (n) in camera order
-                              __global const int *restrict seg_start,// (nseg + 1)
-                              __global acc *restrict partial,        // (nseg, C)
-                              __global const acc *restrict state,
-                              const int nseg)
+__kernel void camera_partials_split(__global const real *restrict Jc,      // (n, R, C)
+                                    __global const real *restrict w,       // (n, R)
+                                    __global const int *restrict obs,      // (n) in camera order
+                                    __global const int *restrict seg_start,// (nseg + 1)
+                                    __global acc *restrict partial,        // (nseg, C)
+                                    __global const acc *restrict state,
+                                    const int nseg)
 {
     const int gid = get_global_id(0), s = gid / ${C}, a = gid - s * ${C};
     if (s >= nseg || state[S_STATUS] != RUNNING) return;
@@ -236,7 +236,7 @@ __kernel void camera_partials(__global const real *restrict Jc,      // (n, R, C
     }
     partial[gid] = sum;
 }
-%else:
+// The fused layout: one work-item per run, all C parameters.
 __kernel void camera_partials(__global const real *restrict Jc,      // (n, R, C)
                               __global const real *restrict w,       // (n, R)
                               __global const int *restrict obs,      // (n) in camera order
@@ -265,7 +265,6 @@ __kernel void camera_partials(__global const real *restrict Jc,      // (n, R, C
     partial[(size_t)s * ${C} + ${a}] = acc${a};
 %endfor
 }
-%endif
 
 // Per run of one camera's observations (camera order, point order within a camera; runs never
 // split one camera-point group): the upper triangle (T entries, row-major) of

@@ -148,8 +148,11 @@ class DevicePCG:
         # The CG state, double-buffered (see the template's header): iteration i reads
         # states[i % 2] and writes states[(i + 1) % 2].
         self.states = (sums(8), sums(8))
-        self.stage = stage_capacity(rt, R, P, dtype) if split and STAGED_PROJECTION else 0
-        prg = get_program(TEMPLATE, rt, C=C, P=P, R=R, L=L, SPLIT=split, STAGE=self.stage, LP=STAGE_POINTS,
+        # Both layouts are in the program (the choice above depends on the size, and a new size
+        # must build nothing); STAGE depends on the device alone.
+        stage = stage_capacity(rt, R, P, dtype) if STAGED_PROJECTION else 0
+        self.stage = stage if split else 0
+        prg = get_program(TEMPLATE, rt, C=C, P=P, R=R, L=L, STAGE=stage, LP=STAGE_POINTS,
                           REAL=ctype(dtype), ACC=ctype(self.acc))
         self._program = prg
         # Kernel objects of this instance alone, one per use and state parity, their arguments
@@ -160,9 +163,10 @@ class DevicePCG:
         self.k_jacobi, self.k_back = K("jacobi_blocks"), K("back_substitute")
         # project_points of p, of x and (at the start) of the residuals, per parity; on GPUs
         # camera_rows first makes t = F v for p and x
-        self.k_project = {(v, s): K("project_points") for v in ("p", "x", "f") for s in (0, 1)}
+        layout = "_split" if split else ""
+        self.k_project = {(v, s): K("project_points" + layout) for v in ("p", "x", "f") for s in (0, 1)}
         self.k_rows = {(v, s): K("camera_rows") for v in ("p", "x") for s in (0, 1)} if split else {}
-        self.k_partials = [K("camera_partials") for s in (0, 1)]
+        self.k_partials = [K("camera_partials" + layout) for s in (0, 1)]
         self.k_direction = [K("cg_direction") for s in (0, 1)]
         # Small groups on CPUs: PoCL runs a group per core at a time, and a few hundred segments
         # in groups of 64 leave one core idle at the end (8 was a third faster for the partials).
