@@ -39,7 +39,7 @@ import warnings
 from typing import Dict, List, Optional
 
 __all__ = ["cache_dir", "device_identity", "program_key", "load_binary", "store_binary",
-           "render_key", "load_render", "store_render", "stats", "entries", "clear", "CacheWarning"]
+           "render_key", "load_render", "store_render", "stats", "made", "entries", "clear", "CacheWarning"]
 
 ENV = "PYCLAD_CACHE_DIR"
 BUILD_LOG_ENV = "PYCLAD_BUILD_LOG"
@@ -186,15 +186,20 @@ def store_binary(key: str, identity: str, binary: bytes, name: str = "", kernels
     return _write_atomic(_path("programs", key), MAGIC + _HEADER.pack(len(header)) + header + binary)
 
 
-def count_binary_load() -> None:
+_made: List[tuple] = []       # (name, "source" or "binary", seconds) of this process' programs
+
+
+def count_binary_load(seconds: float = 0.0, name: str = "") -> None:
     with _lock:
         _stats["binary_loads"] += 1
+        _made.append((name, "binary", seconds))
 
 
 def count_source_build(key: str, seconds: float, name: str) -> None:
     """Count a build from source, and log it where PYCLAD_BUILD_LOG asks."""
     with _lock:
         _stats["source_builds"] += 1
+        _made.append((name, "source", seconds))
     log = os.environ.get(BUILD_LOG_ENV, "").strip()
     if log:
         line = f"source {key} {seconds:.3f} {name or '-'}\n".encode()
@@ -206,6 +211,13 @@ def count_source_build(key: str, seconds: float, name: str) -> None:
                 os.close(fd)
         except OSError as exc:
             _warn_once("log", f"{BUILD_LOG_ENV}={log!r} cannot be written: {exc}")
+
+
+def made() -> List[tuple]:
+    """``(name, how, seconds)`` of every program this process made, in order: ``how`` is
+    "source" (built from source) or "binary" (loaded from the cache)."""
+    with _lock:
+        return list(_made)
 
 
 def stats() -> Dict[str, int]:

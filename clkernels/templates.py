@@ -113,7 +113,7 @@ def _program(sha: str, get_source, runtime: Runtime, options: tuple, name: str) 
     with lock:
         program = _programs.get(key)
         if program is None:
-            program = _load(sha, runtime, options)
+            program = _load(sha, runtime, options, name)
             if program is None:
                 source = get_source()
                 actual = hashlib.sha256(source.encode()).hexdigest()
@@ -131,10 +131,11 @@ def _identity(runtime: Runtime) -> str:
     return ident
 
 
-def _load(sha: str, runtime: Runtime, options: tuple):
+def _load(sha: str, runtime: Runtime, options: tuple, name: str):
     """The program from its cached binary, or None."""
     if not simulator.binary_cache_ok(runtime):
         return None
+    t0 = time.perf_counter()
     ident = _identity(runtime)
     pkey = cache.program_key(sha, options, ident)
     binary = cache.load_binary(pkey, ident)
@@ -148,7 +149,7 @@ def _load(sha: str, runtime: Runtime, options: tuple):
         warnings.warn(f"{runtime.info.name!r} refused a cached program binary ({exc}); "
                       "building it from source", cache.CacheWarning, stacklevel=4)
         return None
-    cache.count_binary_load()
+    cache.count_binary_load(time.perf_counter() - t0, name)
     return program
 
 

@@ -212,3 +212,27 @@ def test_render_keys_need_exact_values():
     # An object without an exact text is not indexed (its repr could hide a difference).
     assert cache.render_key("t", {"a": np.arange(3)}) is None
     assert cache.render_key("t", {"a": object()}) is None
+
+
+def test_warmup_fills_the_cache_for_a_later_solve(real_device, tmp_path):
+    """``python -m clkernels warmup --what bal`` in one process; a BAL solve in the next builds
+    nothing from source, and ``python -m clkernels cache`` lists what warmup made."""
+    log = tmp_path / "builds.log"
+    env = dict(_env(tmp_path / "cache", log))
+    p = subprocess.run([sys.executable, "-m", "clkernels", "warmup", "--what", "bal", "--device", _spec(real_device)],
+                       env=env, capture_output=True, text=True, timeout=1800)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "built from source" in p.stdout and "solvers/lm_device.cl.mako" in p.stdout
+    built = open(log).read().count("\n")
+    assert built > 0
+    for ls, dtype in (("sparse_schur", "float64"), ("iterative_schur", "float32")):
+        p = subprocess.run([sys.executable, "-m", "solvers.bal", "-q", "--synthetic", "12,900,4", "--iterations", "2",
+                            "--linear-solver", ls, "--dtype", dtype, "--loss", "cauchy", "--device", _spec(real_device)],
+                           env=env, capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr
+    assert open(log).read().count("\n") == built, "a solve after warmup built programs from source"
+    listing = subprocess.run([sys.executable, "-m", "clkernels", "cache"], env=env, capture_output=True, text=True)
+    assert listing.returncode == 0 and f"in {built} programs" in listing.stdout, listing.stdout
+    cleared = subprocess.run([sys.executable, "-m", "clkernels", "cache", "--clear"], env=env,
+                             capture_output=True, text=True)
+    assert cleared.returncode == 0 and not _entries(tmp_path / "cache")
