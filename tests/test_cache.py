@@ -51,7 +51,8 @@ _BUILD = textwrap.dedent("""
 
 
 def _env(cache_dir, log=None):
-    env = dict(os.environ, PYCLAD_CACHE_DIR=str(cache_dir), PYTHONPATH=ROOT)
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYCLAD_CACHE_DIR=str(cache_dir), PYTHONPATH=path)
     if log is not None:
         env["PYCLAD_BUILD_LOG"] = str(log)
     return env
