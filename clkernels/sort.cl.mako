@@ -229,6 +229,15 @@ __kernel void count_keys(__global const int *keys, const ulong n, const uint bou
     }
 }
 
+// out[i] = (a[i], b[i]): two int32 columns side by side, rows of two.
+__kernel void stack_pairs(__global const int *a, __global const int *b, const ulong n,
+                          __global int2 *out)
+{
+    const size_t i = get_global_id(0);
+    if (i < n)
+        out[i] = (int2)(a[i], b[i]);
+}
+
 // q[p[i]] = i; an entry of p outside [0, n) writes nothing and sets flag[0].
 __kernel void inverse_permutation(__global const int *p, const ulong n, __global int *q,
                                   volatile __global int *flag)

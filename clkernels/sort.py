@@ -11,7 +11,8 @@ The device twins of :mod:`solvers.ordering`'s host functions, each equal to a nu
   and the same bits on every run and every launch configuration (a stable order is unique).
 - :func:`counts`, :func:`starts` -- ``np.bincount`` and its exclusive scan with the total at the
   end; :func:`exclusive_scan` -- device-wide, any length (reduce, scan the block sums, scan).
-- :func:`inverse_permutation` -- ``q[p] = arange(n)``; :func:`take` -- ``a[idx]`` along axis 0.
+- :func:`inverse_permutation` -- ``q[p] = arange(n)``; :func:`take` -- ``a[idx]`` along axis 0;
+  :func:`stack_pairs` -- ``np.stack((a, b), axis=1)``.
 
 Inputs: device arrays (``pyopencl.array.Array``, on ``runtime``'s queue, or on another queue
 whose pending events are waited for), or numpy arrays (copied over; the result comes back as
@@ -42,7 +43,7 @@ from .launch import device_array, owned_kernel, pooled_array, runtime_for
 from .runtime import get_runtime
 from .templates import get_program
 
-__all__ = ["stable_order", "counts", "starts", "exclusive_scan", "inverse_permutation", "take",
+__all__ = ["stable_order", "counts", "starts", "exclusive_scan", "inverse_permutation", "take", "stack_pairs",
            "Config", "config_for"]
 
 TEMPLATE = "clkernels/sort.cl.mako"
@@ -382,3 +383,21 @@ def take(runtime, a, idx, out=None, *, check: bool = False):
         result.get(ary=out)
         return out
     return _result(result, event, host)
+
+
+def stack_pairs(runtime, a, b):
+    """``np.stack((a, b), axis=1)`` of two int32 arrays of one length: (n, 2) int32 (an index of
+    pairs, as a bundle adjustment's (camera, point) per observation)."""
+    rt = _runtime(runtime, a, b)
+    host = isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
+    a, b = _input(rt, a, "a"), _input(rt, b, "b")
+    if a.shape != b.shape:
+        raise ValueError(f"a and b must have one shape, got {a.shape} and {b.shape}")
+    n = a.size
+    out = pooled_array(rt, (n, 2), np.int32)
+    event = None
+    if n:
+        ks = _kernels(rt, None)
+        with ks.lock:
+            event = ks.k["stack_pairs"](rt.queue, *ks.items(n), a.data, b.data, np.uint64(n), out.data)
+    return _result(out, event, host)

@@ -260,3 +260,17 @@ def test_tiny_inverse_permutation_and_take(device):
         a = rng.standard_normal((50,) if width is None else (50, width)).astype(dtype)
         idx = rng.integers(0, 50, 200).astype(np.int32)
         np.testing.assert_array_equal(sort.take(device, a, idx), a[idx])
+
+
+@pytest.mark.oclgrind
+@pytest.mark.parametrize("n", [0, 1, 257])
+def test_stack_pairs_matches_numpy(device, n):
+    rng = np.random.default_rng(n)
+    a = rng.integers(-5, 1000, n).astype(np.int32)
+    b = rng.integers(-5, 1000, n).astype(np.int32)
+    np.testing.assert_array_equal(sort.stack_pairs(device, a, b), np.stack((a, b), axis=1))
+    got = sort.stack_pairs(device, cla.to_device(device.queue, a), cla.to_device(device.queue, b))
+    assert got.shape == (n, 2)
+    np.testing.assert_array_equal(got.get(), np.stack((a, b), axis=1))
+    with pytest.raises(ValueError, match="one shape"):
+        sort.stack_pairs(device, a, np.zeros(n + 1, np.int32))
