@@ -24,13 +24,30 @@ class BatchModel:
     the function's dtype.
     """
 
-    def __init__(self, function, cam_idx, pt_idx, observations=None, device=None):
+    # solvers.evaluator.Evaluator may give it the observations ordered on the device (inputs=).
+    takes_device_inputs = True
+
+    def __init__(self, function, cam_idx, pt_idx, observations=None, device=None, inputs=None):
+        """``inputs``: the index (n, 2) int32 and the data (n, D) already on the device
+        (solvers.device_observations), instead of the host arrays ``cam_idx``, ``pt_idx`` and
+        ``observations`` (then None)."""
         if len(function.group_sizes) != 2:
             raise ValueError(f"a BatchModel needs a function of two parameter groups (camera, point), "
                              f"got {len(function.group_sizes)}")
         self.function = function
         self.dtype = np.dtype(function.dtype)
         self.sizes = tuple(function.group_sizes)
+        if inputs is not None:
+            if function.backend == "numpy":
+                raise ValueError("device inputs need a BatchFunction that runs on an OpenCL device, "
+                                 "not backend='numpy'")
+            index, observed = inputs
+            if observed is not None and observed.dtype != self.dtype:
+                raise ValueError(f"the device observations are {observed.dtype}, the function's dtype {self.dtype}")
+            self.n_obs = int(index.shape[0])
+            self.runtime = get_runtime(device)
+            self._host, self._device, self._upload = None, (index, observed), False
+            return
         self.n_obs = len(cam_idx)
         # Written a chunk at a time: stacking first would make an int64 copy twice this size.
         index = ordering.columns([cam_idx, pt_idx], np.int32)

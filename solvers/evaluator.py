@@ -30,41 +30,40 @@ class Evaluator:
     """Evaluates the problem at a state vector; counts and times the evaluations."""
 
     def __init__(self, problem, loss: Loss, model=None, dtype=np.float64, device=None, backend=None,
-                 camera_order=None):
+                 camera_order=None, device_observations=None):
         """``camera_order``: :meth:`camera_order`'s answer when the caller knows it already (a part
-        of a split solve takes its range's from the whole problem's, solvers.partitioned)."""
+        of a split solve takes its range's from the whole problem's, solvers.partitioned).
+        ``device_observations``: the orders made on the device
+        (:class:`solvers.device_observations.DeviceObservations`), for a model class that takes
+        them (``takes_device_inputs``): the host orders are then read back only if something asks
+        for them."""
         self.problem, self.loss = problem, loss
         self.nc, self.npt = problem.num_cameras, problem.num_points
-        n = problem.num_observations
-        # The point order, np.argsort(point_index, kind="stable"), found without a comparison
-        # sort (solvers.ordering), and the indices in it as int32 (where they fit), which every
-        # consumer takes.
+        self.n = problem.num_observations
         self._camera_order = camera_order
-        cam_type, pt_type = ordering.index_dtype(self.nc), ordering.index_dtype(self.npt)
-        self.in_point_order = ordering.is_sorted(problem.point_index)
-        if self.in_point_order:
-            # Already in point order: nothing to sort or gather.
-            self.order = np.arange(n, dtype=ordering.index_dtype(n))
-            self.cam = problem.camera_index.astype(cam_type, copy=False)
-            self.pt = problem.point_index.astype(pt_type, copy=False)
-            observed = problem.observations
-        else:
-            self.order = ordering.stable_order(problem.point_index, self.npt)
-            self.cam = ordering.take(problem.camera_index, self.order, dtype=cam_type)
-            self.pt = ordering.take(problem.point_index, self.order, dtype=pt_type)
-            observed = None if problem.observations is None else ordering.take(problem.observations, self.order)
+        self.device_observations = device_observations
+        self._orders = None
         if model is None:
             model = default_model_class()
+        self.permute = None
         if isinstance(model, type) or (callable(model) and not hasattr(model, "residuals_and_jacobians")):
             kwargs = {"dtype": dtype, "device": device}
             if backend is not None:
                 kwargs["backend"] = backend
-            self.model = model(self.cam, self.pt, observed, **kwargs)
-            self.permute = None
+            dev = device_observations
+            if dev is not None and getattr(model, "takes_device_inputs", False):
+                self.model = model(None, None, None, inputs=(dev.index, dev.observed), **kwargs)
+            else:
+                self.device_observations = None
+                _, _, cam, pt, observed = self._host_orders()
+                self.model = model(cam, pt, observed, **kwargs)
+                # The model keeps its own copy of the observations (observed_in_order gathers anew).
+                self._orders = self._orders[:4] + (None,)
         else:
             # An instance built on the problem's own observation order: reorder its outputs.
             if getattr(model, "n_obs", problem.num_observations) != problem.num_observations:
                 raise ValueError("model= was built for a different number of observations than the problem")
+            self.device_observations = None
             self.model = model
             self.permute = self.order
         # Parameters per camera and per point: the model's (9 and 3 for BAL).
@@ -73,6 +72,45 @@ class Evaluator:
         self.num_jacobian_evaluations = 0
         self.residual_time = 0.0
         self.jacobian_time = 0.0
+
+    def _host_orders(self):
+        """``(in_point_order, order, cam, pt, observed)`` on the host, made at the first use: the
+        point order, ``np.argsort(point_index, kind="stable")``, found without a comparison sort
+        (solvers.ordering), and the indices in it as int32 (where they fit), which every consumer
+        takes; or read back from the device when it made them."""
+        if self._orders is None:
+            problem, dev = self.problem, self.device_observations
+            n = self.n
+            cam_type, pt_type = ordering.index_dtype(self.nc), ordering.index_dtype(self.npt)
+            if dev is not None:
+                self._orders = (False, dev.host("order"), dev.host("cam"), dev.host("pt"), None)
+            elif ordering.is_sorted(problem.point_index):
+                # Already in point order: nothing to sort or gather.
+                self._orders = (True, np.arange(n, dtype=ordering.index_dtype(n)),
+                                problem.camera_index.astype(cam_type, copy=False),
+                                problem.point_index.astype(pt_type, copy=False), problem.observations)
+            else:
+                order = ordering.stable_order(problem.point_index, self.npt)
+                observed = None if problem.observations is None else ordering.take(problem.observations, order)
+                self._orders = (False, order, ordering.take(problem.camera_index, order, dtype=cam_type),
+                                ordering.take(problem.point_index, order, dtype=pt_type), observed)
+        return self._orders
+
+    @property
+    def in_point_order(self) -> bool:
+        return self._host_orders()[0]
+
+    @property
+    def order(self) -> np.ndarray:
+        return self._host_orders()[1]
+
+    @property
+    def cam(self) -> np.ndarray:
+        return self._host_orders()[2]
+
+    @property
+    def pt(self) -> np.ndarray:
+        return self._host_orders()[3]
 
     def camera_order(self) -> np.ndarray:
         """The observations, in this evaluator's (point) order, sorted by camera: the same as
@@ -83,7 +121,9 @@ class Evaluator:
         file order, whose positions in point order are the inverse of :attr:`order`."""
         if self._camera_order is None:
             p = self.problem
-            if ordering.is_sorted_by(p.camera_index, p.point_index):
+            if self.device_observations is not None:
+                self._camera_order = self.device_observations.host("camera_order")
+            elif ordering.is_sorted_by(p.camera_index, p.point_index):
                 self._camera_order = ordering.inverse_permutation(self.order)
             else:
                 self._camera_order = ordering.stable_order(self.cam, self.nc)

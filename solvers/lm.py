@@ -72,6 +72,9 @@ class Options:
     # split's parts on theirs, solvers.partitioned_device): None chooses (the device when it
     # can), True requires it, False keeps the host reference.
     device_resident: Optional[bool] = None
+    # Where the observations are ordered before the iterations (solvers.device_observations):
+    # None chooses (the device on GPUs from 100,000 observations), True the device, False the host.
+    device_setup: Optional[bool] = None
     # Keep the device kernels' events and report their total time (times["device_kernels"]).
     profile_kernels: bool = False
     # Write the best state found to this file (solvers.checkpoint) after iteration 0, every
@@ -100,6 +103,8 @@ class Options:
             raise ValueError(f"schur_backend={self.schur_backend!r} is not one of 'auto', 'opencl', 'numpy'")
         if self.device_resident not in (None, True, False):
             raise ValueError(f"device_resident must be None, True or False, got {self.device_resident!r}")
+        if self.device_setup not in (None, True, False):
+            raise ValueError(f"device_setup must be None, True or False, got {self.device_setup!r}")
         if not (0 < self.min_lm_diagonal <= self.max_lm_diagonal):
             raise ValueError("need 0 < min_lm_diagonal <= max_lm_diagonal")
         every = self.checkpoint_every
@@ -264,6 +269,10 @@ class Minimizer:
         self.start = time.perf_counter()
         self.iteration_start = self.start
         self.state = self._make_state(x0)
+        # The state's setup (orders, uploads, buffers, kernels) is reported apart, not as
+        # iteration 0's time.
+        s.setup_time = time.perf_counter() - self.start
+        self.iteration_start = time.perf_counter()
         # Ceres leaves |x| at an invalid -1 until the first accepted step (the parameter tolerance
         # test therefore cannot trigger before it); kept for identical termination.
         self.x_norm = -1.0

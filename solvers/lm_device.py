@@ -117,7 +117,7 @@ class DeviceState:
         C, P = self.fn.group_sizes
         R = self.fn.n_outputs
         self.C, self.P, self.R, self.T = C, P, R, C * (C + 1) // 2
-        n, nc, npt = ev.cam.size, ev.nc, ev.npt
+        n, nc, npt = ev.n, ev.nc, ev.npt
         self.n, self.nc, self.npt = n, nc, npt
         # Storage in the model's type; arithmetic and sums in acc (float64 where the device has it).
         self.dtype, self.acc = np.dtype(self.fn.dtype), accumulator_dtype(rt)
@@ -141,7 +141,12 @@ class DeviceState:
             column, count = copies
             self.copies = KeyCopies(rt, column, int(np.max(column, initial=-1)) + 1, C, R)
         # The Evaluator's camera order: sorted once for everything that needs it.
-        self.pcg = DevicePCG(rt, ev.cam, ev.pt, nc, npt, C, P, R, self.dtype, camera_order=ev.camera_order())
+        dev = ev.device_observations
+        if dev is not None:     # ordered on the device (solvers.device_observations)
+            self.pcg = DevicePCG(rt, None, None, nc, npt, C, P, R, self.dtype, device_observations=dev)
+            self.bytes_to_device += dev.bytes_to_device
+        else:
+            self.pcg = DevicePCG(rt, ev.cam, ev.pt, nc, npt, C, P, R, self.dtype, camera_order=ev.camera_order())
         self.pcg.events = self.events
         # The linear solver of the step (solvers.linear_solver), after the CG's buffers, which
         # every method shares (the back-substitution, V^-1, Dc^2).
@@ -198,7 +203,8 @@ class DeviceState:
         self.index, self.observed = ev.model.device_inputs()
         if rt is not runtime:
             runtime.queue.finish()          # the model's uploads, on its own queue, are done
-        self.bytes_to_device += self.index.nbytes + (self.observed.nbytes if self.observed is not None else 0)
+        if dev is None:         # (else made on the device, from the uploads counted above)
+            self.bytes_to_device += self.index.nbytes + (self.observed.nbytes if self.observed is not None else 0)
         self.loss_a, self.loss_b = self.acc.type(ev.loss.scale), self.acc.type(ev.loss.b)
         self.r = self.jc = self.jp = None
         # Camera entries held constant (hold_constant), and what |x| leaves out.

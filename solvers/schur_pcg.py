@@ -77,19 +77,42 @@ def _camera_segments(cam, pt, nc, max_len, order=None):
     if order is None:
         order = ordering.stable_order(cam, nc)              # stable: point order within a camera
     counts = ordering.counts(cam, nc)
+    runs, at = _runs(counts, max_len)
+    if not np.any(np.take(pt, np.take(order, at)) == np.take(pt, np.take(order, at - 1))):
+        return order, runs.start, runs.item_run
+    return order, _group_cuts(pt, order, counts, runs), runs.item_run
+
+
+def _runs(counts, max_len):
+    """The cameras' runs of at most ``max_len`` observations (ordering.cut_runs of their
+    observation ranges) and where cuts fall inside a camera (to check against its groups)."""
     first_obs = np.concatenate(([0], np.cumsum(counts)))
     runs = ordering.cut_runs(first_obs, max_len)         # a camera without observations: none
-    cam_seg, owner, k, want = runs.item_run, runs.owner, runs.k, runs.start[:-1]
-    # A group starts where a camera starts or the point changes within one. Cuts almost always
-    # fall on a group's start; only when one does not is every group start needed.
-    inner = np.flatnonzero(k > 0)
-    at = want[inner]
-    if not np.any(np.take(pt, np.take(order, at)) == np.take(pt, np.take(order, at - 1))):
-        return order, runs.start, cam_seg
+    return runs, runs.start[:-1][np.flatnonzero(runs.k > 0)]
+
+
+def _group_cuts(pt, order, counts, runs):
+    """The runs' starts moved to the next group start (a camera's start, or where the point
+    changes within a camera): needed only when a cut falls inside a group, which is rare."""
+    first_obs = np.concatenate(([0], np.cumsum(counts)))
     group_start = ordering.changes(pt, order)
     group_start[first_obs[:-1][counts > 0]] = True
-    start = np.minimum(ordering.next_true(group_start, want), first_obs[owner + 1])
-    return order, np.concatenate((start, [cam.size])), cam_seg
+    start = np.minimum(ordering.next_true(group_start, runs.start[:-1]), first_obs[runs.owner + 1])
+    return np.concatenate((start, [order.size]))
+
+
+def _camera_segments_device(dev, max_len):
+    """:func:`_camera_segments` of observations ordered on the device
+    (solvers.device_observations): the cameras' counts and the few observations at the cuts are
+    read back; the order itself stays there (and is read back only when a cut falls inside a
+    group)."""
+    runs, at = _runs(dev.camera_counts, max_len)
+    if at.size:
+        points = dev.gather_host("pt", dev.gather_host("camera_order", np.concatenate((at, at - 1))))
+        if np.any(points[:at.size] == points[at.size:]):
+            start = _group_cuts(dev.host("pt"), dev.host("camera_order"), dev.camera_counts, runs)
+            return start, runs.item_run
+    return runs.start, runs.item_run
 
 
 class DevicePCG:
@@ -101,10 +124,14 @@ class DevicePCG:
     vectors (sums and the CG state are float64 wherever the device has fp64)."""
 
     def __init__(self, runtime, cam, pt, num_cameras, num_points, C=9, P=3, R=2, dtype=np.float64,
-                 camera_order=None):
+                 camera_order=None, device_observations=None):
+        """``cam``, ``pt``: the observations' indices in point order (host), or None with
+        ``device_observations`` (solvers.device_observations: everything made on the device)."""
         self.rt = rt = runtime
-        cam, pt = np.asarray(cam), np.asarray(pt)      # int32 from the Evaluator: no copies
-        n, nc, npt = cam.size, int(num_cameras), int(num_points)
+        dev = device_observations
+        if dev is None:
+            cam, pt = np.asarray(cam), np.asarray(pt)      # int32 from the Evaluator: no copies
+        n, nc, npt = (dev.n if dev is not None else cam.size), int(num_cameras), int(num_points)
         self.C, self.P, self.R, self.T = C, P, R, C * (C + 1) // 2
         if max(n * R * max(C, P), C * nc, P * P * npt) >= 2 ** 31:
             raise ValueError("the device CG indexes with 32-bit ints: problem too large")
@@ -116,16 +143,20 @@ class DevicePCG:
         self.acc = accumulator_dtype(rt)
         self.n, self.nc, self.npt = n, nc, npt
         max_segment = MAX_SEGMENT_CPU if runtime.info.is_cpu else MAX_SEGMENT_GPU
-        order, seg_start, cam_seg = _camera_segments(cam, pt, nc, max_segment, camera_order)
-        self.nseg = seg_start.size - 1
-        pt_start = ordering.starts(pt, npt)              # pt is sorted: counts, not searches
         # Index arrays the kernels only read: over the host arrays on a CPU device, else copies.
         i32 = lambda a: host_memory.read_only(rt, np.ascontiguousarray(a, dtype=np.int32))  # noqa: E731
-        self.cam, self.pt, self.pt_start = i32(cam), i32(pt), i32(pt_start)
+        if dev is not None:
+            seg_start, cam_seg = _camera_segments_device(dev, max_segment)
+            self.cam, self.pt, self.pt_start, self.obs = dev.cam, dev.pt, dev.pt_start, dev.camera_order
+        else:
+            order, seg_start, cam_seg = _camera_segments(cam, pt, nc, max_segment, camera_order)
+            pt_start = ordering.starts(pt, npt)              # pt is sorted: counts, not searches
+            self.cam, self.pt, self.pt_start, self.obs = i32(cam), i32(pt), i32(pt_start), i32(order)
+        self.nseg = seg_start.size - 1
         # Cameras with observations and their first runs: where jacobi_sums' partials go.
         self._seen_cams = np.flatnonzero(np.diff(cam_seg) > 0)
         self._seen_first_run = cam_seg[self._seen_cams]
-        self.obs, self.seg_start, self.cam_seg = i32(order), i32(seg_start), i32(cam_seg)
+        self.seg_start, self.cam_seg = i32(seg_start), i32(cam_seg)
         # The cg_* kernels' work-groups (one work-item per camera): small on CPUs, where PoCL runs
         # a group per core, so a few tens of cameras still make groups for both cores.
         self.L = L = 8 if rt.info.is_cpu else 64

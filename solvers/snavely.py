@@ -41,6 +41,6 @@ class SnavelyModel(BatchModel):
     """
 
     def __init__(self, cam_idx, pt_idx, observations, dtype=np.float64, device=None,
-                 backend="codegen"):
+                 backend="codegen", inputs=None):
         super().__init__(snavely_function(dtype, backend, device), cam_idx, pt_idx, observations,
-                         device=device)
+                         device=device, inputs=inputs)

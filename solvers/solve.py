@@ -264,8 +264,10 @@ def solve(problem, linear_solver: str = "sparse_schur", eliminate="auto", max_it
         c = core.evaluator.cost(x0)
         s.initial_cost = s.final_cost = float("inf") if c is None else c
     t_total = time.perf_counter() - t_start
-    other = max(0.0, s.total_time - s.jacobian_time - s.residual_time - s.linear_solver_time)
-    times = {"preprocessor": t_pre, "jacobian_evaluation": s.jacobian_time,
+    other = max(0.0, s.total_time - s.setup_time - s.jacobian_time - s.residual_time - s.linear_solver_time)
+    # setup: everything before iteration 0 (the preprocessor and the loop state's setup, which the
+    # minimizer's time holds too); other: the rest of the iterations' time.
+    times = {"preprocessor": t_pre, "setup": t_pre + s.setup_time, "jacobian_evaluation": s.jacobian_time,
              "residual_evaluation": s.residual_time, "linear_solver": s.linear_solver_time,
              "other": other, "minimizer": s.total_time, "total": t_total}
     if s.kernel_time is not None:
@@ -319,8 +321,9 @@ class _BACore:
                                0 if block.data is None else block.data.shape[1], problem.dtype,
                                problem.backend, problem.device)
 
-            def model(c, p, obs, dtype=None, device=None, backend=None):
-                return BatchModel(f, c, p, obs, device=device)
+            def model(c, p, obs, dtype=None, device=None, backend=None, inputs=None):
+                return BatchModel(f, c, p, obs, device=device, inputs=inputs)
+            model.takes_device_inputs = f.backend != "numpy"
         self._model, self._loss = model, block.loss
         self.evaluator = self._evaluator(self.checkpoint_problem, problem.device)
         self.model_name = type(self.evaluator.model).__name__
@@ -385,11 +388,34 @@ class _BACore:
 
     def _evaluator(self, observations, device, camera_order=None):
         """The evaluator of ``observations`` (the problem's, or a part's) on ``device``
-        (``camera_order``: solvers.evaluator.Evaluator's)."""
+        (``camera_order``: solvers.evaluator.Evaluator's), with the observations ordered on the
+        device where that pays (solvers.device_observations)."""
         from .evaluator import Evaluator
         p = self.problem
         return Evaluator(observations, self._loss, model=self._model, dtype=p.dtype, device=device,
-                         backend=None if p.backend == "auto" else p.backend, camera_order=camera_order)
+                         backend=None if p.backend == "auto" else p.backend, camera_order=camera_order,
+                         device_observations=self._device_observations(observations, device, camera_order))
+
+    def _device_observations(self, observations, device, camera_order):
+        """The observations ordered on the device, or None: only for the device-resident path of
+        one device (not a split's parts, whose orders come from the whole problem's), with a
+        model that takes device inputs."""
+        o, p = self.opts, self.problem
+        if (o.device_setup is False or o.split or camera_order is not None or o.device_resident is False
+                or o.schur_backend == "numpy" or p.backend == "numpy"
+                or not _takes_device_inputs(self._model)):
+            return None
+        from clkernels import NoPlatformError, get_runtime
+        from . import device_observations as dobs
+        try:
+            rt = get_runtime(device)
+        except NoPlatformError:
+            return None
+        if not dobs.wanted(rt, observations.num_observations, o.device_setup):
+            return None
+        return dobs.DeviceObservations(rt, observations.camera_index, observations.point_index,
+                                       observations.observations, observations.num_cameras,
+                                       observations.num_points, p.dtype)
 
     def partitioned(self):
         """solvers.lm.Minimizer's state factory for a solve split over devices or MPI ranks."""
@@ -449,6 +475,19 @@ class _BACore:
         rows = self.cam.num_rows + self.pt.num_rows
         params = C * self.cam.num_rows + P * self.pt.num_rows
         return _counts(problem, rows, params, params, self.pt.name, f"{self.num_residuals},{P},{C}")
+
+
+def _takes_device_inputs(model) -> bool:
+    """Whether a camera model (class or factory) takes the observations ordered on the device
+    (``inputs=``, solvers.batch_model.BatchModel); a subclass whose constructor has no such
+    argument does not."""
+    if not getattr(model, "takes_device_inputs", False):
+        return False
+    import inspect
+    try:
+        return "inputs" in inspect.signature(model).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 class _GeneralCore:
