@@ -231,11 +231,13 @@ __kernel void count_keys(__global const int *keys, const ulong n, const uint bou
 
 // out[i] = (a[i], b[i]): two int32 columns side by side, rows of two.
 __kernel void stack_pairs(__global const int *a, __global const int *b, const ulong n,
-                          __global int2 *out)
+                          __global int *out)
 {
     const size_t i = get_global_id(0);
-    if (i < n)
-        out[i] = (int2)(a[i], b[i]);
+    if (i < n) {
+        out[2 * i] = a[i];
+        out[2 * i + 1] = b[i];
+    }
 }
 
 // q[p[i]] = i; an entry of p outside [0, n) writes nothing and sets flag[0].

@@ -168,8 +168,17 @@ def _result(out: cla.Array, event, host: bool):
     return out.get() if host else out
 
 
+def _new(rt, shape, dtype) -> cla.Array:
+    """An output or temporary: from the queue's pool; on the simulator written from the host
+    first (simulator.zeros_from_host: its checker reuses a released buffer's shadow at the old
+    size, so kernel-written outputs read back as uninitialised past it)."""
+    if simulator.zeros_from_host(rt):
+        return arrays.scratch(rt, shape, dtype)
+    return pooled_array(rt, shape, dtype)
+
+
 def _int32(rt, n: int) -> cla.Array:
-    return pooled_array(rt, (n,), np.int32)
+    return _new(rt, (n,), np.int32)
 
 
 class _Flag:
@@ -365,7 +374,7 @@ def take(runtime, a, idx, out=None, *, check: bool = False):
     if n and not rows:
         raise ValueError("cannot take rows from an empty a")
     if out is None or host:
-        result = pooled_array(rt, shape, a.dtype)
+        result = _new(rt, shape, a.dtype)
     else:
         result = arrays.check_array(out, "out", (a.dtype,), shape=shape)
         device_array(rt, result, "out")
@@ -394,7 +403,7 @@ def stack_pairs(runtime, a, b):
     if a.shape != b.shape:
         raise ValueError(f"a and b must have one shape, got {a.shape} and {b.shape}")
     n = a.size
-    out = pooled_array(rt, (n, 2), np.int32)
+    out = _new(rt, (n, 2), np.int32)
     event = None
     if n:
         ks = _kernels(rt, None)
