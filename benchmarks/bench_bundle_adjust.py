@@ -8,16 +8,19 @@ the file excluded on both sides), final cost, iterations, the time ratio pyclad 
 final-cost ratio; for the synthetic sizes also the time per observation per iteration (how cost
 grows with size). Synthetic problems run a fixed number of iterations on both sides.
 
-``--scale venice,final`` adds the large synthetic problems (venice size: 1,778 cameras, 993,923
+``--scale venice,final,4x`` adds the large synthetic problems (venice size: 1,778 cameras, 993,923
 points, 5.04M observations, 10 iterations; final size: 13,682 cameras, 4.46M points, 29.0M
-observations, 5 iterations), with both solvers (device-resident on a GPU) and Ceres'
+observations, 5 iterations; 4x: four times final's points and observations, 116M, 3 iterations;
+pyclad alone at final and 4x), with both solvers (device-resident on a GPU) and Ceres'
 SPARSE_SCHUR at venice size (its ITERATIVE_SCHUR does not finish there in minutes, and at final
 size neither does in the time a run has).
 
 Beside each pyclad time: where the iterations ran (``state``), a second, profiled solve's time in
 device kernels against the rest (``kernel_s``, ``host_s``), the bytes that crossed to and from the
-device per iteration, and the ratio to Ceres' faster solver on the same problem. The first solve
-in the process (kernel builds, or pyopencl's on-disk cache of them) is timed apart, before all.
+device per iteration, and the ratio to Ceres' faster solver on the same problem; ``setup_s``, the
+solve's time before iteration 0 (``times["setup"]``), and ``first_at_size_s``, the first solve of
+that size in the process (the warm-up) with its ratio to the warm median. The first solve in the
+process (kernel builds, or the binary cache) is timed apart, before all.
 
 ``--dtypes float64,float32`` adds iterative_schur with float32 storage (``final_cost_f64``: its
 solution's cost evaluated in float64).
@@ -49,7 +52,8 @@ SYNTHETIC_QUICK = [(20, 2000, 4, 10), (60, 25000, 4, 10)]
 # pyclad's): at final size the reduced camera matrix (123,138 unknowns, ~190M observation pairs)
 # is past the device's dense Cholesky, and Ceres does not finish either solver in the time a run has.
 SCALES = {"venice": (1778, 993923, 5.0708, 10, ("sparse_schur",), SOLVERS),
-          "final": (13682, 4460000, 6.502, 5, (), ("iterative_schur",))}
+          "final": (13682, 4460000, 6.502, 5, (), ("iterative_schur",)),
+          "4x": (13682, 4 * 4456117, 28987644 / 4456117, 3, (), ("iterative_schur",))}
 
 
 def ceres_solve(path, solver, threads, iterations):
@@ -67,8 +71,11 @@ def pyclad_row(problem, solver, iterations, device, args, dtype="float64"):
               dtype=np.dtype(dtype))
     # Warm-up solves of this very problem (the rule: after warm-up): its launch plans and pooled
     # buffers made, and a device that sat idle while Ceres ran brought back to speed.
+    first_s = None
     for _ in range(args.warmup):
+        t0 = time.perf_counter()
         solvers.bundle_adjust(problem, **kw)
+        first_s = time.perf_counter() - t0 if first_s is None else first_s
     for _ in range(max(1, args.repeat)):
         t0 = time.perf_counter()
         result = solvers.bundle_adjust(problem, **kw)
@@ -78,6 +85,10 @@ def pyclad_row(problem, solver, iterations, device, args, dtype="float64"):
     row = dict(observations=n_obs, final_cost=result.final_cost, initial_cost=result.initial_cost,
                iterations=result.iterations, termination=result.termination_type,
                jacobian_s=result.times["jacobian_evaluation"], linear_solver_s=result.times["linear_solver"],
+               setup_s=result.times["setup"], other_s=result.times["other"],
+               # The first solve of this size in the process (a warm-up: the programs were made
+               # by the tiny first solves) against the warm median.
+               first_at_size_s=first_s, first_vs_warm=None if first_s is None else first_s / ours.median,
                us_per_obs_iter=ours.median / (n_obs * steps) * 1e6, state=result.state,
                bytes_to_host_per_iter=t.get("bytes_to_host", 0) / steps,
                bytes_to_device_per_iter=t.get("bytes_to_device", 0) / steps,
@@ -121,7 +132,7 @@ def main():
     p.add_argument("--solvers", default=",".join(SOLVERS))
     p.add_argument("--no-bal", action="store_true", help="skip the real BAL problems")
     p.add_argument("--no-synthetic", action="store_true", help="skip the synthetic problems")
-    p.add_argument("--scale", default="", help="large synthetic problems: venice,final")
+    p.add_argument("--scale", default="", help="large synthetic problems: venice,final,4x")
     p.add_argument("--no-profile", action="store_true", help="skip the profiled second solve")
     p.add_argument("--dtypes", default="float64",
                    help="pyclad's storage types, e.g. float64,float32 (float32: iterative_schur only)")
@@ -200,7 +211,7 @@ def main():
     report.write(["case", "variant", "observations", "median_s", "iterations", "final_cost", "final_cost_f64",
                   "time_ratio_vs_ceres", "time_ratio_vs_ceres_best", "cost_ratio_vs_ceres", "state",
                   "kernel_s", "host_s", "bytes_to_host_per_iter", "us_per_obs_iter", "jacobian_s",
-                  "linear_solver_s", "termination"])
+                  "linear_solver_s", "setup_s", "other_s", "first_at_size_s", "first_vs_warm", "termination"])
 
 
 if __name__ == "__main__":
