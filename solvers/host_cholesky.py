@@ -23,9 +23,8 @@ import contextlib
 import importlib.util
 
 import numpy as np
-import scipy.linalg
-import scipy.sparse as sp
-import scipy.sparse.linalg as spla
+# scipy is imported in the functions that use it: a solve that never comes here (the device
+# path on a GPU) does not pay its import (~0.4 s).
 
 from .blas_threads import single_threaded_blas
 
@@ -66,6 +65,7 @@ def lapack_cholesky(M, overwrite: bool = False, single_thread=None):
     ``cho_solve``); raises :class:`NotPositiveDefinite`. ``single_thread``: small matrices factorise
     fastest on one BLAS thread (:mod:`solvers.blas_threads`), large ones on every core; None
     decides by size (:data:`SINGLE_THREAD_MAX`)."""
+    import scipy.linalg
     if single_thread is None:
         single_thread = M.shape[0] <= SINGLE_THREAD_MAX
     try:
@@ -92,6 +92,7 @@ def cholmod_cholesky(A, factor=None):
 def superlu_ldlt(A):
     """SuperLU of the symmetric CSC matrix ``A`` on a symmetric ordering without pivoting, an
     LDL^T in effect (``solve``); raises :class:`NotPositiveDefinite`."""
+    import scipy.sparse.linalg as spla
     try:
         lu = spla.splu(A, permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.0, options={"SymmetricMode": True})
     except RuntimeError as e:
@@ -139,6 +140,7 @@ class _SparseFactoriser(_BlockEntries):
 
     def matrix(self, blocks):
         """The CSC matrix of these blocks (the same object every call, its data replaced)."""
+        import scipy.sparse as sp
         data = self.values(blocks)
         if self._S is None:
             self._S = sp.csc_matrix((data, self.indices, self.indptr), shape=(self.n, self.n))
@@ -212,6 +214,7 @@ class Lapack(_BlockEntries):
         self._factor = lapack_cholesky(self._S)
 
     def solve(self, rhs):
+        import scipy.linalg
         with single_threaded_blas():
             return scipy.linalg.cho_solve(self._factor, np.asarray(rhs, dtype=np.float64), check_finite=False)
 

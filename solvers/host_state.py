@@ -7,23 +7,15 @@ last accepted point, the last step and its candidate point, and the best point s
 """
 from __future__ import annotations
 
-import dataclasses
 import time
-from typing import Optional
+
 
 import numpy as np
 
 from .cg import _norm
+from .step import StepSolution
+
 from .schur import NormalEquations, Structure, j_x
-
-
-@dataclasses.dataclass
-class StepSolution:
-    """A linear solve's outcome for the minimizer: ``model_cost_change`` is None when not ok."""
-    ok: bool
-    iterations: int
-    message: str
-    model_cost_change: Optional[float] = None
 
 
 class HostState:

@@ -39,7 +39,6 @@ from typing import Callable, Optional
 import numpy as np
 
 from .checkpoint import CheckpointWriter
-from .host_state import HostState
 from .linear_solver import LINEAR_SOLVERS
 from .summary import IterationSummary, SolverSummary
 
@@ -236,6 +235,8 @@ class Minimizer:
             return state
         if self.o.device_resident is True:
             raise ValueError(f"device_resident=True, but {why}")
+        # The host reference (and scipy under it) is imported only for a solve that runs it.
+        from .host_state import HostState
         o, rt = self.o, self.runtime
         if o.schur_backend != "numpy" and rt is not None and rt.info.fp64:
             return HostState(self.ev, o, x0, runtime=rt)

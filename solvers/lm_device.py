@@ -27,7 +27,7 @@ from clkernels import arrays
 from clkernels.launch import presets, release_kernels
 from clkernels.templates import ctype, get_program
 
-from .host_state import StepSolution
+from .step import StepSolution
 from .linear_solver import linear_solver
 
 TEMPLATE = "solvers/lm_device.cl.mako"

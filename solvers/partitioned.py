@@ -37,7 +37,7 @@ import numpy as np
 
 from . import ordering
 from .cg import conjugate_gradients
-from .host_state import StepSolution
+from .step import StepSolution
 from .schur import NormalEquations, Pairs, Structure, j_x, solve_reduced, spd_block_inverses
 
 

@@ -35,7 +35,7 @@ from typing import Sequence
 import numpy as np
 import pyopencl as cl
 
-from .host_state import StepSolution
+from .step import StepSolution
 from .lm_device import CANDIDATE, COST, GRADIENT, DeviceState
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 
-from tqdm import tqdm
 
 DELAY_S = 1.0     # a read that ends sooner shows nothing
 
@@ -14,9 +13,29 @@ def _is_terminal(stream) -> bool:
     return bool(getattr(stream, "isatty", None)) and stream.isatty()
 
 
-def bar(total=None, desc: str = "", unit: str = "B", stream=None) -> tqdm:
-    """A tqdm bar on ``stream`` (default: stderr), disabled unless it is a terminal. Bytes are
-    shown scaled (kB, MB); other units as counts."""
+class _Quiet:
+    """What :func:`bar` gives where nothing is shown: the calls a read makes, doing nothing (so a
+    script or a pipe never imports tqdm)."""
+
+    def update(self, n=1):
+        pass
+
+    def close(self):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def bar(total=None, desc: str = "", unit: str = "B", stream=None):
+    """A tqdm bar on ``stream`` (default: stderr) when it is a terminal, else a bar that shows
+    nothing. Bytes are shown scaled (kB, MB); other units as counts."""
     stream = sys.stderr if stream is None else stream
+    if not _is_terminal(stream):
+        return _Quiet()
+    from tqdm import tqdm      # only for a terminal: tqdm costs ~80 ms to import
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", delay=DELAY_S, file=stream,
-                disable=not _is_terminal(stream), leave=False)
+                leave=False)

@@ -26,9 +26,8 @@ import dataclasses
 from typing import Optional
 
 import numpy as np
-import scipy.linalg
-import scipy.sparse as sp
-import scipy.sparse.linalg as spla
+# scipy is imported in the functions that use it: a solve that never comes here (the device
+# path on a GPU) does not pay its import (~0.4 s).
 
 from .blas_threads import single_threaded_blas
 from .cg import conjugate_gradients
@@ -68,6 +67,7 @@ class Structure:
     solve. Observations must be sorted by point."""
 
     def __init__(self, cam_idx, pt_idx, num_cameras, num_points):
+        import scipy.sparse as sp
         cam = np.ascontiguousarray(cam_idx, dtype=np.int64)
         pt = np.ascontiguousarray(pt_idx, dtype=np.int64)
         if pt.size and np.any(pt[1:] < pt[:-1]):
@@ -286,6 +286,7 @@ class NormalEquations:
     def _pcg_operator(self, Vinv, Dc2):
         """``(x -> S x, b)``: the implicit Schur complement ``F^T (I - E V^-1 E^T) F + Dc^2`` and the
         reduced right-hand side ``F^T (f - E V^-1 E^T f)``, by sparse matrix-vector products."""
+        import scipy.sparse as sp
         st = self.st
         n = st.n
         F = sp.csr_matrix((self.Jc.ravel(), st.F_indices, st.F_indptr), shape=(2 * n, 9 * st.nc))
@@ -316,6 +317,7 @@ class NormalEquations:
         return spd_block_inverses(Sd)
 
     def _solve_pcg(self, Vinv, Dc2, eta, max_iterations, r_tolerance):
+        import scipy.sparse as sp
         st = self.st
         apply_S, b = self._pcg_operator(Vinv, Dc2)
         Pinv = self._schur_jacobi(Vinv, Dc2)
@@ -341,6 +343,9 @@ def solve_reduced(pairs: Pairs, nc: int, blocks, diag, rhs):
     """Solve the reduced camera system ``S yc = rhs`` (S from ``pairs``' blocks and ``diag``,
     as :func:`dense_reduced_matrix`) -> ``(yc (nc, 9), ok, iterations, message)``: dense
     Cholesky (LAPACK) up to DENSE_MAX unknowns, else SuperLU's LDL^T with a symmetric ordering."""
+    import scipy.linalg
+    import scipy.sparse as sp
+    import scipy.sparse.linalg as spla
     if not np.all(np.isfinite(blocks)) or not np.all(np.isfinite(diag)) or not np.all(np.isfinite(rhs)):
         return None, False, 1, "Linear solver failure: non-finite reduced camera matrix."
     if 9 * nc <= DENSE_MAX:

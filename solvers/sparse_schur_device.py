@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import numpy as np
 import pyopencl as cl
-import scipy.linalg
 
 from clkernels import arrays
 from clkernels.launch import release_kernels
@@ -186,6 +185,7 @@ class DeviceSparseSchur:
     def _solve_copies(self, Jc, Jp, Vinv, B, dc2, gc, gp, x, defer):
         """The keys' system summed into the problem's columns (module docstring); ``dc2`` is on
         one copy of each column (lm_device.cl.mako's camera_regularize with COPIES)."""
+        import scipy.linalg
         q, sys_, cp, d = self.rt.queue, self.system, self.copies, self.dense
         flag = d.flag if d is not None else self.flag
         if d is not None:

@@ -26,7 +26,7 @@ import scipy.sparse as sp
 from .cg import _norm, conjugate_gradients
 from .host_cholesky import (LABELS, MSG_NOT_FINITE, MSG_NOT_PD, NotPositiveDefinite, cholmod_cholesky, installed,
                             lapack_cholesky, superlu_ldlt)
-from .host_state import StepSolution
+from .step import StepSolution
 from .schur import DENSE_MAX, spd_block_inverses
 
 

@@ -11,19 +11,18 @@ from __future__ import annotations
 import numpy as np
 
 from .bal import BALProblem
-from .rotation import rotate
+from .rotation import angle_axis_from_matrix, rotate
 
 
 def _look_at_angle_axis(centers):
     """Angle-axis rotations of cameras at ``centers`` looking at the origin (camera -z towards it)."""
-    from scipy.spatial.transform import Rotation
     z = centers / np.linalg.norm(centers, axis=1, keepdims=True)       # camera +z points away
     x = np.cross(np.array([0.0, 0.0, 1.0]), z)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     y = np.cross(z, x)
     R = np.stack([x, y, z], axis=1)                                    # rows: world -> camera
-    # scipy's rotation vector has the convention of ceres::AngleAxisRotatePoint (R(w) X).
-    return Rotation.from_matrix(R).as_rotvec()
+    # The convention of ceres::AngleAxisRotatePoint (R(w) X).
+    return angle_axis_from_matrix(R)
 
 
 def synthetic_problem(num_cameras: int = 20, num_points: int = 2000, obs_per_point: float = 4,

@@ -249,3 +249,17 @@ def test_device_pcg_index_arrays(device):
         for dev, want in ((pcg.obs, order), (pcg.seg_start, seg_start), (pcg.cam_seg, cam_seg),
                           (pcg.pt_start, pt_start), (pcg.cam, ev.cam), (pcg.pt, ev.pt)):
             assert np.array_equal(dev.get(), want)
+
+
+def test_angle_axis_from_matrix_equals_scipys():
+    """solvers.rotation.angle_axis_from_matrix (numpy, for the synthetic problems) against scipy's
+    Rotation on random rotations, tiny ones and ones near pi."""
+    from scipy.spatial.transform import Rotation
+    from solvers.rotation import angle_axis_from_matrix
+    rng = np.random.default_rng(0)
+    axes = rng.normal(size=(200, 3))
+    axes /= np.linalg.norm(axes, axis=1, keepdims=True)
+    for w in (Rotation.random(5000, random_state=1).as_rotvec(), rng.normal(0, 1e-6, (200, 3)),
+              np.pi * (1 - 1e-9) * axes, np.zeros((1, 3))):
+        M = Rotation.from_rotvec(w).as_matrix()
+        np.testing.assert_allclose(angle_axis_from_matrix(M), Rotation.from_matrix(M).as_rotvec(), rtol=0, atol=1e-15)
