@@ -22,7 +22,7 @@ import pyopencl as cl
 from . import cache, simulator
 from .runtime import Runtime, get_runtime
 
-__all__ = ["render", "render_string", "build", "get_program", "program_for", "prefetch", "kernel", "BuildError", "ctype", "storage",
+__all__ = ["render", "render_string", "build", "get_program", "program_for", "kernel", "BuildError", "ctype", "storage",
            "Storage", "FP64Error"]
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -251,23 +251,6 @@ def _indexed(name: str, params: dict, make_source, runtime: Runtime, options: tu
     if local is not None:
         _rendered[local] = sha
     return program
-
-
-_pool = None
-
-
-def prefetch(template: str, runtime: Runtime = None, options: Iterable[str] = (), **params):
-    """Start making :func:`get_program`'s program on a thread and return at once (a
-    ``concurrent.futures.Future``); a later ``get_program`` with the same arguments waits for it
-    instead of building again. Builds release the GIL, so a solve's independent programs build
-    side by side where the driver allows it."""
-    global _pool
-    runtime = get_runtime(runtime)
-    with _guard:
-        if _pool is None:
-            from concurrent.futures import ThreadPoolExecutor
-            _pool = ThreadPoolExecutor(max(2, min(8, os.cpu_count() or 2)), thread_name_prefix="pyclad-build")
-    return _pool.submit(get_program, template, runtime, tuple(options), **params)
 
 
 # ---------------------------------------------------------------- dtypes in templates
