@@ -24,7 +24,9 @@
 ## arrays list observations in camera order, grouped so. Every block is owned by one work-item
 ## (a gather; no atomics but the integer flag). A value that is not finite sets flag bit 0 (1).
 ## Parameters: C, P, R (block sizes), OUT, WHOLE_RUN (pair_partials: a work-item per run, not per
-## row of it).
+## row of it). OUT = None renders the first four kernels, OUT = "blocks" or "dense" reduced_blocks
+## alone: a solve uses one output, and the unrolled variants compile slowly on NVIDIA's driver
+## (a second or more each), so the variant the solve does not use is never built.
 <%namespace name="common" file="/clkernels/common.cl.mako"/>
 ${common.fp64_pragma()}
 <%
@@ -37,6 +39,7 @@ ${common.fp64_pragma()}
 %>
 #define NOT_FINITE 1
 
+%if OUT is None:
 // Per camera-point group g (camera a, point p): G_g = sum over its observations of F_o^T E_o and
 // Z_g = G_g V_p^-1, both C x P, row-major, into GZ[g] = (G_g, Z_g).
 __kernel void group_blocks(__global const double *restrict Jc,         // (n, R, C)
@@ -175,6 +178,7 @@ __kernel void pair_partials(__global const double *restrict GZ,        // (ngrou
 %endfor
 }
 %endif
+%else:
 
 __kernel void reduced_blocks(__global const double *restrict B,          // (nc, T) upper triangles
                              __global const double *restrict dc2,        // (nc, C)
@@ -207,3 +211,4 @@ __kernel void reduced_blocks(__global const double *restrict B,          // (nc,
 %endfor
     if (!finite) atomic_or(flag, NOT_FINITE);
 }
+%endif

@@ -153,9 +153,11 @@ class ReducedCameraSystem:
         self._k = {}
         self.events = None        # a list to keep (name, event) pairs for a profile, or None
         ls = 8 if runtime.info.is_cpu else 64
-        self._ls = {name: arrays.work_group_size(runtime, self._kernel(name, "blocks").kernel, ls)
-                    for name in ("group_blocks", "rhs_partials", "reduced_rhs", "pair_partials",
-                                 "reduced_blocks")}
+        # Work-group sizes: reduced_blocks' (either output) found at its first launch, since
+        # asking builds the program of that output alone.
+        self._ls = {name: arrays.work_group_size(runtime, self._kernel(name, None).kernel, ls)
+                    for name in ("group_blocks", "rhs_partials", "reduced_rhs", "pair_partials")}
+        self._ls_wanted = ls
 
     @property
     def nbytes(self) -> int:
@@ -168,7 +170,7 @@ class ReducedCameraSystem:
                                             + pattern.ngroups * 2 * C * P)
 
     def _kernel(self, name, out):
-        key = (name, "blocks" if name != "reduced_blocks" else out)
+        key = (name, None if name != "reduced_blocks" else out)     # the template's OUT
         if key not in self._k:
             prg = get_program(TEMPLATE, self.rt, C=self.C, P=self.P, R=self.R, OUT=key[1],
                               WHOLE_RUN=self.whole_run)
@@ -178,7 +180,10 @@ class ReducedCameraSystem:
     def _run(self, name, items, *args, out="blocks"):
         if items <= 0:
             return
-        ls = self._ls[name]
+        which = name if name != "reduced_blocks" else (name, out)
+        ls = self._ls.get(which)
+        if ls is None:
+            ls = self._ls[which] = arrays.work_group_size(self.rt, self._kernel(name, out).kernel, self._ls_wanted)
         if name in ("rhs_partials", "reduced_rhs") or (name == "pair_partials" and not self.whole_run):
             items *= self.C                 # a work-item per row
         e = self._kernel(name, out)(self.rt.queue, (arrays.round_up(items, ls),), (ls,), *args)
