@@ -84,9 +84,10 @@ def trace(fn: Callable, group_sizes: Sequence[int], data_size: int = 0) -> Trace
     if data_size < 0:
         raise ValueError(f"data must be a non-negative size, got {data_size}")
     graph = Graph()
-    args = [Vector(graph.input(g, j) for j in range(d)) for g, d in enumerate(group_sizes)]
+    args = [Vector((graph.input(g, j) for j in range(d)), name=f"argument {g}")
+            for g, d in enumerate(group_sizes)]
     if data_size:
-        args.append(Vector(graph.data(j) for j in range(data_size)))
+        args.append(Vector((graph.data(j) for j in range(data_size)), name="data"))
     outputs = [graph.as_node(o).id for o in _flatten_outputs(fn(*args))]
     if not outputs:
         raise ValueError("the traced function returned no outputs")

@@ -25,8 +25,9 @@ class Vector:
     __array_priority__ = 1000
     is_pyclad_vector = True   # a Node on the other side of an operator defers to the Vector
 
-    def __init__(self, items: Iterable[Scalar]):
+    def __init__(self, items: Iterable[Scalar], name: str = None):
         self.items: List[Scalar] = list(items)
+        self.name = name      # what the traced function was given (its errors name it), or None
 
     def __len__(self):
         return len(self.items)
@@ -37,7 +38,16 @@ class Vector:
     def __getitem__(self, key):
         if isinstance(key, slice):
             return Vector(self.items[key])
-        return self.items[key]
+        try:
+            return self.items[key]
+        except IndexError:
+            if self.name is None:
+                raise
+            n = len(self.items)
+            raise IndexError(f"the traced function reads {self.name}[{key}], but {self.name} has {n} "
+                             f"entries ({self.name}[0] to {self.name}[{n - 1}]); give it at least "
+                             f"{key + 1 if isinstance(key, int) and key >= 0 else n + 1} entries per row, "
+                             "or read fewer") from None
 
     def __repr__(self):
         return f"Vector({self.items!r})"

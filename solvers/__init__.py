@@ -87,7 +87,9 @@ def bundle_adjust(problem: BALProblem, linear_solver: str = "sparse_schur", loss
       observations with ``residuals`` and ``residuals_and_jacobians``.
     - ``dtype`` / ``device`` / ``backend``: passed to the model (float32 for devices without fp64).
     - ``callback(iteration_summary)`` runs after every iteration; ``verbose`` prints Ceres' log to
-      ``out`` (default stdout) as it goes.
+      ``out`` (default stdout) as it goes. An exception the callback raises ends the solve
+      (``USER_FAILURE``) and reaches the caller with the result on it (``exc.result``, the best
+      state found); a checkpoint then holds the last completed iteration.
     - Ctrl-C (main thread, ``handle_sigint``) or ``stop.set()`` stops after the current iteration.
     - ``checkpoint=PATH`` (with ``checkpoint_every=N``, default 1) writes the best state found to
       PATH (a numpy ``.npz``, :mod:`solvers.checkpoint`) after iteration 0, every N iterations and
@@ -140,10 +142,20 @@ def bundle_adjust(problem: BALProblem, linear_solver: str = "sparse_schur", loss
     if model is None:
         from .evaluator import default_model_class
         model = default_model_class()
-    r = solve(prob, linear_solver=linear_solver, eliminate="points", max_iterations=max_iterations,
-              function_tolerance=function_tolerance, gradient_tolerance=gradient_tolerance,
-              parameter_tolerance=parameter_tolerance, callback=callback, verbose=verbose, stop=stop,
-              handle_sigint=handle_sigint, out=out, model=model, resume=resume, **options)
+    try:
+        r = solve(prob, linear_solver=linear_solver, eliminate="points", max_iterations=max_iterations,
+                  function_tolerance=function_tolerance, gradient_tolerance=gradient_tolerance,
+                  parameter_tolerance=parameter_tolerance, callback=callback, verbose=verbose, stop=stop,
+                  handle_sigint=handle_sigint, out=out, model=model, resume=resume, **options)
+    except Exception as exc:        # a callback's exception: its .result as this function's result
+        if not isinstance(getattr(exc, "result", None), SolveResult):
+            raise
+        exc.result = _bundle_adjust_result(exc.result, problem)
+        raise
+    return _bundle_adjust_result(r, problem)
+
+
+def _bundle_adjust_result(r: SolveResult, problem: BALProblem) -> BundleAdjustResult:
     cameras, points = r.parameters["cameras"], r.parameters["points"]
     fields = {f.name: getattr(r, f.name) for f in dataclasses.fields(SolveResult)}
     return BundleAdjustResult(**fields, cameras=cameras, points=points,

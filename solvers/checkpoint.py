@@ -18,25 +18,27 @@ A checkpoint is a numpy ``.npz`` archive (plain arrays, nothing pickled) holding
   observations' camera and point indices and observed values) and ``problem_name``: what
   :meth:`Checkpoint.check_problem` compares, so that a checkpoint of another problem is refused.
 
-Writing goes to a temporary file in the checkpoint's own directory (``.NAME.PID.RANDOM.tmp``,
-never the checkpoint's name), which is flushed and fsync'ed, then renamed over the checkpoint
-(``os.replace``, atomic on POSIX and Windows); the directory is fsync'ed after the rename where
-the platform allows. At any moment the checkpoint's path therefore holds either the previous
-complete checkpoint or the new complete one; a write that fails or is interrupted removes its
-temporary file and leaves the previous checkpoint as it was.
+Writing goes through :mod:`solvers.atomic`: a temporary file in the checkpoint's own directory
+(``.NAME.PID.RANDOM.pyclad-tmp``, never the checkpoint's name), flushed and fsync'ed, then renamed
+over the checkpoint (``os.replace``, atomic on POSIX and Windows); the directory is fsync'ed after
+the rename where the platform allows. At any moment the checkpoint's path therefore holds either
+the previous complete checkpoint or the new complete one; a write that fails or is interrupted
+removes its temporary file and leaves the previous checkpoint as it was, and a temporary that a
+killed process left behind is removed by the next write.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import os
-import secrets
 import time
 import warnings
 import zipfile
 from typing import Optional
 
 import numpy as np
+
+from .atomic import replacing
 
 FORMAT = "pyclad-bal-checkpoint"
 FORMAT_VERSION = 1
@@ -119,20 +121,6 @@ def _write_npz(f, arrays: dict) -> None:
     np.savez(f, **arrays)
 
 
-def _fsync_directory(directory: str) -> None:
-    """Make a rename in ``directory`` durable; not possible (nor needed) everywhere."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def save_checkpoint(path, checkpoint) -> None:
     """Write ``checkpoint`` (a :class:`Checkpoint` or :class:`ProblemCheckpoint`) to ``path``
     atomically (see the module docstring)."""
@@ -155,26 +143,10 @@ def save_checkpoint(path, checkpoint) -> None:
 
 
 def _save_atomic(path, arrays: dict) -> None:
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    # A name of our own in the same directory (a rename is atomic only within one file system);
-    # O_EXCL so that two writers never share one, and mode 0666 so the umask applies as it would
-    # to any new file (tempfile.mkstemp would make it 0600).
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            _write_npz(f, arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:          # a KeyboardInterrupt half-way too: no temporary file left behind
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_directory(directory)
+    # solvers.atomic: a temporary beside the checkpoint, fsync'ed and renamed over it; a
+    # temporary a killed writer left is removed by the next write.
+    with replacing(path) as f:
+        _write_npz(f, arrays)
 
 
 def load_checkpoint(path) -> Checkpoint:

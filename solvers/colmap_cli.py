@@ -12,7 +12,7 @@ import sys
 import time
 
 
-from . import split_cli
+from . import cli_output, split_cli
 from .linear_solver import LINEAR_SOLVERS
 from .loss import LOSSES
 
@@ -57,6 +57,9 @@ def _main(parser, args, comm=None) -> int:
     args.linear_solver = split_cli.linear_solver(args)
     if args.binary and args.text:
         print("error: --binary and --text exclude each other", file=sys.stderr)
+        return 2
+    # The output folder checked before the model is read or solved (solvers.cli_output).
+    if cli_output.report(cli_output.check([("--out", args.out, True), ("--checkpoint", args.checkpoint, False)])):
         return 2
     import os
     import solvers
@@ -105,14 +108,21 @@ def _main(parser, args, comm=None) -> int:
         return 2
     print()
     print(result.full_report())
+    status = 0 if result.usable else 1
     if args.out:
         colmap.update_reconstruction(rec, result)
         binary = args.binary or (not args.text and os.path.isfile(os.path.join(args.model, "cameras.bin")))
-        colmap.write_model(rec, args.out, binary=binary)
-        print(f"\nwritten: {args.out} ({'binary' if binary else 'text'} COLMAP model)")
+        # A write that fails now keeps the refined model in a fallback folder and names it.
+        failed = cli_output.write_or_keep(lambda f: colmap.write_model(rec, f, binary=binary), args.out, "--out",
+                                          f"kept-{os.getpid()}-{os.path.basename(os.path.normpath(args.out))}",
+                                          args.checkpoint)
+        if cli_output.report(failed):
+            status = 1
+        else:
+            print(f"\nwritten: {args.out} ({'binary' if binary else 'text'} COLMAP model)")
     if result.checkpoint_iteration is not None:
         print(f"written: {args.checkpoint} (checkpoint of the best state, iteration {result.checkpoint_iteration})")
-    return 0 if result.usable else 1
+    return status
 
 
 if __name__ == "__main__":

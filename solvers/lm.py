@@ -91,12 +91,17 @@ class Options:
     def check(self):
         if self.linear_solver not in LINEAR_SOLVERS:
             raise ValueError(f"linear_solver={self.linear_solver!r} is not one of {LINEAR_SOLVERS}")
-        if int(self.max_iterations) < 0:
-            raise ValueError(f"max_iterations must be >= 0, got {self.max_iterations}")
-        for name in ("function_tolerance", "gradient_tolerance", "parameter_tolerance",
-                     "initial_trust_region_radius", "eta"):
+        for name in ("max_iterations", "max_num_consecutive_invalid_steps"):
             v = getattr(self, name)
-            if not (np.isfinite(v) and v >= 0):
+            # Never rounded: 2.5 iterations or "10" is a mistake to name, not to guess at.
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise ValueError(f"{name} must be a whole number >= 0, got {v!r}")
+        for name in ("function_tolerance", "gradient_tolerance", "parameter_tolerance",
+                     "initial_trust_region_radius", "eta", "max_solver_time_in_seconds"):
+            v = getattr(self, name)
+            if isinstance(v, (bool, str)) or not isinstance(v, (int, float, np.integer, np.floating)):
+                raise TypeError(f"{name} must be a number, got {v!r}")
+            if not v >= 0 or (name != "max_solver_time_in_seconds" and not np.isfinite(v)):   # NaN too
                 raise ValueError(f"{name} must be a finite number >= 0, got {v}")
         if self.schur_backend not in ("auto", "opencl", "numpy"):
             raise ValueError(f"schur_backend={self.schur_backend!r} is not one of 'auto', 'opencl', 'numpy'")
@@ -323,7 +328,14 @@ class Minimizer:
         it.cumulative_time = now - self.start
         s.iterations.append(it)
         if self.callback is not None:
-            self.callback(it)
+            try:
+                self.callback(it)
+            except Exception as exc:        # the caller's: it ends the solve, the best state kept
+                s.callback_error = exc
+                s.message = (f"The callback raised {type(exc).__name__} after iteration {it.iteration}; "
+                             "the best state found is kept.")
+                s.termination_type = "USER_FAILURE"
+                return False
         if self.stop.is_set:
             s.message = (f"Interrupted (Ctrl-C) after iteration {it.iteration}; "
                          "the best state found is returned.")

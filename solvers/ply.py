@@ -2,25 +2,29 @@
 ASCII, camera centres in green, points in white."""
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 
 def write_ply(problem, path) -> None:
-    """Write the points (white) and camera centres (green) of ``problem`` to an ASCII PLY file."""
-    centers = problem.camera_centers()
-    n = centers.shape[0] + problem.num_points
-    tmp = os.fspath(path) + ".partial"   # renamed into place only once complete
-    with open(tmp, "w") as f:
+    """Write the points (white) and camera centres (green) of ``problem`` to an ASCII PLY file,
+    checked first (finite coordinates) and renamed into place once whole (:mod:`solvers.atomic`)."""
+    from .atomic import replacing
+    centers = np.asarray(problem.camera_centers(), np.float64)
+    points = np.asarray(problem.points, np.float64)
+    for what, a in (("camera centre", centers), ("point", points)):
+        bad = np.flatnonzero(~np.isfinite(a).all(axis=1)) if a.size else []
+        if len(bad):
+            raise ValueError(f"write_ply: {what} {int(bad[0])} is not finite ({a[bad[0]].tolist()}); "
+                             "a PLY file cannot hold it")
+    n = centers.shape[0] + points.shape[0]
+    with replacing(path, "w") as f:
         f.write("ply\nformat ascii 1.0\n"
                 f"element vertex {n}\n"
                 "property float x\nproperty float y\nproperty float z\n"
                 "property uchar red\nproperty uchar green\nproperty uchar blue\n"
                 "end_header\n")
         np.savetxt(f, centers, fmt="%f %f %f 0 255 0")
-        np.savetxt(f, problem.points, fmt="%f %f %f 255 255 255")
-    os.replace(tmp, path)
+        np.savetxt(f, points, fmt="%f %f %f 255 255 255")
 
 
 def read_ply_vertices(path):

@@ -206,6 +206,10 @@ class Problem:
                                  f"per residual block ({n}), got shape {np.shape(data)}")
             if d.shape[1] == 0:
                 d = None
+            elif not np.isfinite(d).all():      # named here: on the device it is only "evaluation failed"
+                row = int(np.flatnonzero(~np.isfinite(d).all(axis=1))[0])
+                raise ValueError(f"add_residual_block({label!r}): data row {row} holds a value that is not "
+                                 f"finite ({d[row].tolist()}); remove that residual block or fix its data")
         lo = loss if isinstance(loss, Loss) else Loss(loss or "trivial", loss_scale)
         block = ResidualBlock(label, fn, blocks, cols, d, lo)
         self.residuals.append(block)

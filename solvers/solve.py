@@ -167,8 +167,9 @@ def solve(problem, linear_solver: str = "sparse_schur", eliminate="auto", max_it
       the step is solved by ``sparse_normal_cholesky`` (and the log says so).
     - ``eliminate``: the group's name, ``"auto"`` (Ceres' choice: the largest group in which no
       residual block touches two rows) or None.
-    - ``callback(iteration_summary)`` after every iteration; ``verbose`` prints Ceres' log to
-      ``out`` (default stdout). Ctrl-C (main thread, ``handle_sigint``) or ``stop.set()`` stops
+    - ``callback(iteration_summary)`` after every iteration (an exception it raises ends the
+      solve and reaches the caller with ``exc.result``, the best state; a checkpoint holds the last
+      completed iteration); ``verbose`` prints Ceres' log to ``out`` (default stdout). Ctrl-C (main thread, ``handle_sigint``) or ``stop.set()`` stops
       after the current iteration with the best state found.
     - ``model``: for the bundle-adjustment core only, a camera model (class or instance, as
       :func:`solvers.bundle_adjust` takes) evaluating the residual instead of pyclad.
@@ -274,7 +275,7 @@ def solve(problem, linear_solver: str = "sparse_schur", eliminate="auto", max_it
         times["device_kernels"] = s.kernel_time
     if s.checkpoint_time is not None:
         times["checkpoint"] = s.checkpoint_time
-    return SolveResult(
+    result = SolveResult(
         parameters=core.parameters(s.x), initial_cost=float(s.initial_cost), final_cost=float(s.final_cost),
         termination_type=s.termination_type, message=s.message, history=s.iterations,
         num_successful_steps=s.num_successful_steps, num_unsuccessful_steps=s.num_unsuccessful_steps,
@@ -286,6 +287,21 @@ def solve(problem, linear_solver: str = "sparse_schur", eliminate="auto", max_it
         checkpoint_iteration=s.checkpoint_iteration,
         linear_solver_detail="; ".join(notes + ([s.linear_solver_detail] if s.linear_solver_detail else [])),
         **core.counts(problem))
+    if s.callback_error is not None:
+        # The caller's exception reaches the caller, with the solve's result on it: nothing of
+        # the finished iterations is lost (and the checkpoint holds the last one).
+        raise attach_result(s.callback_error, result)
+    return result
+
+
+def attach_result(exc: BaseException, result) -> BaseException:
+    """``exc`` with ``exc.result = result`` and a note saying where the result is."""
+    exc.result = result
+    note = (f"pyclad: the solve ended here with its best state kept in this exception's .result "
+            f"({result.termination_type}, final cost {result.final_cost:e})")
+    if note not in getattr(exc, "__notes__", []):
+        exc.add_note(note)
+    return exc
 
 
 def _counts(problem, layout_rows, layout_params, tangent, eliminated, schur):

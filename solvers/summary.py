@@ -72,6 +72,7 @@ class SolverSummary:
     checkpoint_time: Optional[float] = None   # seconds writing checkpoints (Options.checkpoint)
     checkpoint_iteration: Optional[int] = None    # of the last checkpoint written; None: none
     linear_solver_detail: str = ""        # sparse_schur: S's size and where it is factorised
+    callback_error: Optional[BaseException] = None   # what the callback raised, which ended the solve
 
 
 def full_report(result) -> str:

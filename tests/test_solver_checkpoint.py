@@ -267,7 +267,7 @@ def test_the_write_goes_to_a_complete_temporary_file_renamed_over_the_path(tmp_p
     for src, dst, _, _ in renames:
         assert dst == str(path) and src != dst
         assert os.path.dirname(src) == str(tmp_path)          # same file system: an atomic rename
-        assert os.path.basename(src).startswith(".ba.npz.") and src.endswith(".tmp")
+        assert os.path.basename(src).startswith(".ba.npz.") and src.endswith(".pyclad-tmp")
     assert renames[0][0] != renames[1][0]
     assert files_in(tmp_path) == ["ba.npz"]
     # The umask applies as to any new file (not mkstemp's 0600).
@@ -412,7 +412,7 @@ def test_a_solve_killed_with_sigkill_resumes_to_the_same_final_cost(tmp_path):
     assert iterations_seen <= set(range(ck.iteration + 1))
     # A kill during a write may leave that write's temporary file beside the checkpoint, no other.
     litter = [q.name for q in tmp_path.iterdir() if q.name != "ba.npz"]
-    assert all(re.fullmatch(rf"\.ba\.npz\.{proc.pid}\.[0-9a-f]{{8}}\.tmp", n) for n in litter), litter
+    assert all(re.fullmatch(rf"\.ba\.npz\.{proc.pid}\.[0-9a-f]{{8}}\.pyclad-tmp", n) for n in litter), litter
     problem = solvers.read_bal(src)
     ck.check_problem(problem)
     assert ck.cost == pytest.approx(ceres["cost_history"][ck.iteration], rel=1e-7)
@@ -422,6 +422,8 @@ def test_a_solve_killed_with_sigkill_resumes_to_the_same_final_cost(tmp_path):
     assert cli_main([str(src), "-q", "--resume", str(path), "--checkpoint", str(path), "--out", str(out)]) == 0
     end = load_checkpoint(path)
     assert end.termination_type == "CONVERGENCE" and end.iteration > ck.iteration
+    # The killed writer's temporary (if the kill came mid-write) was removed by the next writer.
+    assert not [q.name for q in tmp_path.iterdir() if q.name.endswith(".pyclad-tmp")]
     assert end.cost == pytest.approx(ceres["final_cost"], rel=1e-5)
     # The final checkpoint is the optimised problem written by --out, digit for digit.
     optimised = solvers.read_bal(out)

@@ -40,7 +40,7 @@ def test_the_checkpoint_holds_every_groups_table_at_the_best_state(tmp_path):
     np.testing.assert_array_equal(ck.tables["intrinsics"][:, 1:3], prob.groups["intrinsics"].values[:, 1:3])
     with np.load(path) as z:
         assert str(z["format"]) == PROBLEM_FORMAT and "group:points" in z.files
-    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]     # no temporary left
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".pyclad-tmp")]     # no temporary left
 
 
 def test_a_resumed_solve_reaches_the_uninterrupted_cost(tmp_path):

@@ -15,6 +15,7 @@ line and what was expected, and nothing half-read is returned.
 from __future__ import annotations
 
 import bz2
+import contextlib
 import dataclasses
 import gzip
 import os
@@ -38,6 +39,20 @@ class BALFormatError(ValueError):
         super().__init__(f"{where}: {message}")
 
 
+def _indices(a, name: str) -> np.ndarray:
+    """``a`` as int64 indices; a float array must hold whole numbers (never truncated)."""
+    a = np.asarray(a)
+    if a.dtype.kind == "f":
+        whole = np.isfinite(a) & (a == np.round(a))
+        if not whole.all():
+            bad = int(np.flatnonzero(~whole.ravel())[0])
+            raise ValueError(f"{name}[{bad}] = {a.ravel()[bad]} is not a whole number: indices "
+                             "must be integers")
+    elif a.dtype.kind not in "iub" and a.size:
+        raise TypeError(f"{name} must hold integers, got {a.dtype}")
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
 @dataclasses.dataclass
 class BALProblem:
     """A bundle adjustment problem in BAL form.
@@ -56,8 +71,8 @@ class BALProblem:
     def __post_init__(self):
         self.cameras = np.ascontiguousarray(self.cameras, dtype=np.float64)
         self.points = np.ascontiguousarray(self.points, dtype=np.float64)
-        self.camera_index = np.ascontiguousarray(self.camera_index, dtype=np.int64)
-        self.point_index = np.ascontiguousarray(self.point_index, dtype=np.int64)
+        self.camera_index = _indices(self.camera_index, "camera_index")
+        self.point_index = _indices(self.point_index, "point_index")
         self.observations = np.ascontiguousarray(self.observations, dtype=np.float64)
         nc, npt, no = self.num_cameras, self.num_points, self.num_observations
         if self.cameras.ndim != 2 or self.cameras.shape[1] != 9:
@@ -73,6 +88,13 @@ class BALProblem:
             raise ValueError(f"camera_index has values outside [0, {nc}): fix the indices or the cameras")
         if no and (self.point_index.min() < 0 or self.point_index.max() >= npt):
             raise ValueError(f"point_index has values outside [0, {npt}): fix the indices or the points")
+        # Named here: on the device a value that is not finite is only "evaluation failed".
+        for what, a in (("observations", self.observations), ("cameras", self.cameras), ("points", self.points)):
+            if a.size and not np.isfinite(a).all():
+                row = int(np.flatnonzero(~np.isfinite(a).all(axis=1))[0])
+                raise ValueError(f"{what}[{row}] = {a[row].tolist()} is not finite: remove "
+                                 + ("that observation" if what == "observations" else "it or its observations")
+                                 + " or fix its values")
 
     @property
     def num_cameras(self) -> int:
@@ -293,15 +315,32 @@ def write_bal(problem: BALProblem, path) -> None:
     """Write ``problem`` as a BAL file (``.bz2``/``.gz`` compressed when the name says so).
 
     Values are written with 17 significant digits (``%.17g``), so reading the file back gives the
-    same float64 values bit for bit.
+    same float64 values bit for bit. The problem is checked first (a :class:`BALProblem` is
+    checked when made: shapes, index ranges, finite values), and the file is written beside
+    ``path`` and renamed into place (:mod:`solvers.atomic`): ``path`` is the old file or the new
+    one, never a part, whatever fails or kills the writer.
     """
+    from ..atomic import replacing
     p = problem
+    if not isinstance(p, BALProblem):
+        raise TypeError(f"write_bal takes a BALProblem, not {type(p).__name__}")
+    p.__post_init__()           # arrays may have been changed in place since it was made
     obs = np.empty(p.num_observations, dtype=[("c", np.int64), ("p", np.int64), ("x", np.float64), ("y", np.float64)])
     obs["c"], obs["p"] = p.camera_index, p.point_index
     obs["x"], obs["y"] = p.observations[:, 0], p.observations[:, 1]
-    tmp = os.fspath(path) + ".partial"   # renamed into place only once complete
-    with open_text(tmp, "wb", like=path) as f:
-        f.write(f"{p.num_cameras} {p.num_points} {p.num_observations}\n".encode())
-        np.savetxt(f, obs, fmt=["%d", "%d", "%.17g", "%.17g"], delimiter=" ")
-        np.savetxt(f, np.concatenate([p.cameras.ravel(), p.points.ravel()]), fmt="%.17g")
-    os.replace(tmp, path)
+    with replacing(path) as raw:
+        with _compressor(raw, path) as f:
+            f.write(f"{p.num_cameras} {p.num_points} {p.num_observations}\n".encode())
+            np.savetxt(f, obs, fmt=["%d", "%d", "%.17g", "%.17g"], delimiter=" ")
+            np.savetxt(f, np.concatenate([p.cameras.ravel(), p.points.ravel()]), fmt="%.17g")
+
+
+def _compressor(raw, name):
+    """A writer over the open file ``raw``, compressing as ``name``'s extension says; closing it
+    leaves ``raw`` open (the atomic writer closes and renames it)."""
+    name = os.fspath(name)
+    if name.endswith(".bz2"):
+        return bz2.BZ2File(raw, "wb")
+    if name.endswith(".gz"):
+        return gzip.GzipFile(fileobj=raw, mode="wb")
+    return contextlib.nullcontext(raw)

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from .. import split_cli
+from .. import cli_output, split_cli
 from ..loss import LOSSES
 from ..linear_solver import LINEAR_SOLVERS
 
@@ -110,6 +110,10 @@ def _main(parser, args, comm=None) -> int:
         parser.error("--checkpoint-every needs --checkpoint PATH")
     if args.plot:
         _pyplot()          # say so before solving, not after
+    # Every output checked before anything is read or solved (solvers.cli_output).
+    if cli_output.report(cli_output.check([("--out", args.out, False), ("--ply", args.ply, False),
+                                           ("--plot", args.plot, False), ("--checkpoint", args.checkpoint, False)])):
+        return 2
     import solvers
     from solvers.checkpoint import cli_options
     from solvers.ply import write_ply
@@ -164,19 +168,25 @@ def _main(parser, args, comm=None) -> int:
         verbose=not args.quiet, resume=resume, **checkpoint, **split_cli.options(args, comm))
     print()
     print(result.full_report())
-    if args.out:
-        solvers.write_bal(result.problem, args.out)
-        print(f"\nwritten: {args.out} (optimised BAL problem)")
-    if args.ply:
-        write_ply(result.problem, args.ply)
-        print(f"written: {args.ply} (PLY: {problem.num_points} points, {problem.num_cameras} camera centres)")
-    if args.plot:
-        plot_convergence(result, args.plot)
-        print(f"written: {args.plot} (convergence plot)")
+    status = 0 if result.usable else 1
+    # A write that fails now keeps the solution in a fallback file and names it (cli_output).
+    for option, path, write, what in (
+            ("--out", args.out, lambda f: solvers.write_bal(result.problem, f), "optimised BAL problem"),
+            ("--ply", args.ply, lambda f: write_ply(result.problem, f),
+             f"PLY: {problem.num_points} points, {problem.num_cameras} camera centres"),
+            ("--plot", args.plot, lambda f: plot_convergence(result, f), "convergence plot")):
+        if not path:
+            continue
+        kept = f"kept-{os.getpid()}-{os.path.basename(path)}"
+        failed = cli_output.write_or_keep(write, path, option, kept, args.checkpoint)
+        if cli_output.report(failed):
+            status = 1
+        else:
+            print(("\n" if option == "--out" else "") + f"written: {path} ({what})")
     if result.checkpoint_iteration is not None:
         print(("" if args.out else "\n") + f"written: {args.checkpoint} (checkpoint of the best state, "
               f"iteration {result.checkpoint_iteration})")
-    return 0 if result.usable else 1
+    return status
 
 
 if __name__ == "__main__":
