@@ -241,3 +241,25 @@ def test_max_iterations_must_be_a_whole_number(value, error):
     p = solvers.synthetic_problem(3, 20, 2, seed=1)
     with pytest.raises(error, match=r"max_iterations must be a whole number >= 0"):
         solvers.bundle_adjust(p, max_iterations=value)
+
+
+def test_two_writers_to_one_path_both_succeed_and_leave_one_whole(tmp_path):
+    import threading
+    path = str(tmp_path / "p.txt")
+    problems = [solvers.synthetic_problem(4, 400, 3, seed=s) for s in (1, 2)]
+    errors = []
+
+    def write(p):
+        try:
+            for _ in range(5):
+                solvers.write_bal(p, path)
+        except Exception as e:       # collected: the test asserts there were none
+            errors.append(e)
+
+    threads = [threading.Thread(target=write, args=(p,)) for p in problems]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert errors == []
+    got = solvers.read_bal(path)
+    assert any(np.array_equal(got.cameras, p.cameras) and np.array_equal(got.points, p.points) for p in problems)
+    assert litter(tmp_path) == []
