@@ -9,6 +9,7 @@ from .runtime import (DeviceInfo, DeviceNotFoundError, NoPlatformError, Runtime,
                       describe_devices, get_runtime, list_devices, match_devices,
                       select_device, unusable_devices, use_device)
 from .templates import BuildError, FP64Error, build, get_program, render
+from .memory import DeviceMemoryError
 
 # The kernels' launchers. Imported here (they build nothing until first called) so that
 # clkernels.dcnv4 is the function, not the submodule of the same name that holds it.
@@ -20,6 +21,6 @@ from .warp_affine import letterbox, scale_boxes, warp_affine  # noqa: E402
 _KERNELS = ["deformable_aggregation", "deformable_aggregation_backward", "feature_maps_format",
             "dcnv4", "dcnv4_backward", "letterbox", "warp_affine", "scale_boxes"]
 
-__all__ = ["DeviceInfo", "DeviceNotFoundError", "NoPlatformError", "Runtime", "BuildError",
+__all__ = ["DeviceInfo", "DeviceMemoryError", "DeviceNotFoundError", "NoPlatformError", "Runtime", "BuildError",
            "FP64Error", "describe_devices", "get_runtime", "list_devices", "match_devices",
            "select_device", "unusable_devices", "use_device", "build", "get_program", "render", *_KERNELS]

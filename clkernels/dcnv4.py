@@ -37,7 +37,7 @@ from typing import Optional
 import numpy as np
 import pyopencl as cl
 
-from . import arrays, launch, multi_device, torch_autograd
+from . import arrays, config_check, launch, multi_device, torch_autograd
 from .launch import In, Out, Tmp
 from .templates import BuildError, Storage
 
@@ -113,6 +113,17 @@ class KernelConfig:
     reuse: bool = True
     work_group_size: int = 0
     scatter: str = ""
+
+    def __post_init__(self):
+        # What depends on the call (channels dividing group_channels, the device's limits) is
+        # checked when a plan is made; what no call could accept, here.
+        name = "KernelConfig"
+        config_check.integer(name, "channels_per_item", self.channels_per_item)
+        config_check.integer(name, "vector_width", self.vector_width, allowed=(1, 2, 4, 8, 16))
+        config_check.boolean(name, "reuse", self.reuse)
+        config_check.integer(name, "work_group_size", self.work_group_size, minimum=0,
+                             meaning=" (0: chosen from the device)")
+        config_check.choice(name, "scatter", self.scatter, ("", "atomic", "owner"))
 
 
 # The paper's Table 10 rungs, in order (A100, N=64, 56x56, 128 channels, G=4: 1.45, 1.53,

@@ -21,7 +21,7 @@ from typing import Optional
 import numpy as np
 import pyopencl as cl
 
-from . import arrays, launch, multi_device, simulator, torch_autograd
+from . import arrays, config_check, launch, multi_device, simulator, torch_autograd
 from .arrays import check_array, is_device_array
 from .launch import OUTPUT, In, Out, Tmp
 from .runtime import DeviceInfo, Runtime
@@ -55,6 +55,22 @@ class KernelConfig:
     feature_grad: str = "scatter"
     index_size: int = 64
     groups_per_item: int = 1
+
+    def __post_init__(self):
+        # What depends on the call (cpt dividing a group's channels, the device's limits) is
+        # checked when a plan is made; what no call could accept, here.
+        name = "KernelConfig"
+        config_check.integer(name, "cpt", self.cpt)
+        config_check.boolean(name, "interleave", self.interleave)
+        # (An interleaved work-item loads channel by channel: vec is not used there.)
+        config_check.integer(name, "vec", self.vec, allowed=None if self.interleave else (1, 2, 3, 4, 8, 16))
+        config_check.integer(name, "split", self.split)
+        if self.split & (self.split - 1):
+            raise ValueError(f"{name}.split must be a power of two (1, 2, 4, ...), got {self.split}")
+        config_check.integer(name, "local_size", self.local_size)
+        config_check.choice(name, "feature_grad", self.feature_grad, ("scatter", "gather"))
+        config_check.integer(name, "index_size", self.index_size)
+        config_check.integer(name, "groups_per_item", self.groups_per_item)
 
 
 def _pow2_divisor(n: int, cap: int) -> int:

@@ -26,7 +26,7 @@ import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
 
-from . import arrays, simulator
+from . import arrays, memory, simulator
 from .runtime import Runtime, get_runtime, runtime_for_context, runtime_for_queue
 from .templates import build, get_program
 
@@ -372,7 +372,9 @@ class Op:
             dtype_of = {p.name: a.dtype for a, p in zip(args, self.params)}
             for a, p in zip(args, self.params):
                 p.check(a, dtype_of)
-            plan = rt.plans[key] = self.make_plan(rt, args, options, config)
+            plan = self.make_plan(rt, args, options, config)
+            _check_plan_memory(rt, plan, args, self.name)
+            rt.plans[key] = plan
         return plan
 
     def __call__(self, args: Sequence, options=(), config=None, *, out=None, device=None,
@@ -450,6 +452,16 @@ class Op:
 
 
 _ARRAY_TYPES = (np.ndarray, cla.Array)
+
+
+def _check_plan_memory(rt: Runtime, plan: Plan, args, name: str) -> None:
+    """Once per plan (never on a repeat call): its outputs, temporaries and the uploads of host
+    inputs must fit on the device, and on a CPU device in the host (clkernels.memory), or the
+    driver would abort the process when the call allocates them."""
+    buffers = [b.nbytes for b in plan.outputs + plan.temps]
+    buffers += [a.nbytes for a in args if type(a) is np.ndarray]
+    memory.check(rt.info, sum(buffers), f"{name}'s outputs, temporaries and uploaded inputs",
+                 largest=max(buffers, default=0))
 
 
 def _as_array(a, name: str):

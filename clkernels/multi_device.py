@@ -39,12 +39,17 @@ def resolve(devices) -> List[Runtime]:
     if not devices:
         raise ValueError("devices is empty: give at least one device")
     runtimes = [get_runtime(d) for d in devices]
-    seen = set()
-    for rt in runtimes:
-        if rt.device.int_ptr in seen:
-            raise ValueError(f"devices names {rt.info.name!r} twice: give each device once")
-        seen.add(rt.device.int_ptr)
+    seen = {}
+    for i, rt in enumerate(runtimes):
+        first = seen.setdefault(rt.device.int_ptr, i)
+        if first != i:
+            raise ValueError(f"devices names {rt.info.name!r} twice (entries {first} and {i}: "
+                             f"{_entry(devices[first])} and {_entry(devices[i])}): give each device once")
     return runtimes
+
+
+def _entry(d) -> str:
+    return repr(d) if isinstance(d, str) else type(d).__name__
 
 
 def shares(n: int, rates: Sequence[float]) -> List[Tuple[int, int]]:

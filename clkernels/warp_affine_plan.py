@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Tuple
 import numpy as np
 import pyopencl as cl
 
-from . import arrays, launch
+from . import arrays, launch, memory
 from .launch import INPUT, OUTPUT, TEMP
 from .templates import Storage
 from .warp_affine_images import _aligned_offsets, _chunks, _span
@@ -132,6 +132,13 @@ class _Plan:
             raise ValueError(f"the output ({self.out.nbytes} bytes) is larger than one buffer "
                              f"may be on {rt.info.name} ({limit} bytes); pass fewer images")
         spans = [_span(g) for g in geoms]
+        # Before the build: the output and the packed images must fit (on a CPU device, in the
+        # host), or the driver would abort the process when the call allocates them.
+        op = "letterbox" if spec.kernel == "letterbox_blob" else "warp_affine"
+        memory.check(rt.info, self.out.nbytes + (sum(spans) if not on_device else 0),
+                     f"{op}'s output ({self.out.shape} {self.out.dtype})",
+                     largest=self.out.nbytes if on_device else min(self.out.nbytes, limit),
+                     advice="use a smaller size or pass fewer images per call")
         st = Storage(spec.dtype) if spec.kernel == "letterbox_blob" else None
         # Letterbox matrices have no rotation or shear: the source row is one per work-item.
         # Word loads need 4 bytes in every image (all but 1x1 images), bytes in little-endian

@@ -34,6 +34,7 @@ from .lm import Options, StopFlag
 from .loss import LOSSES, Loss
 from .linear_solver import LINEAR_SOLVERS
 from .problem import ParameterBlock, Problem, ResidualBlock
+from .rank_consistency import RankMismatchError
 from .solve import SolveResult, solve
 from .summary import LOG_HEADER, IterationSummary
 from .synthetic import synthetic_problem
@@ -41,7 +42,17 @@ from .synthetic import synthetic_problem
 __all__ = ["Problem", "ParameterBlock", "ResidualBlock", "solve", "SolveResult",
            "bundle_adjust", "BundleAdjustResult", "Options", "Loss", "LOSSES", "LINEAR_SOLVERS",
            "BALProblem", "BALFormatError", "read_bal", "write_bal", "synthetic_problem",
-           "IterationSummary", "StopFlag", "LOG_HEADER", "Checkpoint", "CheckpointError", "ProblemCheckpoint", "load_checkpoint"]
+           "IterationSummary", "StopFlag", "LOG_HEADER", "Checkpoint", "CheckpointError", "ProblemCheckpoint", "load_checkpoint",
+           "DeviceMemoryError", "RankMismatchError"]
+
+
+def __getattr__(name):
+    # clkernels' class, the one the solvers raise, imported when asked for: ``import solvers``
+    # does not load the OpenCL layer.
+    if name == "DeviceMemoryError":
+        from clkernels.memory import DeviceMemoryError
+        return DeviceMemoryError
+    raise AttributeError(f"module 'solvers' has no attribute {name!r}")
 
 
 @dataclasses.dataclass

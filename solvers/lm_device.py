@@ -24,6 +24,9 @@ import numpy as np
 import pyopencl as cl
 
 from clkernels import arrays
+# DeviceMemoryError: the problem does not fit in the device's memory (on a CPU device, the
+# host's). One class with clkernels' (the launch layer raises it too), also named here.
+from clkernels.memory import DeviceMemoryError, available as available_memory  # noqa: F401
 from clkernels.launch import presets, release_kernels
 from clkernels.templates import ctype, get_program
 
@@ -34,10 +37,6 @@ TEMPLATE = "solvers/lm_device.cl.mako"
 # scalars[]: pairs written by the reductions' finish kernel.
 COST, GRADIENT, STEP, CHANGE, NORM, CANDIDATE = 0, 2, 4, 6, 8, 10
 N_SCALARS = 12
-
-
-class DeviceMemoryError(MemoryError):
-    """The problem does not fit in the device's memory; the message says how much it needs."""
 
 
 def device_bytes(n_obs: int, n_cameras: int, n_points: int, C: int = 9, P: int = 3, R: int = 2,
@@ -122,14 +121,15 @@ class DeviceState:
         # Storage in the model's type; arithmetic and sums in acc (float64 where the device has it).
         self.dtype, self.acc = np.dtype(self.fn.dtype), accumulator_dtype(rt)
         need = device_bytes(n, nc, npt, C, P, R, self.dtype)
-        have = rt.info.global_mem_bytes
+        have, limited_by = available_memory(rt.info)
         if need > have:
             raise DeviceMemoryError(
                 f"this problem ({n} observations, {nc} cameras, {npt} points) needs about "
-                f"{need / 2**30:.2f} GiB on {rt.info.name!r}, which has {have / 2**30:.2f} GiB; "
+                f"{need / 2**30:.2f} GiB ({need} bytes) on {rt.info.name!r} (limited by {limited_by}), "
+                f"which has {have / 2**30:.2f} GiB; "
                 + ("use dtype=np.float32, " if self.dtype == np.float64 else "") +
                 "a device with more memory, or device_resident=False "
-                "(the host path) or a CPU device")
+                "(the host path) or a CPU device", need, have)
         self.bytes_to_device = self.bytes_to_host = 0
         self.events = [] if profile else None
         self.linear_solver_time = 0.0

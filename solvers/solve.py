@@ -206,6 +206,11 @@ def solve(problem, linear_solver: str = "sparse_schur", eliminate="auto", max_it
                    gradient_tolerance=gradient_tolerance, parameter_tolerance=parameter_tolerance,
                    linear_solver=linear_solver, **options)
     opts.check()
+    if opts.comm is not None:
+        # Before anything is set up or split: ranks holding different problems (or starting
+        # points) would sum numbers of different problems, or fail inside a reduction.
+        from .rank_consistency import check_same_problem
+        check_same_problem(opts.comm, problem, ck)
     shape = core_shape(problem, eliminated) if linear_solver in SCHUR_METHODS else None
     core = None
     if shape is not None:

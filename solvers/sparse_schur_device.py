@@ -144,13 +144,15 @@ class DeviceSparseSchur:
         return self.system.nbytes + self.blocks.nbytes + self.rhs.nbytes + 4
 
     def _check_memory(self, other_bytes):
-        from .lm_device import DeviceMemoryError
-        need, have = other_bytes + self.nbytes, self.rt.info.global_mem_bytes
+        from clkernels.memory import DeviceMemoryError, available
+        need = other_bytes + self.nbytes
+        have, limited_by = available(self.rt.info)      # on a CPU device, the host's memory too
         if need > have:
             raise DeviceMemoryError(
-                f"this problem's sparse_schur solve needs about {need / 2**30:.2f} GiB on "
-                f"{self.rt.info.name!r}, which has {have / 2**30:.2f} GiB; use iterative_schur, "
-                "a device with more memory, or device_resident=False (the host path)")
+                f"this problem's sparse_schur solve needs about {need / 2**30:.2f} GiB ({need} bytes) on "
+                f"{self.rt.info.name!r} (limited by {limited_by}), which has {have / 2**30:.2f} GiB; "
+                "use iterative_schur, a device with more memory, or device_resident=False (the host path)",
+                need, have)
 
     def solve(self, Jc, Jp, Vinv, B, dc2, gc, gp, x, defer=False):
         """Solve ``S yc = gc - W V^-1 gp`` for the device arrays of the normal equations (see

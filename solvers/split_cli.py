@@ -43,25 +43,77 @@ def linear_solver(args) -> str:
     return "iterative_schur" if is_split(args) else "sparse_schur"
 
 
+DEVICES_ALLOWED = ("comma-separated OpenCL device specs naming each device once ([platform][:device]: "
+                   "substrings or indices, or cpu/gpu/accelerator; for example 'pocl:0,pocl:1'), or 'all'")
+
+
+class UsageError(Exception):
+    """A command-line value the solve cannot take: printed as one ``error:`` line (exit 2)."""
+
+
+def check_devices(spec) -> None:
+    """Raise :class:`UsageError` unless ``--devices`` names devices of this host, each once:
+    before anything is read or solved (a typo found after a load is time lost)."""
+    if not spec or spec == "all":
+        return
+    import clkernels
+    from clkernels.multi_device import resolve
+    entries = spec.split(",")
+    if any(not e.strip() for e in entries):
+        raise UsageError(f"--devices {spec!r} has an empty entry; it takes {DEVICES_ALLOWED}")
+    try:
+        for entry in entries:
+            try:
+                resolve([entry])
+            except clkernels.DeviceNotFoundError:
+                raise UsageError(f"--devices {spec!r}: {entry!r} matches no OpenCL device; --devices takes "
+                                 f"{DEVICES_ALLOWED}. Devices found:\n{clkernels.describe_devices()}") from None
+        resolve(entries)
+    except clkernels.NoPlatformError as e:
+        raise UsageError(f"--devices {spec!r}: {e}") from None
+    except ValueError as e:            # one device named twice (clkernels.multi_device.resolve)
+        raise UsageError(f"--devices {spec!r}: {e}; --devices takes {DEVICES_ALLOWED}") from None
+
+
 def run(parser, args, main) -> int:
     """``main(parser, args, comm)`` with ``comm`` None, or MPI_COMM_WORLD under ``--mpi``."""
     if not args.mpi:
+        try:
+            check_devices(args.devices)
+        except UsageError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         return main(parser, args, None)
     try:
         from mpi4py import MPI
     except ImportError as e:
         parser.error(f"--mpi needs mpi4py (pip install mpi4py, with an MPI such as Open MPI): {e}")
+    from .rank_consistency import RankMismatchError
     comm = MPI.COMM_WORLD
     try:
-        return main(parser, args, comm)
+        check_devices(args.devices)
+        status = main(parser, args, comm)
     except BaseException as e:     # noqa: B902 - any failure must end every rank, not leave them waiting
         if isinstance(e, SystemExit) and not e.code:
             raise
+        if isinstance(e, (UsageError, RankMismatchError)):
+            # Expected and explained: its line alone, from every rank that raised it (a rank's
+            # Abort may end the others before they print).
+            print(f"error: {e} (MPI rank {comm.Get_rank()} of {comm.Get_size()}; ending every rank)",
+                  file=sys.stderr, flush=True)
+            comm.Abort(2)
         import traceback
         traceback.print_exc()
         print(f"error: MPI rank {comm.Get_rank()} of {comm.Get_size()} failed ({type(e).__name__}: {e}); "
               "ending every rank", file=sys.stderr, flush=True)
         comm.Abort(1)
+    if status == 2:
+        # Refused before the solve (an unreadable file, a bad option) on this rank alone: the
+        # others would wait for it in the first collective for ever, so end them too.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        comm.Abort(2)
+    return status
 
 
 def only_root_prints(comm) -> bool:
