@@ -20,6 +20,7 @@ import errno
 import os
 import secrets
 import shutil
+import stat
 from typing import Iterator
 
 TMP = ".pyclad-tmp"
@@ -165,7 +166,10 @@ def replacing_folder(path) -> Iterator[str]:
         yield tmp
         for root, _, files in os.walk(tmp):          # the files durable before they count
             for name in files:
-                fd = os.open(os.path.join(root, name), os.O_RDONLY)
+                full = os.path.join(root, name)
+                if not stat.S_ISREG(os.lstat(full).st_mode):
+                    continue        # a symlink (maybe dangling) or a FIFO: nothing of ours to sync
+                fd = os.open(full, os.O_RDONLY)
                 try:
                     os.fsync(fd)
                 finally:

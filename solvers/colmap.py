@@ -10,8 +10,14 @@ Poses are stored as COLMAP stores them: ``cam_from_world`` (images) and ``rig_fr
 where its id is -1 (COLMAP's invalid id; ``2**64 - 1`` in the binary files).
 
 A malformed file raises :class:`ColmapFormatError` naming the file and the line (text) or the
-record and byte offset (binary); nothing half-read is returned. Rigs with more than one sensor
-are refused with that error (one camera per rig is what this reader supports).
+record and byte offset (binary); nothing half-read is returned. What parses is then checked as a
+model (:func:`validate`: unique ids, references to cameras, images, 2-D and 3-D points that exist,
+positive image sizes, finite values), the error naming the file and the record. Rigs with more
+than one sensor are refused with that error (one camera per rig is what this reader supports).
+
+:func:`write_model` validates the whole model before it touches the disk (an invalid one raises
+:class:`ColmapModelError` naming the record), then writes a new folder beside the target and swaps
+it in (:mod:`solvers.atomic`): the folder holds the old model or the new one, never a mix.
 
     from solvers import colmap
     rec = colmap.read_model("sparse/0")          # text or binary, found by the files there
@@ -19,71 +25,21 @@ are refused with that error (one camera per rig is what this reader supports).
 """
 from __future__ import annotations
 
-import dataclasses
 import os
+import shutil
 import struct
-from typing import Dict, Tuple
 
 import numpy as np
 
-from . import progress
+from . import atomic, progress
+from .colmap_model import (CAMERA_MODELS, ColmapModelError, Reconstruction, validate,  # noqa: F401 (the public API)
+                           I64_MAX as _I64_MAX, INVALID_U64 as _INVALID_U64, MODEL_FILES as _MODEL_FILES,
+                           MODEL_NAMES as _MODEL_NAMES, SENSOR_NAMES as _SENSOR_NAMES, SENSOR_TYPES as _SENSOR_TYPES)
 
-# COLMAP's camera models: name -> (model id, number of parameters).
-CAMERA_MODELS: Dict[str, Tuple[int, int]] = {
-    "SIMPLE_PINHOLE": (0, 3), "PINHOLE": (1, 4), "SIMPLE_RADIAL": (2, 4), "RADIAL": (3, 5),
-    "OPENCV": (4, 8), "OPENCV_FISHEYE": (5, 8), "FULL_OPENCV": (6, 12), "FOV": (7, 5),
-    "SIMPLE_RADIAL_FISHEYE": (8, 4), "RADIAL_FISHEYE": (9, 5), "THIN_PRISM_FISHEYE": (10, 12),
-    "RAD_TAN_THIN_PRISM_FISHEYE": (11, 16), "SIMPLE_DIVISION": (12, 4), "DIVISION": (13, 5),
-    "SIMPLE_FISHEYE": (14, 3), "FISHEYE": (15, 4), "EUCM": (16, 6), "EQUIRECTANGULAR": (17, 2),
-}
-_MODEL_NAMES = {mid: name for name, (mid, _) in CAMERA_MODELS.items()}
-_INVALID_U64 = np.uint64(2 ** 64 - 1)
-_SENSOR_TYPES = {"CAMERA": 0, "IMU": 1}
-_SENSOR_NAMES = {v: k for k, v in _SENSOR_TYPES.items()}
 
 
 class ColmapFormatError(ValueError):
     """A COLMAP model file that cannot be read; the message names the file and where."""
-
-
-@dataclasses.dataclass
-class Reconstruction:
-    """A COLMAP sparse model as arrays (see the module docstring)."""
-    camera_ids: np.ndarray          # (nc,) int64
-    camera_models: np.ndarray       # (nc,) int64, COLMAP model ids
-    camera_sizes: np.ndarray        # (nc, 2) int64: width, height
-    camera_params: list             # nc float64 arrays (their lengths follow the models)
-    image_ids: np.ndarray           # (ni,) int64
-    image_qvec: np.ndarray          # (ni, 4) cam_from_world rotation (qw, qx, qy, qz)
-    image_tvec: np.ndarray          # (ni, 3) cam_from_world translation
-    image_camera_ids: np.ndarray    # (ni,) int64
-    image_names: list               # ni str
-    image_points_start: np.ndarray  # (ni + 1,) int64
-    points2d_xy: np.ndarray         # (n2d, 2) float64
-    points2d_point3d_ids: np.ndarray  # (n2d,) int64, -1 where none
-    point_ids: np.ndarray           # (np,) int64
-    point_xyz: np.ndarray           # (np, 3)
-    point_rgb: np.ndarray           # (np, 3) uint8
-    point_error: np.ndarray         # (np,)
-    track_start: np.ndarray         # (np + 1,) int64
-    track_image_ids: np.ndarray     # (nt,) int64
-    track_point2d_idx: np.ndarray   # (nt,) int64
-    rig_ids: np.ndarray = None      # (nr,) int64; None: a classic three-file model
-    rig_ref_sensors: np.ndarray = None   # (nr, 2) int64: sensor type (0 camera), sensor id
-    frame_ids: np.ndarray = None    # (nf,) int64
-    frame_rig_ids: np.ndarray = None
-    frame_qvec: np.ndarray = None   # (nf, 4) rig_from_world
-    frame_tvec: np.ndarray = None   # (nf, 3)
-    frame_data_start: np.ndarray = None  # (nf + 1,) int64
-    frame_data: np.ndarray = None   # (nd, 3) int64: sensor type, sensor id, data id (image id)
-
-    @property
-    def num_observations(self) -> int:
-        return int(self.track_image_ids.size)
-
-    @property
-    def has_rigs(self) -> bool:
-        return self.rig_ids is not None
 
 
 # ---------------------------------------------------------------------------------- reading
@@ -94,20 +50,41 @@ def read_model(path: str) -> Reconstruction:
         raise FileNotFoundError(f"{path!r} is not a folder holding a COLMAP model")
     for ext, reader in ((".bin", _read_binary), (".txt", _read_text)):
         if os.path.isfile(os.path.join(path, "cameras" + ext)):
-            return reader(path)
+            rec = reader(path)
+            try:
+                validate(rec)
+            except ColmapModelError as e:
+                raise ColmapFormatError(f"{os.path.join(path, e.kind + ext)}: {e}") from None
+            return rec
     raise FileNotFoundError(f"{path!r} holds neither cameras.bin nor cameras.txt: not a COLMAP model folder")
 
 
 def _data_lines(file):
     """(line number, line) of a text file's data lines (no comments, no blank lines), with a
     progress bar on a terminal when the read takes over a second."""
-    with open(file, "r", encoding="utf-8") as fh, \
+    with open(file, "rb") as fh, \
             progress.bar(os.path.getsize(file), f"reading {os.path.basename(file)}") as bar:
-        for number, line in enumerate(fh, 1):
-            bar.update(len(line))
-            s = line.strip()
+        for number, raw in enumerate(fh, 1):
+            bar.update(len(raw))
+            s = _decode(file, raw, number).strip()
             if s and not s.startswith("#"):
                 yield number, s
+
+
+def _decode(file, raw: bytes, first_line: int = 1) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = first_line + raw.count(b"\n", 0, e.start)
+        _fail(file, f"line {line}", f"not UTF-8 text ({e.reason})")
+
+
+def _int(token: str) -> int:
+    """A text field that must be an integer the model's int64 arrays can hold."""
+    value = int(token)
+    if not -_I64_MAX - 1 <= value <= _I64_MAX:
+        raise ValueError(f"{token} is out of range")
+    return value
 
 
 def _fail(file, where, what):
@@ -120,7 +97,7 @@ def _read_text(path) -> Reconstruction:
     for no, line in _data_lines(f):
         parts = line.split()
         try:
-            cid, model, w, h = int(parts[0]), parts[1], int(parts[2]), int(parts[3])
+            cid, model, w, h = _int(parts[0]), parts[1], _int(parts[2]), _int(parts[3])
             params = np.array(parts[4:], np.float64)
         except (IndexError, ValueError) as e:
             _fail(f, f"line {no}", f"expected CAMERA_ID MODEL WIDTH HEIGHT PARAMS[] ({e})")
@@ -134,8 +111,8 @@ def _read_text(path) -> Reconstruction:
     images, xy, ids = [], [], []
     # Two lines per image, the second empty for an image without 2-D points: so blank lines
     # count here (comments do not), and a trailing blank line does not.
-    with open(f, "r", encoding="utf-8") as fh:
-        raw = fh.read().split("\n")
+    with open(f, "rb") as fh:        # newlines as a text-mode read would take them
+        raw = _decode(f, fh.read()).replace("\r\n", "\n").replace("\r", "\n").split("\n")
     body = [(n + 1, s) for n, s in enumerate(raw) if not s.lstrip().startswith("#")]
     while body and not body[-1][1].strip():
         body.pop()
@@ -144,9 +121,9 @@ def _read_text(path) -> Reconstruction:
         no, line = body[i]
         parts = line.split()
         try:
-            iid = int(parts[0])
+            iid = _int(parts[0])
             q, t = np.array(parts[1:5], np.float64), np.array(parts[5:8], np.float64)
-            cid, name = int(parts[8]), " ".join(parts[9:])
+            cid, name = _int(parts[8]), " ".join(parts[9:])
             if q.size != 4 or t.size != 3 or not name:
                 raise ValueError("too few fields")
         except (IndexError, ValueError) as e:
@@ -159,9 +136,15 @@ def _read_text(path) -> Reconstruction:
         if arr.size % 3:
             _fail(f, f"line {body[i + 1][0]}", "POINTS2D must be triples X Y POINT3D_ID")
         arr = arr.reshape(-1, 3)
+        point3d_ids = arr[:, 2]
+        if not (np.abs(point3d_ids) < 2 ** 53).all() or (point3d_ids != np.round(point3d_ids)).any():
+            try:        # beyond what a double holds exactly, or not an integer: token by token
+                point3d_ids = np.array([_int(v) for v in pts.split()[2::3]], np.int64)
+            except ValueError as e:
+                _fail(f, f"line {body[i + 1][0]}", f"POINT3D_ID must be an integer ({e})")
         images.append((iid, q, t, cid, name, len(arr)))
         xy.append(arr[:, :2])
-        ids.append(arr[:, 2].astype(np.int64))
+        ids.append(point3d_ids.astype(np.int64))
         i += 2
 
     pts3 = _read_points_text(os.path.join(path, "points3D.txt"))
@@ -173,7 +156,7 @@ def _read_text(path) -> Reconstruction:
         for no, line in _data_lines(f):
             parts = line.split()
             try:
-                rid, ns, stype, sid = int(parts[0]), int(parts[1]), parts[2], int(parts[3])
+                rid, ns, stype, sid = _int(parts[0]), _int(parts[1]), parts[2], _int(parts[3])
             except (IndexError, ValueError) as e:
                 _fail(f, f"line {no}", f"expected RIG_ID NUM_SENSORS REF_SENSOR_TYPE REF_SENSOR_ID ({e})")
             if ns != 1 or len(parts) != 4:
@@ -186,13 +169,13 @@ def _read_text(path) -> Reconstruction:
         for no, line in _data_lines(f):
             parts = line.split()
             try:
-                fid, rid = int(parts[0]), int(parts[1])
+                fid, rid = _int(parts[0]), _int(parts[1])
                 q, t = np.array(parts[2:6], np.float64), np.array(parts[6:9], np.float64)
-                nd = int(parts[9])
+                nd = _int(parts[9])
                 data = parts[10:]
                 if len(data) != 3 * nd or q.size != 4 or t.size != 3:
                     raise ValueError("wrong number of fields")
-                data = np.array([(_SENSOR_TYPES[data[3 * k]], int(data[3 * k + 1]), int(data[3 * k + 2]))
+                data = np.array([(_SENSOR_TYPES[data[3 * k]], _int(data[3 * k + 1]), _int(data[3 * k + 2]))
                                  for k in range(nd)], np.int64).reshape(-1, 3)
             except (IndexError, ValueError, KeyError) as e:
                 _fail(f, f"line {no}", f"expected FRAME_ID RIG_ID QW QX QY QZ TX TY TZ NUM_DATA_IDS "
@@ -220,6 +203,8 @@ def _read_points_text(f) -> "_Points":
         bar.update(len(text) - len(text) // 2)
     if values.size != counts.sum():
         return _read_points_text_lines(f)
+    if not n:                       # a model without 3-D points
+        return _Points.from_rows([])
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     head = values[starts[:, None] + np.arange(8)].reshape(-1, 8)
     lengths = (counts - 8) // 2
@@ -228,7 +213,9 @@ def _read_points_text(f) -> "_Points":
     pairs = values[np.repeat(starts + 8, 2 * lengths) + k]
     ints = np.concatenate([head[:, 0], head[:, 4:7].ravel(), pairs])
     rgb = head[:, 4:7]
-    if not np.array_equal(ints, np.round(ints)) or (rgb < 0).any() or (rgb > 255).any():
+    # ids beyond 2**53 lose digits as doubles (and nan/inf are no integers): read those exactly
+    if not (np.abs(ints) < 2 ** 53).all() or not np.array_equal(ints, np.round(ints)) \
+            or (rgb < 0).any() or (rgb > 255).any():
         return _read_points_text_lines(f)
     return _Points(head[:, 0].astype(np.int64), head[:, 1:4], rgb.astype(np.uint8), head[:, 7].copy(),
                    track_start, pairs.astype(np.int64).reshape(-1, 2))
@@ -239,12 +226,12 @@ def _read_points_text_lines(f) -> "_Points":
     for no, line in _data_lines(f):
         parts = line.split()
         try:
-            pid = int(parts[0])
+            pid = _int(parts[0])
             xyz, rgb, err = np.array(parts[1:4], np.float64), np.array(parts[4:7], np.int64), float(parts[7])
-            track = np.array(parts[8:], np.int64)
+            track = np.array([_int(v) for v in parts[8:]], np.int64)
             if xyz.size != 3 or rgb.size != 3 or track.size % 2:
                 raise ValueError("wrong number of fields")
-        except (IndexError, ValueError) as e:
+        except (IndexError, ValueError, OverflowError) as e:
             _fail(f, f"line {no}", f"expected POINT3D_ID X Y Z R G B ERROR TRACK[] as pairs ({e})")
         if rgb.min(initial=0) < 0 or rgb.max(initial=0) > 255:
             _fail(f, f"line {no}", "R G B must be in 0..255")
@@ -311,7 +298,10 @@ class _Reader:
         end = self.buf.find(b"\0", self.pos)
         if end < 0:
             _fail(self.file, f"{self.record} at byte {self.pos}", "an image name has no terminating NUL")
-        out = self.buf[self.pos:end].decode("utf-8")
+        try:
+            out = self.buf[self.pos:end].decode("utf-8")
+        except UnicodeDecodeError as e:
+            _fail(self.file, f"{self.record} at byte {self.pos}", f"the image name is not UTF-8 ({e.reason})")
         self.pos = end + 1
         return out
 
@@ -333,6 +323,8 @@ def _read_points_binary(r: "_Reader"):
     offset, then every field gathered at once (millions of points in about a second)."""
     (n,) = r.take("<Q")
     buf, head = r.buf, _POINT_HEAD.itemsize
+    if n * head > len(buf) - r.pos:     # a count no file this size holds: no giant allocation
+        _fail(r.file, "the header", f"{n} points cannot fit in the {len(buf) - r.pos} bytes that follow")
     offsets = np.empty(n, np.int64)
     lengths = np.empty(n, np.int64)
     pos, end, unpack = r.pos, len(buf), struct.Struct("<Q").unpack_from
@@ -344,11 +336,11 @@ def _read_points_binary(r: "_Reader"):
             _fail(r.file, f"point record {k} at byte {pos}", f"the file ends ({end} bytes) before the "
                   f"{head} bytes expected")
         (length,) = unpack(buf, pos + head - 8)
+        if pos + head + 8 * length > end:
+            _fail(r.file, f"point record {k} at byte {pos}", f"the file ends ({end} bytes) before "
+                  f"its track of {length} elements")
         offsets[k], lengths[k] = pos, length
         pos += head + 8 * length
-        if pos > end:
-            _fail(r.file, f"point record {k} at byte {offsets[k]}", f"the file ends ({end} bytes) before "
-                  f"its track of {length} elements")
     bar.close()
     r.pos = pos
     r.done()
@@ -360,6 +352,10 @@ def _read_points_binary(r: "_Reader"):
     at = np.repeat(offsets + head, lengths) + 8 * element
     pairs = raw[at[:, None] + np.arange(8)].view("<u4").reshape(-1, 2).astype(np.int64) if at.size \
         else np.zeros((0, 2), np.int64)
+    too_large = np.flatnonzero(heads["id"] > _I64_MAX)
+    if too_large.size:
+        k = int(too_large[0])
+        _fail(r.file, f"point record {k} at byte {offsets[k]}", f"point id {heads['id'][k]} is beyond 2^63 - 1")
     return _Points(heads["id"].astype(np.int64), heads["xyz"], heads["rgb"], heads["error"].astype(np.float64),
                    track_start, pairs)
 
@@ -390,6 +386,8 @@ def _read_binary(path) -> Reconstruction:
         cid, mid, w, h = r.take("<IiQQ")
         if mid not in _MODEL_NAMES:
             _fail(r.file, r.record, f"unknown camera model id {mid}")
+        if max(w, h) > _I64_MAX:
+            _fail(r.file, r.record, f"width {w} or height {h} is beyond 2^63 - 1")
         cams.append((cid, mid, w, h, r.array("<f8", CAMERA_MODELS[_MODEL_NAMES[mid]][1])))
     r.done()
 
@@ -429,7 +427,8 @@ def _read_binary(path) -> Reconstruction:
             r.record = f"frame record {k}"
             fid, rid, qw, qx, qy, qz, tx, ty, tz, nd = r.take("<II7dI")
             rec = r.array(np.dtype([("type", "<i4"), ("id", "<u4"), ("data", "<u8")]), nd)
-            data = np.stack([rec["type"], rec["id"], rec["data"]], 1).astype(np.int64).reshape(-1, 3)
+            # each column to int64 first: stacked as they are, they would meet in float64
+            data = np.stack([rec[c].astype(np.int64) for c in ("type", "id", "data")], 1).reshape(-1, 3)
             frames.append((fid, rid, np.array([qw, qx, qy, qz]), np.array([tx, ty, tz]), data))
         r.done()
     return _assemble(cams, images, xy, ids, pts3, rigs, frames)
@@ -438,28 +437,57 @@ def _read_binary(path) -> Reconstruction:
 # ---------------------------------------------------------------------------------- writing
 
 def write_model(rec: Reconstruction, path: str, binary: bool = False) -> None:
-    """Write ``rec`` into folder ``path`` (made if missing), binary or text; rigs and frames too
-    when ``rec`` has them. Each file is written to a temporary name and renamed, so a failed
-    write leaves no half-written file under the final name."""
-    for k, (cid, mid) in enumerate(zip(rec.camera_ids, rec.camera_models)):
-        if int(mid) not in _MODEL_NAMES:
-            raise ValueError(f"camera {cid}: unknown COLMAP camera model id {mid}")
-        if len(rec.camera_params[k]) != CAMERA_MODELS[_MODEL_NAMES[int(mid)]][1]:
-            raise ValueError(f"camera {cid}: {_MODEL_NAMES[int(mid)]} takes "
-                             f"{CAMERA_MODELS[_MODEL_NAMES[int(mid)]][1]} parameters, not {len(rec.camera_params[k])}")
-    os.makedirs(path, exist_ok=True)
+    """Write ``rec`` into folder ``path``, binary or text; rigs and frames too when ``rec`` has
+    them. All or nothing: the whole model is validated first (:func:`validate`; an invalid one
+    raises :class:`ColmapModelError` and nothing is written), then written into a new folder
+    beside ``path`` that takes its place in one step (:func:`solvers.atomic.replacing_folder`):
+    a write that fails or is killed part-way leaves the old folder as it was.
+
+    The new folder keeps the old folder's other entries (a ``project.ini``, images, anything kept
+    there), hard-linked where the file system allows, else copied; it drops the model files of
+    the other format (``*.bin`` when writing text, ``*.txt`` when writing binary) and a
+    ``rigs``/``frames`` file that the new model does not have: COLMAP reads ``.bin`` before
+    ``.txt``, so a stale model left beside the new one would be the one read. ``path`` is made
+    if missing (its parents too)."""
+    validate(rec)
+    for k, name in enumerate(rec.image_names):     # what the text and binary layouts cannot hold
+        if not isinstance(name, str) or not name.strip() or any(c in name for c in "\0\n\r"):
+            raise ColmapModelError("images", f"image {rec.image_ids[k]}: name {name!r} must be a non-empty "
+                                             f"string without NUL or line breaks")
+    ext, writers = (".bin", _BINARY_WRITERS) if binary else (".txt", _TEXT_WRITERS)
     names = ["cameras", "images", "points3D"] + (["rigs", "frames"] if rec.has_rigs else [])
-    ext = ".bin" if binary else ".txt"
-    for name in names:
-        final = os.path.join(path, name + ext)
-        tmp = final + ".partial"
-        try:
-            with open(tmp, "wb") as fh:
-                (_BINARY_WRITERS if binary else _TEXT_WRITERS)[name](rec, fh)
-            os.replace(tmp, final)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with atomic.replacing_folder(path) as tmp:
+        if os.path.isdir(path):
+            _carry_over(path, tmp)
+        for name in names:
+            with open(os.path.join(tmp, name + ext), "wb") as fh:
+                writers[name](rec, fh)
+
+
+def _carry_over(old: str, new: str) -> None:
+    """The old folder's entries that are not a model's files (of either format) nor a writer's
+    temporaries into the new folder: hard links (no copy, no extra space) where possible."""
+    model = {name + ext for name in _MODEL_FILES for ext in (".txt", ".bin")}
+    with os.scandir(old) as entries:
+        for entry in entries:
+            n = entry.name
+            if n in model or n.endswith((atomic.TMP, atomic.OLD)) or (n.endswith(".partial") and n[:-8] in model):
+                continue            # .partial: what this module's earlier writer left when killed
+            target = os.path.join(new, n)
+            if entry.is_symlink():
+                os.symlink(os.readlink(entry.path), target)
+            elif entry.is_dir():
+                shutil.copytree(entry.path, target, symlinks=True, copy_function=_link_or_copy)
+            else:
+                _link_or_copy(entry.path, target)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:             # another file system, or one without hard links
+        shutil.copy2(src, dst)
 
 
 def _g(v) -> str:

@@ -1,0 +1,266 @@
+"""The COLMAP model itself, apart from its files: the camera models' table, the
+:class:`Reconstruction` arrays (see :mod:`solvers.colmap` for their layout) and :func:`validate`,
+the one list of checks that reading and writing both apply (unique ids within their binary
+fields, references that exist, positive sizes, finite values), so a model that COLMAP would
+refuse is neither read nor written."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Tuple
+
+import numpy as np
+
+# COLMAP's camera models: name -> (model id, number of parameters).
+CAMERA_MODELS: Dict[str, Tuple[int, int]] = {
+    "SIMPLE_PINHOLE": (0, 3), "PINHOLE": (1, 4), "SIMPLE_RADIAL": (2, 4), "RADIAL": (3, 5),
+    "OPENCV": (4, 8), "OPENCV_FISHEYE": (5, 8), "FULL_OPENCV": (6, 12), "FOV": (7, 5),
+    "SIMPLE_RADIAL_FISHEYE": (8, 4), "RADIAL_FISHEYE": (9, 5), "THIN_PRISM_FISHEYE": (10, 12),
+    "RAD_TAN_THIN_PRISM_FISHEYE": (11, 16), "SIMPLE_DIVISION": (12, 4), "DIVISION": (13, 5),
+    "SIMPLE_FISHEYE": (14, 3), "FISHEYE": (15, 4), "EUCM": (16, 6), "EQUIRECTANGULAR": (17, 2),
+}
+MODEL_NAMES = {mid: name for name, (mid, _) in CAMERA_MODELS.items()}
+INVALID_U64 = np.uint64(2 ** 64 - 1)
+SENSOR_TYPES = {"CAMERA": 0, "IMU": 1}
+SENSOR_NAMES = {v: k for k, v in SENSOR_TYPES.items()}
+CAMERA_SENSOR = SENSOR_TYPES["CAMERA"]
+# Ids as the binary files hold them: camera, image, rig, frame and sensor ids are uint32; point
+# ids uint64 with 2**64 - 1 meaning none, and this module holds them as int64 (-1 for none).
+U32_MAX = 2 ** 32 - 1
+I64_MAX = 2 ** 63 - 1
+MODEL_FILES = ("cameras", "images", "points3D", "rigs", "frames")
+
+
+class ColmapModelError(ValueError):
+    """A :class:`Reconstruction` that is not a valid COLMAP model (:func:`validate`); the message
+    names the record. ``kind`` is the file the record belongs in (``"images"``, ...)."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclasses.dataclass
+class Reconstruction:
+    """A COLMAP sparse model as arrays (see the module docstring)."""
+    camera_ids: np.ndarray          # (nc,) int64
+    camera_models: np.ndarray       # (nc,) int64, COLMAP model ids
+    camera_sizes: np.ndarray        # (nc, 2) int64: width, height
+    camera_params: list             # nc float64 arrays (their lengths follow the models)
+    image_ids: np.ndarray           # (ni,) int64
+    image_qvec: np.ndarray          # (ni, 4) cam_from_world rotation (qw, qx, qy, qz)
+    image_tvec: np.ndarray          # (ni, 3) cam_from_world translation
+    image_camera_ids: np.ndarray    # (ni,) int64
+    image_names: list               # ni str
+    image_points_start: np.ndarray  # (ni + 1,) int64
+    points2d_xy: np.ndarray         # (n2d, 2) float64
+    points2d_point3d_ids: np.ndarray  # (n2d,) int64, -1 where none
+    point_ids: np.ndarray           # (np,) int64
+    point_xyz: np.ndarray           # (np, 3)
+    point_rgb: np.ndarray           # (np, 3) uint8
+    point_error: np.ndarray         # (np,)
+    track_start: np.ndarray         # (np + 1,) int64
+    track_image_ids: np.ndarray     # (nt,) int64
+    track_point2d_idx: np.ndarray   # (nt,) int64
+    rig_ids: np.ndarray = None      # (nr,) int64; None: a classic three-file model
+    rig_ref_sensors: np.ndarray = None   # (nr, 2) int64: sensor type (0 camera), sensor id
+    frame_ids: np.ndarray = None    # (nf,) int64
+    frame_rig_ids: np.ndarray = None
+    frame_qvec: np.ndarray = None   # (nf, 4) rig_from_world
+    frame_tvec: np.ndarray = None   # (nf, 3)
+    frame_data_start: np.ndarray = None  # (nf + 1,) int64
+    frame_data: np.ndarray = None   # (nd, 3) int64: sensor type, sensor id, data id (image id)
+
+    @property
+    def num_observations(self) -> int:
+        return int(self.track_image_ids.size)
+
+    @property
+    def has_rigs(self) -> bool:
+        return self.rig_ids is not None
+
+
+# ---------------------------------------------------------------------------------- checking
+
+def validate(rec: Reconstruction) -> None:
+    """Raise :class:`ColmapModelError` naming the first record that COLMAP would refuse or that
+    the files cannot hold: ids unique and within their binary fields (uint32 for cameras, images,
+    rigs, frames and sensors; points 0..2**63 - 1, as int64 holds them), known camera models with
+    their number of parameters, positive sizes, finite parameters, poses, 2-D and 3-D points and
+    errors, and references that exist: an image's camera, a 2-D point's 3-D point (or -1), a
+    track's image and 2-D point (which observes that 3-D point, or none, as pycolmap requires), a
+    rig's camera, a frame's rig and images. Vectorised: no Python loop over images, points or
+    observations (about a second for 4 million observations on one core)."""
+    cam_ids = _validate_cameras(rec)
+    image_ids, start, on = _validate_images(rec, cam_ids)
+    _validate_points(rec, image_ids, start, on)
+    if rec.has_rigs:
+        _validate_rigs(rec, cam_ids, image_ids)
+
+
+def _validate_cameras(rec):
+    ids = _ids(rec, "camera_ids", "cameras", "camera", U32_MAX)
+    models = _column(rec, "camera_models", "cameras", (ids.size,), int)
+    sizes = _column(rec, "camera_sizes", "cameras", (ids.size, 2), int)
+    if len(rec.camera_params) != ids.size:
+        raise ColmapModelError("cameras", f"camera_params has {len(rec.camera_params)} entries for {ids.size} cameras")
+    for cid, mid, params in zip(ids, models, rec.camera_params):
+        if int(mid) not in MODEL_NAMES:
+            raise ColmapModelError("cameras", f"camera {cid}: unknown COLMAP camera model id {mid}")
+        name = MODEL_NAMES[int(mid)]
+        try:
+            params = np.asarray(params, np.float64)
+        except (TypeError, ValueError) as e:
+            raise ColmapModelError("cameras", f"camera {cid}: parameters are not numbers ({e})") from None
+        if params.ndim != 1 or params.size != CAMERA_MODELS[name][1]:
+            raise ColmapModelError("cameras", f"camera {cid}: {name} takes {CAMERA_MODELS[name][1]} parameters, "
+                                              f"not {params.size}")
+        if not np.isfinite(params).all():
+            raise ColmapModelError("cameras", f"camera {cid}: parameters are not finite ({params.tolist()})")
+    # pycolmap reads a width of 0 too; but no image has one, and the binary field is unsigned
+    k = _first((sizes <= 0).any(axis=1))
+    if k is not None:
+        raise ColmapModelError("cameras", f"camera {ids[k]}: width and height must be positive, "
+                                          f"not {sizes[k, 0]} x {sizes[k, 1]}")
+    return ids
+
+
+def _validate_images(rec, cam_ids):
+    """The image ids, where each image's 2-D points start, and the 3-D point each observes."""
+    ids = _ids(rec, "image_ids", "images", "image", U32_MAX)
+    cams = _column(rec, "image_camera_ids", "images", (ids.size,), int)
+    k = _first(~_rows(cam_ids, cams)[1])
+    if k is not None:
+        raise ColmapModelError("images", f"image {ids[k]}: camera {cams[k]} does not exist")
+    if len(rec.image_names) != ids.size:
+        raise ColmapModelError("images", f"image_names has {len(rec.image_names)} entries for {ids.size} images")
+    _finite("images", "image", ids, np.concatenate([_column(rec, "image_qvec", "images", (ids.size, 4), float),
+                                                    _column(rec, "image_tvec", "images", (ids.size, 3), float)],
+                                                   axis=1), "cam_from_world")
+    xy = _column(rec, "points2d_xy", "images", (None, 2), float)
+    start = _starts(rec, "image_points_start", "images", ids.size, xy.shape[0])
+    on = _column(rec, "points2d_point3d_ids", "images", (xy.shape[0],), int)
+    k = _first(~np.isfinite(xy).all(axis=1))
+    if k is not None:
+        i = np.searchsorted(start, k, side="right") - 1
+        raise ColmapModelError("images", f"image {ids[i]}: point2D {k - start[i]} is not finite "
+                                         f"({xy[k, 0]}, {xy[k, 1]})")
+    return ids, start, on
+
+
+def _validate_points(rec, image_ids, start, on):
+    ids = _ids(rec, "point_ids", "points3D", "point", I64_MAX)
+    k = _first(~_rows(ids, on)[1] & (on != -1))
+    if k is not None:
+        i = np.searchsorted(start, k, side="right") - 1
+        raise ColmapModelError("images", f"image {image_ids[i]}: point2D {k - start[i]} names 3-D point {on[k]}, "
+                                         f"which does not exist (-1 for none)")
+    _finite("points3D", "point", ids, _column(rec, "point_xyz", "points3D", (ids.size, 3), float), "X Y Z")
+    _finite("points3D", "point", ids, _column(rec, "point_error", "points3D", (ids.size,), float)[:, None], "error")
+    rgb = _column(rec, "point_rgb", "points3D", (ids.size, 3), int)
+    k = _first(((rgb < 0) | (rgb > 255)).any(axis=1))
+    if k is not None:
+        raise ColmapModelError("points3D", f"point {ids[k]}: R G B must be in 0..255, not {rgb[k].tolist()}")
+    image = _column(rec, "track_image_ids", "points3D", (None,), int)
+    t_start = _starts(rec, "track_start", "points3D", ids.size, image.size)
+    idx = _column(rec, "track_point2d_idx", "points3D", (image.size,), int)
+    point = np.repeat(np.arange(ids.size), np.diff(t_start))
+    rows, found = _rows(image_ids, image)
+    count = np.diff(start)[rows] if image_ids.size else np.zeros(image.size, np.int64)
+    # Never wrapped as the binary file's uint32 would wrap them: -3 is not point2D 4294967293.
+    k = _first(~found | (idx < 0) | (idx >= count))
+    if k is not None:
+        what = "which does not exist" if not found[k] else \
+            f"point2D_idx {idx[k]}, which is not one of its {count[k]} 2-D points"
+        raise ColmapModelError("points3D", f"point {ids[point[k]]}: track element {k - t_start[point[k]]} names "
+                                           f"image {image[k]}, {what}")
+    observed = on[start[rows] + idx] if idx.size else np.zeros(0, np.int64)
+    k = _first((observed != -1) & (observed != ids[point]))
+    if k is not None:
+        raise ColmapModelError("points3D", f"point {ids[point[k]]}: track element {k - t_start[point[k]]} names "
+                                           f"point2D {idx[k]} of image {image[k]}, which observes 3-D point "
+                                           f"{observed[k]}")
+
+
+def _validate_rigs(rec, cam_ids, image_ids) -> None:
+    rig_ids = _ids(rec, "rig_ids", "rigs", "rig", U32_MAX)
+    ref = _column(rec, "rig_ref_sensors", "rigs", (rig_ids.size, 2), int)
+    found = _rows(cam_ids, ref[:, 1])[1]
+    k = _first(~np.isin(ref[:, 0], list(SENSOR_NAMES)) | (ref[:, 1] < 0) | (ref[:, 1] > U32_MAX)
+               | ((ref[:, 0] == CAMERA_SENSOR) & ~found))
+    if k is not None:
+        t, sid = ref[k].tolist()
+        raise ColmapModelError("rigs", f"rig {rig_ids[k]}: reference sensor ({SENSOR_NAMES.get(t, t)} {sid}) "
+                                       f"is no camera or IMU of this model")
+    frame_ids = _ids(rec, "frame_ids", "frames", "frame", U32_MAX)
+    frame_rigs = _column(rec, "frame_rig_ids", "frames", (frame_ids.size,), int)
+    k = _first(~_rows(rig_ids, frame_rigs)[1])
+    if k is not None:
+        raise ColmapModelError("frames", f"frame {frame_ids[k]}: rig {frame_rigs[k]} does not exist")
+    _finite("frames", "frame", frame_ids, np.concatenate(
+        [_column(rec, "frame_qvec", "frames", (frame_ids.size, 4), float),
+         _column(rec, "frame_tvec", "frames", (frame_ids.size, 3), float)], axis=1), "rig_from_world")
+    data = _column(rec, "frame_data", "frames", (None, 3), int)
+    start = _starts(rec, "frame_data_start", "frames", frame_ids.size, data.shape[0])
+    bad = ~np.isin(data[:, 0], list(SENSOR_NAMES)) | (data[:, 1] < 0) | (data[:, 1] > U32_MAX) | (data[:, 2] < 0)
+    k = _first(bad | ((data[:, 0] == CAMERA_SENSOR) & ~_rows(image_ids, data[:, 2])[1]))
+    if k is not None:
+        f = np.searchsorted(start, k, side="right") - 1
+        t, sid, did = data[k].tolist()
+        what = "is no (sensor type, sensor id, data id)" if bad[k] else f"names image {did}, which does not exist"
+        raise ColmapModelError("frames", f"frame {frame_ids[f]}: data {k - start[f]} ({SENSOR_NAMES.get(t, t)} "
+                                         f"{sid} {did}) {what}")
+
+
+def _first(bad):
+    where = np.flatnonzero(bad)
+    return int(where[0]) if where.size else None
+
+
+def _column(rec, field, kind, shape, number):
+    """``rec.<field>`` as an int64 (``number`` int) or float64 array of ``shape`` (None: any)."""
+    a = np.asarray(getattr(rec, field))
+    if a.size == 0 and shape[0] in (None, 0) and None not in shape[1:]:
+        a = a.reshape((0,) + tuple(shape[1:]))         # an empty list for an empty table
+    if a.ndim != len(shape) or any(n is not None and n != m for n, m in zip(shape, a.shape)):
+        want = " x ".join("n" if n is None else str(n) for n in shape)
+        raise ColmapModelError(kind, f"Reconstruction.{field} has shape {a.shape}, not ({want})")
+    if a.dtype.kind not in ("iu" if number is int else "iuf"):
+        raise ColmapModelError(kind, f"Reconstruction.{field} holds {a.dtype}, not {number.__name__}s")
+    if a.dtype.kind == "u" and a.size and a.max() > I64_MAX:
+        raise ColmapModelError(kind, f"Reconstruction.{field}: {a.max()} is beyond 2^63 - 1")
+    return a.astype(np.int64 if number is int else np.float64, copy=False)
+
+
+def _ids(rec, field, kind, label, largest):
+    ids = _column(rec, field, kind, (None,), int)
+    k = _first((ids < 0) | (ids > largest))
+    if k is not None:
+        raise ColmapModelError(kind, f"{label} {ids[k]}: the id is out of range 0..{largest}")
+    order = np.argsort(ids, kind="stable")
+    k = _first(ids[order[1:]] == ids[order[:-1]])
+    if k is not None:
+        raise ColmapModelError(kind, f"{label} {ids[order[k]]}: the id appears twice (records {order[k]} "
+                                     f"and {order[k + 1]})")
+    return ids
+
+
+def _rows(ids, wanted):
+    """The row in ``ids`` (unique) of each of ``wanted``, and whether it is there at all."""
+    if ids.size == 0:
+        return np.zeros(wanted.shape, np.int64), np.zeros(wanted.shape, bool)
+    order = np.argsort(ids, kind="stable")
+    rows = order[np.minimum(np.searchsorted(ids, wanted, sorter=order), ids.size - 1)]
+    return rows, ids[rows] == wanted
+
+
+def _starts(rec, field, kind, n, total):
+    start = _column(rec, field, kind, (n + 1,), int)
+    if start[0] != 0 or start[-1] != total or (np.diff(start) < 0).any():
+        raise ColmapModelError(kind, f"Reconstruction.{field} must run from 0 to {total} without decreasing")
+    return start
+
+
+def _finite(kind, label, ids, values, what):
+    k = _first(~np.isfinite(values).all(axis=1))
+    if k is not None:
+        raise ColmapModelError(kind, f"{label} {ids[k]}: {what} is not finite ({values[k].tolist()})")
