@@ -204,12 +204,19 @@ def test_device_path_rejects_non_finite_candidates_as_the_host_does(device, solv
 @pytest.mark.parametrize("solver", SOLVERS)
 def test_non_finite_start_fails_on_both_paths(device, solver):
     p = solvers.synthetic_problem(6, 50, 3, seed=1)
-    p.observations[7, 0] = np.nan
+    # Finite values whose cost is not: observation 7's camera with a focal length of 1e300 (its
+    # residual squared overflows).
+    p.cameras[p.camera_index[7], 6] = 1e300
     host, dev = both_paths(p, device, linear_solver=solver)
     for r in (host, dev):
         assert r.termination_type == "FAILURE"
         assert r.message == "Residual and Jacobian evaluation failed."
         np.testing.assert_array_equal(r.points, p.points)
+    # A non-finite observation is named before anything is evaluated.
+    p = solvers.synthetic_problem(6, 50, 3, seed=1)
+    p.observations[7, 0] = np.nan
+    with pytest.raises(ValueError, match=r"data row 7 holds a value that is not finite"):
+        both_paths(p, device, linear_solver=solver)
 
 
 def test_device_resident_true_says_why_it_cannot(device):
