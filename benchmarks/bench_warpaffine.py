@@ -30,6 +30,7 @@ import pyopencl.array as cla  # noqa: E402
 import clkernels  # noqa: E402
 # The module (clkernels.warp_affine is the function of the same name).
 wa = importlib.import_module("clkernels.warp_affine")
+wa_ops = importlib.import_module("clkernels.warp_affine.ops")   # its per-device choices, overridden below
 
 PEAK_BYTES_PER_S = harness.H200_COPY_BYTES_PER_S
 SRC_W, SRC_H, DST = 1920, 1080, 640
@@ -58,7 +59,7 @@ def main():
     runtime = report.runtime
     queue = runtime.queue
     rng = np.random.default_rng(0)
-    default_lanes = wa._lanes(runtime, DST)
+    default_lanes = wa_ops._lanes(runtime, DST)
     mappings = sorted({default_lanes, 4, 8, 16} if runtime.info.is_cpu else {default_lanes, 1, 2, 4})
     batches = ((1, 4) if args.quick else (1, 16)) if args.batches is None else \
         tuple(int(b) for b in args.batches.split(","))
@@ -84,13 +85,13 @@ def main():
         def kernel(lanes):
             """The kernel alone, with ``lanes`` destination pixels per work-item."""
             def launch():
-                saved, wa._lanes = wa._lanes, (lambda rt, w: lanes)
+                saved, wa_ops._lanes = wa_ops._lanes, (lambda rt, w: lanes)
                 try:
                     blob, _ = clkernels.letterbox(device_batch, size=(DST, DST), out=device_blob,
                                                   device=runtime)
                     return blob.events[-1]
                 finally:
-                    wa._lanes = saved
+                    wa_ops._lanes = saved
             return launch
 
         # Every round runs every variant once, in turn (see the docstring).

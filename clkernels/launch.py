@@ -308,13 +308,13 @@ def pooled_array(rt: Runtime, shape, dtype, scratch: bool = False) -> cla.Array:
     """A device array from the queue's pool. ``scratch``: later kernels write it in place and
     read it back, so on the simulator it is zeroed from the host (simulator.zeros_from_host)."""
     spec = Buffer("array", shape, dtype)
-    a = _wrap(rt, spec, rt.pool.allocate(spec.nbytes) if spec.nbytes else None)
+    a = wrap(rt, spec, rt.pool.allocate(spec.nbytes) if spec.nbytes else None)
     if scratch and spec.nbytes and simulator.zeros_from_host(rt):
         cl.enqueue_copy(rt.queue, a.base_data, np.zeros(spec.nbytes, np.uint8), is_blocking=True)
     return a
 
 
-def _wrap(rt: Runtime, spec: Buffer, data) -> cla.Array:
+def wrap(rt: Runtime, spec: Buffer, data) -> cla.Array:
     # pyopencl's fast constructor path: the shape, strides and size are known to be valid, and
     # the checked path costs about 45 microseconds (numpy reductions over the shape).
     return cla.Array(None, spec.shape, spec.dtype, allocator=rt.pool, strides=spec.strides,
@@ -425,7 +425,7 @@ class Op:
         numpy results the device array is pooled and ``out`` is filled afterwards."""
         pool = rt.pool
         if out is None:   # the common case, without the checks of a caller's arrays
-            return [_wrap(rt, spec, pool.allocate(spec.nbytes) if spec.nbytes else None)
+            return [wrap(rt, spec, pool.allocate(spec.nbytes) if spec.nbytes else None)
                     for spec in plan.outputs]
         given = _out_tuple(out, len(plan.outputs), self.output_names)
         arrays = []
@@ -435,7 +435,7 @@ class Op:
                 if on_device:
                     arrays.append(o)
                     continue
-            arrays.append(_wrap(rt, spec, pool.allocate(spec.nbytes) if spec.nbytes else None))
+            arrays.append(wrap(rt, spec, pool.allocate(spec.nbytes) if spec.nbytes else None))
         return arrays
 
     def _download(self, rt: Runtime, plan: Plan, outs, out, events):

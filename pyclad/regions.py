@@ -138,7 +138,7 @@ def _internal(graph, outputs: Sequence[int], inputs: Sequence[int]) -> List[int]
 def region(name: str) -> Region:
     """The superinstruction of a library helper, from its canonical trace (made once)."""
     from .graph import Graph, Node
-    from .trace import _guarded
+    from .trace import guarded_nodes
     helper, n_in = LIBRARY[name]
     graph = Graph()
     inputs = [graph.input(0, k).id for k in range(n_in)]
@@ -156,7 +156,7 @@ def region(name: str) -> Region:
     # A constant is a node of its own (the DFS visits it) whose one operand is its value.
     nodes = tuple((graph.ops[n], (("const", graph.consts[n]),) if graph.ops[n] == "const"
                    else tuple(operand(a) for a in graph.args[n])) for n in internal)
-    guarded = _guarded(graph, [*inputs, *internal])
+    guarded = guarded_nodes(graph, [*inputs, *internal])
     active = graph.active([*inputs, *internal])
     contributes = [False] * n_in
     for n in internal:

@@ -97,10 +97,10 @@ def trace(fn: Callable, group_sizes: Sequence[int], data_size: int = 0) -> Trace
               for g, d in enumerate(group_sizes)]
     data = [args[-1][j].id if args[-1][j].id in needed else -1 for j in range(data_size)] if data_size else []
     return Traced(graph, group_sizes, data_size, outputs, order, graph.active(order), inputs, data,
-                  _guarded(graph, order))
+                  guarded_nodes(graph, order))
 
 
-def _guarded(graph: Graph, order: List[int]) -> Set[int]:
+def guarded_nodes(graph: Graph, order: List[int]) -> Set[int]:
     """Singular ops that some where's branch depends on: their zero adjoints must stay zero."""
     from .ops import OPS
     roots = [arg for n in order if graph.ops[n] == "where" for arg in graph.args[n][1:]]

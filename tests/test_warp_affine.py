@@ -18,7 +18,10 @@ import skimage.data as skdata
 import clkernels
 from clkernels import launch
 
-wa = importlib.import_module("clkernels.warp_affine")  # the module; clkernels.warp_affine is the function
+wa = importlib.import_module("clkernels.warp_affine")  # the package; clkernels.warp_affine is the function
+# The calls read the per-device choices (_lanes, _fma_name, _unaligned_io, _alloc_limit) through
+# this module's names, which the tests override to run every kernel mapping on any device.
+wa_ops = importlib.import_module("clkernels.warp_affine.ops")
 
 assert tuple(int(v) for v in cv2.__version__.split(".")[:2]) >= (4, 11), \
     f"OpenCV >= 4.11 is needed (its float sampling is what this follows), found {cv2.__version__}"
@@ -310,11 +313,11 @@ def test_every_code_path_gives_the_same_values(device, monkeypatch):
         assert np.array_equal(clkernels.letterbox(images, size=(16, 8), device=device, **kw)[0], ref)
     for lanes, fma, unaligned in ((1, "fma", False), (1, None, True), (2, None, False),
                                   (8, "fma", True), (8, None, False), (16, None, True)):
-        monkeypatch.setattr(wa, "_lanes", lambda runtime, w, lanes=lanes: lanes)
+        monkeypatch.setattr(wa_ops, "_lanes", lambda runtime, w, lanes=lanes: lanes)
         # GPUs' loads and stores (bytes, vstoren) or CPUs' (words, unaligned vectors).
-        monkeypatch.setattr(wa, "_unaligned_io", lambda runtime, u=unaligned: u)
+        monkeypatch.setattr(wa_ops, "_unaligned_io", lambda runtime, u=unaligned: u)
         if fma:  # the library fma, as GPUs get it
-            monkeypatch.setattr(wa, "_fma_name", lambda runtime: fma)
+            monkeypatch.setattr(wa_ops, "_fma_name", lambda runtime: fma)
         assert np.array_equal(clkernels.letterbox(images, size=(16, 8), device=device)[0], ref)
         assert np.array_equal(clkernels.letterbox(images[1], size=(16, 8), device=device)[0],
                               ref[1:2])
@@ -322,12 +325,12 @@ def test_every_code_path_gives_the_same_values(device, monkeypatch):
         assert np.array_equal(clkernels.letterbox(third, size=(16, 4), device=device)[0], ref_third)
         monkeypatch.undo()
     # Host images: the outputs of two images fill a buffer, so three take two launches.
-    monkeypatch.setattr(wa, "_alloc_limit", lambda runtime: 16 * 8 * 3 * 4 * 2)
+    monkeypatch.setattr(wa_ops, "_alloc_limit", lambda runtime: 16 * 8 * 3 * 4 * 2)
     assert np.array_equal(clkernels.letterbox(images, size=(16, 8), device=device)[0], ref)
     # Device images in separate allocations: packed inputs of two images fill a buffer.
     big = [noise(20, 30, seed=s) for s in range(3)]  # 1800 bytes, 1856 aligned, each
     ref, _ = clkernels.letterbox(big, size=(4, 4), device=device)
-    monkeypatch.setattr(wa, "_alloc_limit", lambda runtime: 4000)
+    monkeypatch.setattr(wa_ops, "_alloc_limit", lambda runtime: 4000)
     dev = [cla.to_device(device.queue, im) for im in big]
     assert np.array_equal(clkernels.letterbox(dev, size=(4, 4), device=device)[0].get(), ref)
     with pytest.raises(ValueError, match="output .* is larger than one buffer"):
@@ -335,7 +338,7 @@ def test_every_code_path_gives_the_same_values(device, monkeypatch):
 
 
 def test_image_larger_than_a_buffer_is_refused_clearly(device, monkeypatch):
-    monkeypatch.setattr(wa, "_alloc_limit", lambda runtime: 1000)
+    monkeypatch.setattr(wa_ops, "_alloc_limit", lambda runtime: 1000)
     with pytest.raises(ValueError, match=r"images\[1\].*CL_DEVICE_MAX_MEM_ALLOC_SIZE"):
         clkernels.letterbox([noise(5, 5), noise(40, 40)], size=(8, 8), device=device)
 

@@ -21,17 +21,17 @@ from typing import Optional
 import numpy as np
 import pyopencl as cl
 
-from . import arrays, config_check, launch, multi_device, simulator, torch_autograd
-from .arrays import check_array, is_device_array
-from .launch import OUTPUT, In, Out, Tmp
-from .runtime import DeviceInfo, Runtime
-from .templates import Storage, storage
+from .. import arrays, config_check, launch, multi_device, simulator, torch_autograd
+from ..arrays import check_array, is_device_array
+from ..launch import OUTPUT, In, Out, Tmp
+from ..runtime import DeviceInfo, Runtime
+from ..templates import Storage, storage
 
-__all__ = ["deformable_aggregation", "deformable_aggregation_backward", "feature_maps_format",
+__all__ = ["deformable_aggregation", "deformable_aggregation_backward",
            "KernelConfig", "default_config", "enqueue_forward", "enqueue_backward",
            "deformable_aggregation_torch"]
 
-TEMPLATE = "clkernels/deformable_aggregation.cl.mako"
+TEMPLATE = "clkernels/deformable_aggregation/deformable_aggregation.cl.mako"
 FEAT_DTYPES = (np.float32, np.float16)
 INT_DTYPES = (np.int32, np.int64)
 INT32_MAX = 2**31 - 1
@@ -488,8 +488,3 @@ def __getattr__(name):
     if name == "DeformableAggregationFunction":  # defined on first use: torch is optional
         return _torch_function()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-# Part of this module's API, in a module of its own (a different op); imported last because it
-# takes this module's constants.
-from .deformable_aggregation_format import feature_maps_format  # noqa: E402,F401

@@ -9,13 +9,12 @@ from typing import Sequence
 
 import numpy as np
 
-from . import arrays, launch
-from .arrays import check_array, is_device_array
-from .launch import In, Out
+from .. import arrays, launch
+from ..arrays import check_array, is_device_array
+from ..launch import In, Out
+from .aggregation import FEAT_DTYPES, INT32_MAX, TEMPLATE
 
 __all__ = ["feature_maps_format"]
-
-from .deformable_aggregation import FEAT_DTYPES, INT32_MAX, TEMPLATE
 
 
 def _format_plan(rt, levels, options, config) -> launch.Plan:

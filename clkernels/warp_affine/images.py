@@ -1,29 +1,25 @@
 """The images side of warp_affine: checking, batching and packing the source images.
 
-What :mod:`clkernels.warp_affine` does with its ``images`` argument around a launch: check
+What :mod:`clkernels.warp_affine.ops` does with its ``images`` argument around a launch: check
 each image (uint8 ``[H, W, 3]``, channels consecutive, rows and pixels possibly spaced) into
 its ``(height, width, pitch, step)`` geometry, split a call's images into a list, lay them out
 in packed buffers (64-byte aligned, in chunks that each fit one buffer), see when host images
 share one allocation (one transfer then covers them all), pack a chunk's host or device images
 into its input buffer, and own a host result that is a mapping of a pooled buffer. None of it
 depends on the options, the kernel or the plans, so it lives apart from the call
-(:mod:`clkernels.warp_affine`) and the plans (:mod:`clkernels.warp_affine_plan`), which use it.
+(:mod:`.ops`) and the plans (:mod:`.plan`), which use it.
 """
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
 
-from . import arrays, launch, simulator
+from .. import arrays, launch, simulator
 
-if TYPE_CHECKING:   # annotations only: the plan module imports this one
-    from .warp_affine_plan import _Chunk
 
 _ALIGN = 64           # byte alignment of each image inside a packed buffer
-_INT_MAX = 2**31 - 1  # per-image byte offsets and pixel counts are int in the kernel
+INT_MAX = 2**31 - 1  # per-image byte offsets and pixel counts are int in the kernel
 _MAX_SIDE = 2**22     # the kernel's float floor is exact below this
 
 
@@ -56,15 +52,15 @@ def _check_image(img, name: str):
         raise ValueError(f"{name} is {w}x{h}; sides of {_MAX_SIDE} pixels or more are not "
                          "supported (resize it first)")
     geom = (h, w, pitch, step)
-    if _span(geom) > _INT_MAX:
-        raise ValueError(f"{name} spans {_span(geom)} bytes; images over 2 GiB are not supported "
+    if span_of(geom) > INT_MAX:
+        raise ValueError(f"{name} spans {span_of(geom)} bytes; images over 2 GiB are not supported "
                          "(split or resize it first)")
     if len(_geometries) < 4096:
         _geometries[(tuple(img.shape), tuple(img.strides))] = geom
     return img, geom
 
 
-def _split_batch(images, name: str):
+def split_batch(images, name: str):
     """(images as a list, their geometries, is_device, was_single)."""
     if type(images) is np.ndarray and images.ndim == 3:   # one host image: the common call
         return [images], (_check_image(images, name)[1],), False, True
@@ -91,7 +87,7 @@ def _split_batch(images, name: str):
     return items, tuple(g for _, g in checked), kinds.pop(), single
 
 
-def _span(geom) -> int:
+def span_of(geom) -> int:
     """Bytes from an image's first byte to its last, of its (h, w, pitch, step)."""
     h, w, pitch, step = geom
     return (h - 1) * pitch + (w - 1) * step + 3
@@ -132,7 +128,7 @@ def _shared_span(items, spans, limit: int):
     return _host_span(first, hi - lo), tuple(a - lo for a in starts)
 
 
-def _aligned_offsets(spans):
+def aligned_offsets(spans):
     offsets, total = [], 0
     for span in spans:
         offsets.append(total)
@@ -140,7 +136,7 @@ def _aligned_offsets(spans):
     return tuple(offsets), total
 
 
-def _chunks(spans, out_bytes_per_image: int, limit: int, name: str):
+def chunk_runs(spans, out_bytes_per_image: int, limit: int, name: str):
     """Split the batch into runs whose packed input and output each fit one buffer."""
     runs, start, used = [], 0, 0
     for i, span in enumerate(spans):
@@ -158,7 +154,7 @@ def _chunks(spans, out_bytes_per_image: int, limit: int, name: str):
     return runs
 
 
-def _pack_host(rt, items, chunk: _Chunk, zero_copy: bool, limit: int, pending: list):
+def pack_host(rt, items, chunk, zero_copy: bool, limit: int, pending: list):
     """(buffer, offsets) of a chunk's host images: their own memory read in place (CPU), or
     one pooled buffer written by one transfer where they share an allocation, else packed."""
     mf = cl.mem_flags
@@ -187,7 +183,7 @@ def _pack_host(rt, items, chunk: _Chunk, zero_copy: bool, limit: int, pending: l
     return buf, chunk.offsets
 
 
-def _pack_device(rt, items, chunk: _Chunk, wait: list):
+def pack_device(rt, items, chunk, wait: list):
     """(buffer, offsets) of a chunk's device images: read in place when they share one
     allocation (a batch array, views of it), else packed into a pooled buffer."""
     base = items[0].base_data
@@ -214,7 +210,7 @@ def _pack_device(rt, items, chunk: _Chunk, wait: list):
     return buf, chunk.offsets
 
 
-class _MappedResult:
+class MappedResult:
     """The owner of a numpy result that is a host mapping of a pooled buffer (CPU devices,
     where mapping is zero-copy): while the array or any view of it lives, the buffer stays
     mapped and out of the pool; then it is unmapped and goes back to the pool, whose blocks

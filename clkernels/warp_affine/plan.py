@@ -1,35 +1,32 @@
 """The plans of warp_affine: what every call with one signature needs, made on its first call.
 
-A plan (:class:`_Plan`, cached per call signature in ``runtime.plans`` by
-:mod:`clkernels.warp_affine`) holds a batch's chunks (:class:`_Chunk`, one launch each, with
-its own kernel object and every fixed argument set), the output's spec and the letterbox
-matrices, so that a call only sets its buffers and enqueues. Beside it: the per-device choices
-that are part of a plan's key (SIMD lanes, fma, unaligned loads and stores, the buffer limit),
-the work-group shape, and the kernel's float8 matrix argument. Kept apart from the options and
-the call (:mod:`clkernels.warp_affine`) and from the image handling
-(:mod:`clkernels.warp_affine_images`). The call reads the per-device choices through its own
-module's names, so tests and benchmarks override them on :mod:`clkernels.warp_affine`.
+A plan (:class:`Plan`, cached per call signature in ``runtime.plans`` by :mod:`.ops`) holds a
+batch's chunks (:class:`Chunk`, one launch each, with its own kernel object and every fixed
+argument set), the output's spec and the letterbox matrices, so that a call only sets its
+buffers and enqueues. Beside it: the per-device choices that are part of a plan's key (SIMD
+lanes, fma, unaligned loads and stores, the buffer limit), the work-group shape, and the
+kernel's float8 matrix argument. :mod:`.ops` reads the per-device choices through its own
+module's names, so tests and benchmarks override them there.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Tuple
+from typing import Tuple
 
 import numpy as np
 import pyopencl as cl
 
-from . import arrays, launch, memory
-from .launch import INPUT, OUTPUT, TEMP
-from .templates import Storage
-from .warp_affine_images import _aligned_offsets, _chunks, _span
+from .. import arrays, launch, memory
+from ..launch import INPUT, OUTPUT, TEMP
+from ..templates import Storage
+from .geometry import invert_affine, letterbox_matrix
+from .images import aligned_offsets, chunk_runs, span_of
 
-if TYPE_CHECKING:   # annotations only: warp_affine imports this module
-    from .warp_affine import _Spec
 
-TEMPLATE = "clkernels/warp_affine.cl.mako"
+TEMPLATE = "clkernels/warp_affine/warp_affine.cl.mako"
 _TABLE_INTS = 16      # per image in a batch's table: ulong offset, H, W, pitch, step, d2i, pad
 
 
-def _lanes(runtime, dst_w: int) -> int:
+def lanes(runtime, dst_w: int) -> int:
     """Destination pixels per work-item: explicit SIMD on CPUs (PoCL does not vectorise
     this gather-heavy kernel across work-items by itself; with word loads 16 measured 7%
     faster than 8 on the 2-core EPYC, 8 faster than 16 with byte loads); two on GPUs (on an
@@ -42,13 +39,13 @@ def _lanes(runtime, dst_w: int) -> int:
     return want
 
 
-def _fma_name(runtime) -> str:
+def fma_name(runtime) -> str:
     """PoCL's library fma is an opaque call that keeps its work-item loops scalar; the
     compiler builtin is the same correctly rounded operation, inlined."""
     return "__builtin_fmaf" if runtime.info.vendor == "pocl" else "fma"
 
 
-def _unaligned_io(runtime) -> bool:
+def unaligned_io(runtime) -> bool:
     """Whether loads and stores at any alignment are single instructions (CPUs): a corner's
     three channels are then read as one 4-byte word and a blob row stored as one vector, both
     through packed structs (PoCL makes vloadn/vstoren library calls). GPUs read bytes and
@@ -56,7 +53,7 @@ def _unaligned_io(runtime) -> bool:
     return runtime.info.is_cpu
 
 
-def _alloc_limit(runtime) -> int:
+def alloc_limit(runtime) -> int:
     """The largest buffer one launch may use (the device's max allocation)."""
     return int(runtime.info.max_alloc_bytes)
 
@@ -75,7 +72,7 @@ def _work_group(runtime, kernel, gx: int) -> Tuple[int, int]:
     return lx, max(1, wg // lx)
 
 
-class _Chunk:
+class Chunk:
     """One launch of a plan: images [start, stop), their packing when packed separately,
     and (batches) the table of their offsets, geometry and matrices."""
 
@@ -83,7 +80,7 @@ class _Chunk:
 
     def __init__(self, start, stop, spans, table=None):
         self.start, self.stop, self.spans = start, stop, spans
-        self.offsets, self.total = _aligned_offsets(spans)
+        self.offsets, self.total = aligned_offsets(spans)
         self.table = table          # host int32 [k, 16], offsets patched per call
         self.uploaded = None        # (offsets, device table) of the last upload
 
@@ -101,7 +98,7 @@ class _Chunk:
         return buf
 
 
-class _Plan:
+class Plan:
     """What every call with one signature needs, made on its first call: the chunks with a
     launch each (own kernel, fixed arguments set), the output's spec, the letterbox matrices.
 
@@ -110,17 +107,14 @@ class _Plan:
     a device array) and warp_affine's matrix are the only scalars set per call
     (:meth:`enqueue`)."""
 
-    def __init__(self, rt, spec: _Spec, geoms, on_device: bool, vec: int, fma: str,
+    def __init__(self, rt, spec, geoms, on_device: bool, vec: int, fma: str,
                  unaligned: bool, limit: int, name: str):
-        # The geometry lives in warp_affine, which imports this module: import it here, once
-        # per plan.
-        from .warp_affine import _invert_affine, letterbox_matrix
         n = len(geoms)
         self.single = n == 1
         self.alloc_limit = limit
         if spec.kernel == "letterbox_blob":
             self.out = launch.Buffer("out", (n, 3, spec.dst_h, spec.dst_w), spec.dtype)
-            self.d2i = np.stack([_invert_affine(letterbox_matrix((w, h), (spec.dst_w, spec.dst_h)),
+            self.d2i = np.stack([invert_affine(letterbox_matrix((w, h), (spec.dst_w, spec.dst_h)),
                                                 f"the letterbox matrix of image {i}")
                                  for i, (h, w, _, _) in enumerate(geoms)])
             self.matrix_per_call = False
@@ -131,7 +125,7 @@ class _Plan:
         if on_device and self.out.nbytes > limit:
             raise ValueError(f"the output ({self.out.nbytes} bytes) is larger than one buffer "
                              f"may be on {rt.info.name} ({limit} bytes); pass fewer images")
-        spans = [_span(g) for g in geoms]
+        spans = [span_of(g) for g in geoms]
         # Before the build: the output and the packed images must fit (on a CPU device, in the
         # host), or the driver would abort the process when the call allocates them.
         op = "letterbox" if spec.kernel == "letterbox_blob" else "warp_affine"
@@ -152,7 +146,7 @@ class _Plan:
         gx = spec.dst_w // vec
         scalars = [np.float32(v) for v in (*spec.border, *spec.values)]
         self.chunks, steps = [], []
-        for c, (a, b) in enumerate(_chunks(spans, per_image, limit, name)):
+        for c, (a, b) in enumerate(chunk_runs(spans, per_image, limit, name)):
             kernel = launch.kernel_for_plan(program, spec.kernel)
             lx, ly = _work_group(rt, kernel, gx)
             size = (arrays.round_up(gx, lx), arrays.round_up(spec.dst_h, ly), b - a)
@@ -171,7 +165,7 @@ class _Plan:
                 table = np.zeros((b - a, _TABLE_INTS), np.int32)
                 table[:, 2:6] = geoms[a:b]
                 table[:, 6:12] = self.d2i[a:b].reshape(b - a, 6).astype(np.float32).view(np.int32)
-            chunk = _Chunk(a, b, spans[a:b], table)
+            chunk = Chunk(a, b, spans[a:b], table)
             if table is not None:
                 chunk.device_table(rt, chunk.offsets)   # the layout of separately packed images
             self.chunks.append(chunk)
@@ -204,7 +198,7 @@ class _Plan:
 _matrix_args: dict = {}
 
 
-def _matrix_arg(d2i: np.ndarray) -> np.ndarray:
+def matrix_arg(d2i: np.ndarray) -> np.ndarray:
     """The float8 argument of a matrix, one object per distinct matrix, so that a plan sees by
     identity that the argument it set last is still the one wanted."""
     key = d2i.tobytes()
