@@ -9,7 +9,7 @@ def _dot(a, b) -> float:
     return float(np.einsum("i,i->", a, b))
 
 
-def _norm(a) -> float:
+def norm(a) -> float:
     return _dot(a, a) ** 0.5
 
 
@@ -20,12 +20,12 @@ def conjugate_gradients(A, b, M=None, q_tolerance=0.1, r_tolerance=-1.0, min_ite
     ``|r| <= r_tolerance |b|``, or after ``max_iterations``. Returns ``(x, ok, iterations, message)``;
     ``ok`` is False on a numerical failure (x is then None)."""
     x = np.zeros_like(b)
-    norm_b = _norm(b)
+    norm_b = norm(b)
     if norm_b == 0.0:
         return x, True, 0, "Convergence. |b| = 0."
     tol_r = r_tolerance * norm_b
     r = b.copy()
-    if min_iterations == 0 and _norm(r) <= tol_r:
+    if min_iterations == 0 and norm(r) <= tol_r:
         return x, True, 0, "Convergence. |r| <= tol_r."
     rho = 1.0
     Q0 = -_dot(x, b + r)
@@ -60,7 +60,7 @@ def conjugate_gradients(A, b, M=None, q_tolerance=0.1, r_tolerance=-1.0, min_ite
         if zeta < q_tolerance and it >= min_iterations:
             return x, True, it, f"Iteration: {it} Convergence: zeta = {zeta:e} < {q_tolerance:e}."
         Q0 = Q1
-        if _norm(r) <= tol_r and it >= min_iterations:
+        if norm(r) <= tol_r and it >= min_iterations:
             return x, True, it, "Convergence. |r| <= tol_r."
         if it >= max_iterations:
             return x, True, it, "Maximum number of iterations reached."

@@ -347,6 +347,31 @@ class CheckpointWriter:
         return True
 
 
+def check_checkpoint_options(checkpoint, checkpoint_every) -> None:
+    """Refuse at once (rather than after the first iteration) a ``checkpoint_every`` that is not
+    a whole number >= 1 and a ``checkpoint`` path that could never be written."""
+    every = checkpoint_every
+    if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 1:
+        raise ValueError(f"checkpoint_every must be an integer >= 1 (write the best state every N "
+                         f"iterations), got {every!r}")
+    if checkpoint is None:
+        return
+    try:
+        path = os.fspath(checkpoint)
+    except TypeError:
+        raise TypeError(f"checkpoint must be a file path (str or os.PathLike) or None, "
+                        f"got {type(checkpoint).__name__}") from None
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"checkpoint must be a non-empty file path, got {checkpoint!r}")
+    if os.path.isdir(path):
+        raise ValueError(f"checkpoint={path!r} is a directory; give a file path in it, "
+                         f"e.g. {os.path.join(path, 'checkpoint.npz')!r}")
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise ValueError(f"checkpoint={path!r}: the directory {directory!r} does not exist; "
+                         "create it or choose another path")
+
+
 def cli_options(checkpoint, checkpoint_every) -> dict:
     """The solve's keyword options for the command lines' ``--checkpoint PATH`` and
     ``--checkpoint-every N``, checked; ValueError (or TypeError) saying what is wrong."""
@@ -354,7 +379,6 @@ def cli_options(checkpoint, checkpoint_every) -> dict:
         raise ValueError("--checkpoint-every needs --checkpoint PATH")
     if not checkpoint:
         return {}
-    from .lm import Options
     options = {"checkpoint": checkpoint, "checkpoint_every": checkpoint_every or 1}
-    Options(**options).check()
+    check_checkpoint_options(**options)
     return options

@@ -63,7 +63,7 @@ def _main(parser, args, comm=None) -> int:
         return 2
     import os
     import solvers
-    from . import colmap
+    from . import colmap_io, colmap_problem
     from .checkpoint import cli_options
     fix = args.fix
     if fix not in ("gauge", "first-two-poses", "none"):
@@ -74,14 +74,14 @@ def _main(parser, args, comm=None) -> int:
             return 2
     t0 = time.perf_counter()
     try:
-        rec = colmap.read_model(args.model)
-    except (colmap.ColmapFormatError, FileNotFoundError) as e:
+        rec = colmap_io.read_model(args.model)
+    except (colmap_io.ColmapFormatError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"{args.model}: {rec.camera_ids.size} cameras, {rec.image_ids.size} images, {rec.point_ids.size} points, "
           f"{rec.num_observations} observations (read in {time.perf_counter() - t0:.2f} s)")
     try:
-        prob = colmap.problem_from_reconstruction(
+        prob = colmap_problem.problem_from_reconstruction(
             rec, refine_focal_length=args.refine_focal_length, refine_principal_point=args.refine_principal_point,
             refine_extra_params=args.refine_extra_params, fix=fix,
             loss=None if args.loss == "none" else args.loss, loss_scale=args.loss_scale, device=args.device)
@@ -110,10 +110,10 @@ def _main(parser, args, comm=None) -> int:
     print(result.full_report())
     status = 0 if result.usable else 1
     if args.out:
-        colmap.update_reconstruction(rec, result)
+        colmap_problem.update_reconstruction(rec, result)
         binary = args.binary or (not args.text and os.path.isfile(os.path.join(args.model, "cameras.bin")))
         # A write that fails now keeps the refined model in a fallback folder and names it.
-        failed = cli_output.write_or_keep(lambda f: colmap.write_model(rec, f, binary=binary), args.out, "--out",
+        failed = cli_output.write_or_keep(lambda f: colmap_io.write_model(rec, f, binary=binary), args.out, "--out",
                                           f"kept-{os.getpid()}-{os.path.basename(os.path.normpath(args.out))}",
                                           args.checkpoint)
         if cli_output.report(failed):

@@ -113,9 +113,9 @@ def problem_from_reconstruction(model, refine_focal_length: bool = True, refine_
       steps finite).
     - ``loss`` / ``loss_scale``: the robust loss of every observation.
     """
-    from . import colmap
+    from .colmap_io import read_model
     from .problem import Problem
-    rec = colmap.read_model(model) if isinstance(model, str) else model
+    rec = read_model(model) if isinstance(model, str) else model
     for k, mid in enumerate(rec.camera_models):
         if int(mid) not in _MODEL_IDS:
             raise ValueError(f"camera {int(rec.camera_ids[k])} uses COLMAP camera model id {int(mid)}, which "

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from .cg import _norm
+from .cg import norm
 from .step import StepSolution
 
 from .schur import NormalEquations, Structure, j_x
@@ -63,7 +63,7 @@ class HostState:
         g = np.concatenate([self.neq.gc.ravel(), self.neq.gp.ravel()])
         projected = self.x - (self.x + (-g))
         gmax = float(np.max(np.abs(projected))) if projected.size else 0.0
-        return cost, gmax, _norm(projected)
+        return cost, gmax, norm(projected)
 
     # -- the step ----------------------------------------------------------------------------
     def solve_step(self, radius: float, reuse_diagonal: bool) -> StepSolution:
@@ -100,7 +100,7 @@ class HostState:
     def evaluate_candidate(self):
         """``(cost or None, step norm)`` at the candidate ``x + delta``."""
         self.candidate_x = self.x + self.delta
-        return self.ev.cost(self.candidate_x), _norm(self.x - self.candidate_x)
+        return self.ev.cost(self.candidate_x), norm(self.x - self.candidate_x)
 
     def accept(self):
         """The candidate becomes ``x``."""
@@ -108,7 +108,7 @@ class HostState:
 
     @property
     def x_norm(self) -> float:
-        return _norm(self.x)
+        return norm(self.x)
 
     def remember_best(self):
         self.best_x = self.x.copy()

@@ -30,7 +30,6 @@ A second Ctrl-C, which interrupts at once, leaves the last checkpoint written.
 from __future__ import annotations
 
 import dataclasses
-import os
 import signal
 import threading
 import time
@@ -38,7 +37,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from .checkpoint import CheckpointWriter
+from .checkpoint import CheckpointWriter, check_checkpoint_options
 from .linear_solver import LINEAR_SOLVERS
 from .summary import IterationSummary, SolverSummary
 
@@ -111,12 +110,7 @@ class Options:
             raise ValueError(f"device_setup must be None, True or False, got {self.device_setup!r}")
         if not (0 < self.min_lm_diagonal <= self.max_lm_diagonal):
             raise ValueError("need 0 < min_lm_diagonal <= max_lm_diagonal")
-        every = self.checkpoint_every
-        if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 1:
-            raise ValueError(f"checkpoint_every must be an integer >= 1 (write the best state every N "
-                             f"iterations), got {every!r}")
-        if self.checkpoint is not None:
-            self._check_checkpoint_path()
+        check_checkpoint_options(self.checkpoint, self.checkpoint_every)
         if self.split:
             if self.comm is not None and not hasattr(self.comm, "Allreduce"):
                 raise TypeError(f"comm must be an mpi4py communicator (mpi4py.MPI.COMM_WORLD), "
@@ -129,24 +123,6 @@ class Options:
     def split(self) -> bool:
         """Whether the solve is split over devices or MPI ranks (solvers.partitioned)."""
         return self.devices is not None or self.comm is not None
-
-    def _check_checkpoint_path(self):
-        """Refuse at once a checkpoint path that could never be written (rather than after the
-        first iteration)."""
-        try:
-            path = os.fspath(self.checkpoint)
-        except TypeError:
-            raise TypeError(f"checkpoint must be a file path (str or os.PathLike) or None, "
-                            f"got {type(self.checkpoint).__name__}") from None
-        if not isinstance(path, str) or not path:
-            raise ValueError(f"checkpoint must be a non-empty file path, got {self.checkpoint!r}")
-        if os.path.isdir(path):
-            raise ValueError(f"checkpoint={path!r} is a directory; give a file path in it, "
-                             f"e.g. {os.path.join(path, 'checkpoint.npz')!r}")
-        directory = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(directory):
-            raise ValueError(f"checkpoint={path!r}: the directory {directory!r} does not exist; "
-                             "create it or choose another path")
 
 
 class _LMStrategy:

@@ -363,7 +363,7 @@ def part_evaluators(make_evaluator, evaluator, runtimes: List, ranges) -> List[t
     order holds each range's observations as one slice, in the order a part's evaluator would
     sort them to; so a part's need no mask, no sort, and, where the range starts at point 0, no
     copy. Its camera order is the whole problem's restricted to the slice."""
-    from .solve import _Observations
+    from .solve import ObservationIndex
     ev, o = evaluator, evaluator.problem
     observed = ev.observed_in_order()
     camera_order = ev.camera_order()
@@ -379,7 +379,7 @@ def part_evaluators(make_evaluator, evaluator, runtimes: List, ranges) -> List[t
             # keeps that order.
             co = camera_order[(camera_order >= a) & (camera_order < b)]
             co = (co - a).astype(ordering.index_dtype(b - a), copy=False)
-        sub = _Observations(ev.cam[a:b], pt, None if observed is None else observed[a:b], o.num_cameras, hi - lo,
+        sub = ObservationIndex(ev.cam[a:b], pt, None if observed is None else observed[a:b], o.num_cameras, hi - lo,
                             f"points {lo}:{hi}", o.camera_size, o.point_size)
         out.append((make_evaluator(sub, rt, co), rt, lo, hi))
     return out
@@ -416,7 +416,7 @@ def partitioned_state(ev, options, x0, observations, make_evaluator, host_path: 
                       camera_blocks=None, held=None):
     """The state of a solve split over ``options.devices`` (this process) or the ranks of
     ``options.comm``; ``observations``: the bundle-adjustment core's index fields
-    (solvers.solve._Observations); ``make_evaluator(sub_problem, runtime)``: a part's evaluator. The
+    (solvers.solve.ObservationIndex); ``make_evaluator(sub_problem, runtime)``: a part's evaluator. The
     parts keep their states on their devices
     (:class:`solvers.partitioned_device.PartitionedDeviceState`) wherever ``device_split_reason``
     finds nothing against it on any part (every rank agrees) and ``device_resident`` is not False;

@@ -101,7 +101,7 @@ def _loss_name(loss: Loss) -> str:
 
 
 @dataclasses.dataclass
-class _Observations:
+class ObservationIndex:
     """The index fields of :class:`solvers.BALProblem` for the bundle-adjustment core (what
     :class:`solvers.evaluator.Evaluator` and the checkpoints read)."""
     camera_index: np.ndarray
@@ -332,7 +332,7 @@ class _BACore:
         cam, pt, block, swapped = shape
         self.cam, self.pt, self.block = cam, pt, block
         ci, pi = (block.columns[1], block.columns[0]) if swapped else (block.columns[0], block.columns[1])
-        self.checkpoint_problem = _Observations(ci, pi, block.data, cam.num_rows, pt.num_rows, problem.name,
+        self.checkpoint_problem = ObservationIndex(ci, pi, block.data, cam.num_rows, pt.num_rows, problem.name,
                                                 cam.size, pt.size)
         self.loss_name = _loss_name(block.loss)
         if model is None:

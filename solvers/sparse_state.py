@@ -23,7 +23,7 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 
-from .cg import _norm, conjugate_gradients
+from .cg import norm, conjugate_gradients
 from .host_cholesky import (LABELS, MSG_NOT_FINITE, MSG_NOT_PD, NotPositiveDefinite, cholmod_cholesky, installed,
                             lapack_cholesky, superlu_ldlt)
 from .step import StepSolution
@@ -239,7 +239,7 @@ class SparseState:
         xt = self.x[self.layout.t_in_x]
         projected = xt - (xt + (-g))
         gmax = float(np.max(np.abs(projected))) if projected.size else 0.0
-        return cost, gmax, _norm(projected)
+        return cost, gmax, norm(projected)
 
     # -- the step ----------------------------------------------------------------------------
     def solve_step(self, radius: float, reuse_diagonal: bool) -> StepSolution:
@@ -452,14 +452,14 @@ class SparseState:
     # -- the candidate -----------------------------------------------------------------------
     def evaluate_candidate(self):
         self.candidate_x = self.x + self.layout.tangent_to_x(self.delta_t)
-        return self.ev.cost(self.candidate_x), _norm(self.x - self.candidate_x)
+        return self.ev.cost(self.candidate_x), norm(self.x - self.candidate_x)
 
     def accept(self):
         self.x = self.candidate_x
 
     @property
     def x_norm(self) -> float:
-        return _norm(self.x)
+        return norm(self.x)
 
     def remember_best(self):
         self.best_x = self.x.copy()

@@ -62,14 +62,14 @@ def test_part_evaluators_hold_each_ranges_observations_as_a_mask_and_sort_would(
     from solvers.evaluator import Evaluator
     from solvers.loss import Loss
     from solvers.partitioned import part_evaluators
-    from solvers.solve import _Observations
+    from solvers.solve import ObservationIndex
 
     p = solvers.synthetic_problem(6, 300, 3, seed=5)
     ci, pi, obs = p.camera_index, p.point_index, p.observations
     if layout == "shuffled":
         perm = np.random.default_rng(1).permutation(ci.size)
         ci, pi, obs = ci[perm], pi[perm], obs[perm]
-    whole = Evaluator(_Observations(ci, pi, obs, p.num_cameras, p.num_points, "whole"), Loss(), model=_RecordModel)
+    whole = Evaluator(ObservationIndex(ci, pi, obs, p.num_cameras, p.num_points, "whole"), Loss(), model=_RecordModel)
     ranges = point_ranges(pi, p.num_points, parts)
 
     def make(sub, runtime, camera_order):
