@@ -5,7 +5,7 @@ camera-sized quantities over the parts. Its state keeps the Jacobians on the hos
 path); this one keeps each part's as :class:`solvers.lm_device.DeviceState` does: a
 :class:`DevicePart` is the device-resident state of the part's sub-problem (every camera, the
 part's points and all their observations). What crosses between the parts, as host arrays
-summed by the parts' reducer (:class:`solvers.partitioned.LocalParts` or ``MPIParts``):
+summed by the parts' reducer (:class:`solvers.parts.LocalParts` or ``MPIParts``):
 
 - per Jacobian evaluation: the camera blocks ``B`` of ``J^T J`` (C (C + 1) / 2 per camera) and the
   camera gradient, read from every part, summed and written back, so that the Jacobi scaling, the
@@ -35,6 +35,7 @@ from typing import Sequence
 import numpy as np
 import pyopencl as cl
 
+from .parts import describe_split
 from .step import StepSolution
 from .lm_device import CANDIDATE, COST, GRADIENT, DeviceState
 
@@ -206,7 +207,6 @@ class PartitionedDeviceState:
 
     @property
     def linear_solver_detail(self) -> str:
-        from .partitioned import describe_split
         return describe_split(self.comm, self.parts, "Schur products summed over the parts per CG step; "
                               "Jacobians, normal equations and vectors on the devices")
 

@@ -22,6 +22,7 @@ import numpy as np
 from .checkpoint import Checkpoint, ProblemCheckpoint, load_checkpoint
 from .lm import Options, StopFlag, minimize
 from .loss import Loss
+from .observation_index import ObservationIndex
 from .summary import LOG_HEADER, IterationSummary, full_report
 
 SCHUR_METHODS = ("sparse_schur", "iterative_schur")
@@ -98,24 +99,6 @@ class SolveResult:
 
 def _loss_name(loss: Loss) -> str:
     return "TRIVIAL" if loss.name == "trivial" else f"{loss.name.upper()}({loss.scale:g})"
-
-
-@dataclasses.dataclass
-class ObservationIndex:
-    """The index fields of :class:`solvers.BALProblem` for the bundle-adjustment core (what
-    :class:`solvers.evaluator.Evaluator` and the checkpoints read)."""
-    camera_index: np.ndarray
-    point_index: np.ndarray
-    observations: Optional[np.ndarray]
-    num_cameras: int
-    num_points: int
-    name: str
-    camera_size: int = 9            # parameters per camera and per point (a checkpoint's widths)
-    point_size: int = 3
-
-    @property
-    def num_observations(self) -> int:
-        return self.camera_index.size
 
 
 _swapped = {}

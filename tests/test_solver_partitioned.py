@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import solvers
-from solvers.partitioned import point_ranges
+from solvers.parts import point_ranges
 
 from bal_data import bal_file
 from pocl_pair import ROOT, run_on_two_devices
@@ -61,8 +61,8 @@ def test_part_evaluators_hold_each_ranges_observations_as_a_mask_and_sort_would(
     # masks the range in file order and sorts stably with numpy, as the specification says.
     from solvers.evaluator import Evaluator
     from solvers.loss import Loss
-    from solvers.partitioned import part_evaluators
-    from solvers.solve import ObservationIndex
+    from solvers.parts import part_evaluators
+    from solvers.observation_index import ObservationIndex
 
     p = solvers.synthetic_problem(6, 300, 3, seed=5)
     ci, pi, obs = p.camera_index, p.point_index, p.observations
