@@ -18,7 +18,7 @@ import time
 import harness
 
 import solvers
-import solvers.sparse_schur_device as ssd
+import solvers.factorisation_limits as limits
 
 ROUTES = {"device-dense": dict(DEVICE_DENSE_MAX_CPU=10 ** 6, DEVICE_DENSE_MAX=10 ** 6),
           "device-lapack": dict(DEVICE_DENSE_MAX_CPU=0, DEVICE_DENSE_MAX=0),
@@ -26,9 +26,9 @@ ROUTES = {"device-dense": dict(DEVICE_DENSE_MAX_CPU=10 ** 6, DEVICE_DENSE_MAX=10
 
 
 def solve(problem, device, variant):
-    defaults = {name: getattr(ssd, name) for name in ("DEVICE_DENSE_MAX_CPU", "DEVICE_DENSE_MAX", "HOST_DENSE_MAX")}
+    defaults = {name: getattr(limits, name) for name in ("DEVICE_DENSE_MAX_CPU", "DEVICE_DENSE_MAX", "HOST_DENSE_MAX")}
     for name, value in ROUTES.get(variant, {}).items():
-        setattr(ssd, name, value)
+        setattr(limits, name, value)
     try:
         t0 = time.perf_counter()
         r = solvers.bundle_adjust(problem, linear_solver="sparse_schur", device=device, handle_sigint=False,
@@ -36,7 +36,7 @@ def solve(problem, device, variant):
         return time.perf_counter() - t0, r
     finally:
         for name, value in defaults.items():
-            setattr(ssd, name, value)
+            setattr(limits, name, value)
 
 
 def main():

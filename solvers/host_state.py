@@ -126,7 +126,7 @@ class HostState:
         """sparse_schur: S's size and how solvers.schur factorises it."""
         if self.o.linear_solver != "sparse_schur":
             return ""
-        from . import schur
+        from . import factorisation_limits as limits
         n = 9 * self.ev.nc
-        how = "dense Cholesky (LAPACK)" if n <= schur.DENSE_MAX else "sparse LDL^T (SuperLU)"
+        how = "dense Cholesky (LAPACK)" if n <= limits.HOST_DENSE_MAX else "sparse LDL^T (SuperLU)"
         return f"Reduced camera matrix: {n} x {n}, {how} on the host"

@@ -16,13 +16,10 @@ import numpy as np
 # scipy is imported in the functions that use it: a solve that never comes here (the device
 # path on a GPU) does not pay its import (~0.4 s).
 
-from . import ordering
+from . import factorisation_limits as limits, ordering
 from .schur import enumerate_pairs, sum_pair_products
 
 
-# The reduced matrix is dense when its entries fill this fraction of it, up to this size.
-DENSE_FRACTION = 0.3
-DENSE_MAX_UNKNOWNS = 16384
 # The block-to-matrix index costs about 40 bytes per entry of every block: above this many
 # entries the general core keeps scipy's products (PairSchur raises TooLarge).
 MAX_BLOCK_ENTRIES = 1 << 26
@@ -64,7 +61,7 @@ class PairSchur:
         lin = r.astype(np.int64) * nf + c
         # Where the reduced matrix is (nearly) dense, as in most reconstructions whose images
         # share points widely, it is assembled and factorised dense.
-        self.dense = nf <= DENSE_MAX_UNKNOWNS and lin.size >= DENSE_FRACTION * nf * nf
+        self.dense = nf <= limits.DENSE_FILL_MAX and lin.size >= limits.DENSE_FILL * nf * nf
         if self.dense:
             self.lin = lin
             return

@@ -23,7 +23,7 @@ from clkernels import arrays
 from clkernels.launch import presets, release_kernels
 from clkernels.templates import get_program
 
-from . import pair_schur
+from . import factorisation_limits as limits
 from .host_cholesky import MSG_NOT_FINITE, MSG_NOT_PD
 from .key_copies import KeyCopies
 from .pair_schur import observation_keys, sum_copies
@@ -53,7 +53,7 @@ class DevicePairSchur:
         self.rt = rt = runtime
         if not rt.info.fp64:
             raise Unsuitable(f"{rt.info.name!r} has no fp64")
-        if nf > pair_schur.DENSE_MAX_UNKNOWNS:
+        if nf > limits.DENSE_FILL_MAX:
             raise Unsuitable(f"{nf} unknowns: more than a dense reduced matrix takes")
         C = kind.f_cols_full                          # (n, K) problem columns, -1 where constant
         self.obs, self.e, key, key_cols = observation_keys(kind, block, ne_rows)
@@ -75,7 +75,7 @@ class DevicePairSchur:
         free = (key_cols >= 0).sum(axis=1)
         br, bc = pattern.block_row, pattern.block_col
         entries = int(np.sum(free[br] * free[bc] * np.where(br != bc, 2, 1)))
-        if entries < pair_schur.DENSE_FRACTION * nf * nf:
+        if entries < limits.DENSE_FILL * nf * nf:
             raise Unsuitable(f"sparse: {pattern.nblocks} blocks of {self.K} x {self.K} in {nf} x {nf}")
         nv = self.nv = nk * self.K
         if max(nv * nv, nf * nf, nv * nf) * 8 > rt.info.max_alloc_bytes:

@@ -31,12 +31,10 @@ import numpy as np
 
 from .blas_threads import single_threaded_blas
 from .cg import conjugate_gradients
+from . import factorisation_limits as limits
 from .linear_solver import linear_solver
 
 PAIR_CHUNK = 1 << 12
-# Dense LAPACK Cholesky (on one thread, see solvers.blas_threads) of the reduced camera matrix up
-# to this size (111 cameras: a few ms); SuperLU on a symmetric ordering above.
-DENSE_MAX = 1000
 
 
 def inv3_sym(m):
@@ -342,13 +340,13 @@ def dense_reduced_matrix(pairs: Pairs, nc: int, blocks, diag):
 def solve_reduced(pairs: Pairs, nc: int, blocks, diag, rhs):
     """Solve the reduced camera system ``S yc = rhs`` (S from ``pairs``' blocks and ``diag``,
     as :func:`dense_reduced_matrix`) -> ``(yc (nc, 9), ok, iterations, message)``: dense
-    Cholesky (LAPACK) up to DENSE_MAX unknowns, else SuperLU's LDL^T with a symmetric ordering."""
+    Cholesky (LAPACK) up to factorisation_limits.HOST_DENSE_MAX unknowns, else SuperLU's LDL^T with a symmetric ordering."""
     import scipy.linalg
     import scipy.sparse as sp
     import scipy.sparse.linalg as spla
     if not np.all(np.isfinite(blocks)) or not np.all(np.isfinite(diag)) or not np.all(np.isfinite(rhs)):
         return None, False, 1, "Linear solver failure: non-finite reduced camera matrix."
-    if 9 * nc <= DENSE_MAX:
+    if 9 * nc <= limits.HOST_DENSE_MAX:
         S = dense_reduced_matrix(pairs, nc, blocks, diag)
         try:
             with single_threaded_blas():

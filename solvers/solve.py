@@ -372,23 +372,23 @@ class _BACore:
         sparse S only without (CHOLMOD from the blocks, as for BAL). A nearly full S of merged
         rows with constant entries is the general core's: it factorises over the free columns
         alone (300 images with a camera each: 1.4 s against 1.9 s)."""
-        from . import pair_schur, schur, sparse_schur_device
+        from . import factorisation_limits as limits
         info, m, ev = self.runtime.info, self.merged, self.evaluator
         nv = m.free.size
         if m.copies is not None and 8 * nv * nv > info.max_alloc_bytes:
             return False
         if not info.is_cpu:
-            return m.copies is None or m.num_columns <= sparse_schur_device.DEVICE_DENSE_MAX
+            return m.copies is None or m.num_columns <= limits.DEVICE_DENSE_MAX
         n = m.num_columns if m.copies is not None else nv
-        if n <= schur.DENSE_MAX:
+        if n <= limits.HOST_DENSE_MAX:
             return True
-        if n > pair_schur.DENSE_MAX_UNKNOWNS:
+        if n > limits.DENSE_FILL_MAX:
             return m.copies is None
         from .schur_reduced import MAX_RUN_CPU, ReducedPattern
         # The pattern of the keys' blocks, kept for the solve's own (solvers.sparse_schur_device).
         pat = ReducedPattern(ev.cam, ev.pt, ev.nc, ev.npt, max_run=MAX_RUN_CPU, camera_order=ev.camera_order())
         ev.reduced_pattern = pat
-        return (pat.fill >= pair_schur.DENSE_FRACTION) == (m.copies is not None)
+        return (pat.fill >= limits.DENSE_FILL) == (m.copies is not None)
 
     def _evaluator(self, observations, device, camera_order=None):
         """The evaluator of ``observations`` (the problem's, or a part's) on ``device``

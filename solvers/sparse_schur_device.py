@@ -4,10 +4,10 @@ where that is fastest:
 
 - on the device, by a dense Cholesky (:mod:`solvers.dense_cholesky`), while the dense matrix fits
   (a fraction of the memory the rest of the solve leaves, one allocation) and is no larger than
-  :data:`DEVICE_DENSE_MAX` unknowns, on GPUs and other accelerators. Nothing crosses to the host
+  ``factorisation_limits.DEVICE_DENSE_MAX`` unknowns, on GPUs and other accelerators. Nothing crosses to the host
   but a failure flag.
 - otherwise on the host, from S's nonzero blocks read back (:mod:`solvers.host_cholesky`): the
-  dense LAPACK Cholesky up to :data:`HOST_DENSE_MAX` unknowns (the host path's choice, and the
+  dense LAPACK Cholesky up to ``factorisation_limits.HOST_DENSE_MAX`` unknowns (the host path's choice, and the
   fastest there on the BAL problems) or further where S is nearly full (a COLMAP scene's), the
   best sparse Cholesky installed above (CHOLMOD).
 
@@ -29,23 +29,10 @@ import pyopencl as cl
 from clkernels import arrays
 from clkernels.launch import release_kernels
 
-from . import host_cholesky, pair_schur, schur
+from . import factorisation_limits as limits, host_cholesky
 from .dense_cholesky import DenseCholesky, block_sizes, dense_bytes, padded_size
 from .schur_reduced import MAX_RUN_CPU, MAX_RUN_GPU, ReducedCameraSystem, ReducedPattern
 
-# Dense Cholesky on the device up to this many unknowns (16384: a 2 GiB matrix, ~1.5 TFLOP, a
-# fraction of a second on a data-centre GPU; beyond it the sparse factorisation of a typical
-# camera graph wins). CPU devices: never by default (see the module docstring).
-DEVICE_DENSE_MAX = 16384
-DEVICE_DENSE_MAX_CPU = 0
-# The dense matrix may take this fraction of the device memory the rest of the solve leaves.
-DENSE_MEMORY_FRACTION = 0.5
-# The host factorises densely (LAPACK) up to this many unknowns, as solvers.schur does, and up to
-# HOST_DENSE_FILL_MAX where at least HOST_DENSE_FILL of S's blocks are nonzero (the general core's
-# criterion for its dense reductions, solvers.pair_schur).
-HOST_DENSE_MAX = schur.DENSE_MAX
-HOST_DENSE_FILL = pair_schur.DENSE_FRACTION
-HOST_DENSE_FILL_MAX = pair_schur.DENSE_MAX_UNKNOWNS
 
 NOT_FINITE, NOT_POSITIVE_DEFINITE = 1, 2      # flag bits (schur_reduced / dense_cholesky templates)
 MSG_NOT_FINITE = "Linear solver failure: non-finite reduced camera matrix."
@@ -56,16 +43,16 @@ def choose_factorisation(info, n_unknowns: int, other_bytes: int, fill: float = 
     """``"device"`` or the name of the host factoriser (:data:`host_cholesky.LABELS`). ``fill``:
     the fraction of S's blocks that are nonzero; a matrix that is nearly full (cameras that all
     see the same points, as a COLMAP scene's) factorises faster dense on the host at any size up
-    to :data:`HOST_DENSE_FILL_MAX` (a sparse factorisation of it measured 5-15x slower)."""
-    limit = DEVICE_DENSE_MAX_CPU if info.is_cpu else DEVICE_DENSE_MAX
+    to ``factorisation_limits.DENSE_FILL_MAX`` (a sparse factorisation of it measured 5-15x slower)."""
+    limit = limits.DEVICE_DENSE_MAX_CPU if info.is_cpu else limits.DEVICE_DENSE_MAX
     nb, _ = block_sizes(info)
     need = dense_bytes(n_unknowns, nb)
     matrix = 8 * padded_size(n_unknowns, nb) ** 2
     fits = (matrix <= info.max_alloc_bytes
-            and need <= DENSE_MEMORY_FRACTION * max(0, info.global_mem_bytes - other_bytes))
+            and need <= limits.DENSE_MEMORY_FRACTION * max(0, info.global_mem_bytes - other_bytes))
     if n_unknowns <= limit and fits:
         return "device"
-    if n_unknowns <= HOST_DENSE_MAX or (fill >= HOST_DENSE_FILL and n_unknowns <= HOST_DENSE_FILL_MAX):
+    if n_unknowns <= limits.HOST_DENSE_MAX or (fill >= limits.DENSE_FILL and n_unknowns <= limits.DENSE_FILL_MAX):
         return "lapack"
     return host_cholesky.best_sparse()
 

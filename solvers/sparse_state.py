@@ -27,7 +27,8 @@ from .cg import norm, conjugate_gradients
 from .host_cholesky import (LABELS, MSG_NOT_FINITE, MSG_NOT_PD, NotPositiveDefinite, cholmod_cholesky, installed,
                             lapack_cholesky, superlu_ldlt)
 from .step import StepSolution
-from .schur import DENSE_MAX, spd_block_inverses
+from . import factorisation_limits as limits
+from .schur import spd_block_inverses
 
 
 class _Kind:
@@ -321,7 +322,7 @@ class SparseState:
         if not np.all(np.isfinite(A if dense else A.data)) or not np.all(np.isfinite(b)):
             return None, False, MSG_NOT_FINITE
         try:
-            if dense or n <= DENSE_MAX:
+            if dense or n <= limits.HOST_DENSE_MAX:
                 name = "lapack"
                 c = lapack_cholesky(A if dense else A.toarray(), overwrite=dense)
                 y = scipy.linalg.cho_solve(c, b, check_finite=False)

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import solvers
-import solvers.schur as schur
+from solvers import factorisation_limits
 from solvers.schur import NormalEquations, Structure, conjugate_gradients
 
 from reference_snavely import ReferenceSnavelyModel
@@ -12,7 +12,7 @@ from small_systems import dense_solution, small_system
 
 @pytest.mark.parametrize("dense_max", [10 ** 9, 0], ids=["dense-cholesky", "superlu"])
 def test_sparse_schur_matches_dense_solve(monkeypatch, dense_max):
-    monkeypatch.setattr(schur, "DENSE_MAX", dense_max)
+    monkeypatch.setattr(factorisation_limits, "HOST_DENSE_MAX", dense_max)
     st, r, jc, jp = small_system()
     neq = NormalEquations(st, r, jc, jp)
     rng = np.random.default_rng(1)

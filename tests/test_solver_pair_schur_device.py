@@ -8,6 +8,7 @@ import scipy.linalg
 
 import solvers
 from solvers import pair_schur, pair_schur_device
+from solvers import factorisation_limits
 from solvers.pair_schur_device import DevicePairSchur
 from solvers.solve import _GeneralCore
 from solvers.sparse_state import SparseState
@@ -82,6 +83,6 @@ def test_solves_equal_the_host_reduction(device, monkeypatch, linear_solver, fac
 
 def test_sparse_reduced_matrices_stay_on_the_host(device, monkeypatch):
     """Below the dense fill the host's CSR reduction serves (the device's is dense only)."""
-    monkeypatch.setattr(pair_schur, "DENSE_FRACTION", 2.0)
+    monkeypatch.setattr(factorisation_limits, "DENSE_FILL", 2.0)
     st = jacobian_state(three_group_problem(scene(seed=3), device=device), device)
     assert type(st.pair) is pair_schur.PairSchur

@@ -9,6 +9,7 @@ import scipy.optimize
 import pyclad as pc
 import solvers
 from solvers import cameras
+from solvers import factorisation_limits
 from solvers.solve import _GeneralCore
 from solvers.sparse_state import SparseState
 
@@ -371,7 +372,7 @@ def test_pair_reduction_equals_scipy_products(device, monkeypatch, dense):
     from solvers import pair_schur
     s = scene(seed=3)
     if not dense:
-        monkeypatch.setattr(pair_schur, "DENSE_FRACTION", 2.0)
+        monkeypatch.setattr(factorisation_limits, "DENSE_FILL", 2.0)
     # The host's reductions (schur_backend="numpy"; the device's: test_solver_pair_schur_device).
     kw = dict(max_iterations=10, handle_sigint=False, schur_backend="numpy")
     a = solvers.solve(three_group_problem(s, device=device), **kw)

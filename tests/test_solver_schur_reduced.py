@@ -11,6 +11,7 @@ import pytest
 
 import solvers
 import solvers.sparse_schur_device as ssd
+from solvers import factorisation_limits
 from clkernels import arrays
 from solvers import host_cholesky
 from solvers.dense_cholesky import DenseCholesky, block_sizes
@@ -265,24 +266,24 @@ def test_choice_of_factorisation():
     assert choose_factorisation(FakeInfo(False, max_alloc_bytes=1 << 20), 657, 0) == "lapack"   # one buffer
     assert choose_factorisation(FakeInfo(False, global_mem_bytes=4 << 30), 16000, 3 << 30) == sparse
     assert choose_factorisation(cpu, 657, 0) == "lapack"
-    assert choose_factorisation(cpu, ssd.HOST_DENSE_MAX + 1, 0) == sparse
+    assert choose_factorisation(cpu, factorisation_limits.HOST_DENSE_MAX + 1, 0) == sparse
     # A nearly full S (a COLMAP scene's) is LAPACK's up to its limit; a sparse one stays sparse.
-    assert choose_factorisation(cpu, ssd.HOST_DENSE_MAX + 1, 0, fill=ssd.HOST_DENSE_FILL) == "lapack"
-    assert choose_factorisation(cpu, ssd.HOST_DENSE_FILL_MAX, 0, fill=1.0) == "lapack"
-    assert choose_factorisation(cpu, ssd.HOST_DENSE_FILL_MAX + 1, 0, fill=1.0) == sparse
-    assert choose_factorisation(cpu, ssd.HOST_DENSE_MAX + 1, 0, fill=0.99 * ssd.HOST_DENSE_FILL) == sparse
+    assert choose_factorisation(cpu, factorisation_limits.HOST_DENSE_MAX + 1, 0, fill=factorisation_limits.DENSE_FILL) == "lapack"
+    assert choose_factorisation(cpu, factorisation_limits.DENSE_FILL_MAX, 0, fill=1.0) == "lapack"
+    assert choose_factorisation(cpu, factorisation_limits.DENSE_FILL_MAX + 1, 0, fill=1.0) == sparse
+    assert choose_factorisation(cpu, factorisation_limits.HOST_DENSE_MAX + 1, 0, fill=0.99 * factorisation_limits.DENSE_FILL) == sparse
     assert choose_factorisation(gpu, 657, 1 << 30, fill=1.0) == "device"
 
 
 ROUTES = {"device": dict(DEVICE_DENSE_MAX_CPU=10 ** 6, DEVICE_DENSE_MAX=10 ** 6),
           "lapack": dict(DEVICE_DENSE_MAX_CPU=0, DEVICE_DENSE_MAX=0),
           # (the small test matrices are nearly full: the fill rule is lifted too)
-          "sparse": dict(DEVICE_DENSE_MAX_CPU=0, DEVICE_DENSE_MAX=0, HOST_DENSE_MAX=0, HOST_DENSE_FILL_MAX=0)}
+          "sparse": dict(DEVICE_DENSE_MAX_CPU=0, DEVICE_DENSE_MAX=0, HOST_DENSE_MAX=0, DENSE_FILL_MAX=0)}
 
 
 def force_route(monkeypatch, route):
     for name, value in ROUTES[route].items():
-        monkeypatch.setattr(ssd, name, value)
+        monkeypatch.setattr(factorisation_limits, name, value)
 
 
 @pytest.mark.oclgrind
@@ -293,7 +294,6 @@ def test_device_sparse_schur_solves_as_the_host_path(device, route, case, defer,
     """The camera step and the message of solvers.schur's sparse_schur, for each factorisation;
     ``defer``: the device factorisation's verdict read after the queue has passed it."""
     needs_fp64(device)
-    force_route(monkeypatch, route)
     st, r, jc, jp = small_system(seed=5)
     D = np.random.default_rng(5).uniform(0.05, 1.0, 9 * st.nc + 3 * st.npt)
     if case == "not-finite":
@@ -303,7 +303,8 @@ def test_device_sparse_schur_solves_as_the_host_path(device, route, case, defer,
         D[9 * 6:9 * 7] = 0.0               # camera 6 sees nothing: its block of S is zero
     neq = NormalEquations(st, r, jc, jp)
     with np.errstate(all="ignore"):
-        want = neq.solve(D, "sparse_schur")
+        want = neq.solve(D, "sparse_schur")     # the host path with its own (default) choice
+    force_route(monkeypatch, route)             # then the device solver's factorisation forced
     D2 = D * D
     Dc2, Dp2 = D2[:9 * st.nc].reshape(st.nc, 9), D2[9 * st.nc:].reshape(st.npt, 3)
     with np.errstate(all="ignore"):
