@@ -93,7 +93,9 @@ def plot_convergence(result, path) -> None:
     ax.set_title(f"{result.problem.name}: {result.options.linear_solver}")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    from ..atomic import replacing
+    with replacing(path) as f:          # the old plot or the new one, as every output
+        fig.savefig(f, dpi=100, format=os.path.splitext(os.fspath(path))[1][1:].lower() or "png")
     plt.close(fig)
 
 
