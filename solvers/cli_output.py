@@ -40,19 +40,23 @@ def check(outputs: Iterable[Tuple[str, Optional[str], bool]]) -> Optional[str]:
 
 def write_or_keep(write: Callable[[str], None], path: str, option: str, fallback_name: str,
                   checkpoint: Optional[str] = None) -> Optional[str]:
-    """``write(path)``; on an OSError, ``write`` to a fallback path and return the ``error:``
-    message naming both (None when ``path`` was written)."""
+    """``write(path)``; on an OSError (or a ValueError: a value the format cannot hold), ``write``
+    to a fallback path and return the ``error:`` message naming both (None when ``path`` was
+    written), so the command line ends with an ``error:`` line and never a traceback after a
+    solve."""
     try:
         write(path)
         return None
     except OSError as exc:
         failed = f"{option}: cannot write {path!r} ({exc.strerror or exc})"
+    except ValueError as exc:       # what the format cannot hold: the fallback is tried all the same
+        failed = f"{option}: cannot write {path!r} ({exc})"
     kept = []
     for folder in (os.getcwd(), tempfile.gettempdir()):
         target = os.path.join(folder, fallback_name)
         try:
             write(target)
-        except OSError:
+        except (OSError, ValueError):
             continue
         kept.append(f"the solution is kept in {target!r}")
         break
