@@ -13,12 +13,12 @@ import time
 import numpy as np
 
 from .cg import norm
-from .step import StepSolution
+from .step import LoopState, StepSolution
 
 from .schur import NormalEquations, Structure, j_x
 
 
-class HostState:
+class HostState(LoopState):
     """numpy arrays; the Schur complement's products on the OpenCL device ``runtime`` when one is
     given (:class:`solvers.schur_cl.ClStructure`)."""
 
@@ -117,6 +117,12 @@ class HostState:
         """The best parameters seen (host array, cameras then points; not to be modified).
         ``final`` is for :class:`solvers.lm_device.DeviceState`'s accounting of transfers."""
         return self.best_x
+
+    def kernel_time(self):
+        return None             # no device kernels to profile
+
+    def close(self):
+        pass                    # nothing held beyond host arrays
 
     def transfers(self) -> dict:
         return {}

@@ -242,9 +242,9 @@ class Minimizer:
         try:
             return self._run(x0)
         finally:
-            close = getattr(getattr(self, "state", None), "close", None)
-            if close is not None:
-                close()
+            state = getattr(self, "state", None)      # None where making it failed
+            if state is not None:
+                state.close()
 
     def _run(self, x0):
         o, s = self.o, self.summary
@@ -445,7 +445,7 @@ class Minimizer:
         s.total_time = time.perf_counter() - self.start
         s.linear_solver_time = self.state.linear_solver_time
         s.state = self.state.where
-        s.linear_solver_detail = getattr(self.state, "linear_solver_detail", "")
+        s.linear_solver_detail = self.state.linear_solver_detail
         s.transfers = self.state.transfers()
         if self.o.profile_kernels and s.state == "device":
             s.kernel_time = self.state.kernel_time()

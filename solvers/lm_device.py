@@ -30,7 +30,7 @@ from clkernels.memory import DeviceMemoryError, available as available_memory  #
 from clkernels.launch import presets, release_kernels
 from clkernels.templates import ctype, get_program
 
-from .step import StepSolution
+from .step import LoopState, StepSolution
 from .linear_solver import linear_solver
 
 TEMPLATE = "solvers/lm_device.cl.mako"
@@ -90,7 +90,7 @@ def device_state_or_reason(evaluator, options, runtime, x0):
     return DeviceState(evaluator, options, runtime, x0, profile=options.profile_kernels), None
 
 
-class DeviceState:
+class DeviceState(LoopState):
     """See the module docstring; same methods and results as ``HostState``."""
 
     where = "device"

@@ -36,7 +36,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .cg import conjugate_gradients
-from .step import StepSolution
+from .step import LoopState, StepSolution
 from .parts import LocalParts, MPIParts, describe_split, part_evaluators, point_ranges, rank_runtime
 from .schur import NormalEquations, Pairs, Structure, j_x, solve_reduced, spd_block_inverses
 
@@ -64,7 +64,7 @@ class Part:
         return NormalEquations(self.st, r, jc, jp)
 
 
-class PartitionedState:
+class PartitionedState(LoopState):
     """:class:`solvers.lm.Minimizer`'s state (the methods of :class:`solvers.host_state.HostState`)
     over parts that hold disjoint ranges of the points. ``x`` is kept as the cameras (every part)
     and each part's points; ``evaluator`` (the whole problem's) only counts the evaluations."""
@@ -251,6 +251,9 @@ class PartitionedState:
         """The best parameters (cameras, then every part's points in order), on every part."""
         local = np.concatenate(self.best_pts) if self.best_pts else np.zeros(0)
         return np.concatenate([self.best_cams, self.comm.concat(local)])
+
+    def kernel_time(self):
+        return None             # the device's work is not profiled per kernel here
 
     def transfers(self) -> dict:
         """``reduced_bytes``: what one part contributed to the reductions, all iterations."""

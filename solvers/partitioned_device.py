@@ -36,7 +36,7 @@ import numpy as np
 import pyopencl as cl
 
 from .parts import describe_split
-from .step import StepSolution
+from .step import LoopState, StepSolution
 from .lm_device import CANDIDATE, COST, GRADIENT, DeviceState
 
 
@@ -83,7 +83,7 @@ class DevicePart(DeviceState):
         self.linear.preconditioner(*self.pcg.split_jacobi_total(jacobi))
 
 
-class PartitionedDeviceState:
+class PartitionedDeviceState(LoopState):
     """:class:`solvers.lm.Minimizer`'s state over :class:`DevicePart` s (the module docstring);
     ``comm`` sums over the parts of every process; ``evaluator`` (the whole problem's) counts the
     evaluations."""

@@ -26,7 +26,7 @@ import scipy.sparse as sp
 from .cg import norm, conjugate_gradients
 from .host_cholesky import (LABELS, MSG_NOT_FINITE, MSG_NOT_PD, NotPositiveDefinite, cholmod_cholesky, installed,
                             lapack_cholesky, superlu_ldlt)
-from .step import StepSolution
+from .step import LoopState, StepSolution
 from . import factorisation_limits as limits
 from .schur import spd_block_inverses
 
@@ -92,7 +92,7 @@ def _index(indptr):
     return indptr.astype(np.int32 if indptr[-1] < 2 ** 31 else np.int64)
 
 
-class SparseState:
+class SparseState(LoopState):
     """See the module docstring; same methods and results as ``HostState``."""
 
     where = "host"
@@ -467,6 +467,9 @@ class SparseState:
 
     def best(self, final: bool = True) -> np.ndarray:
         return self.best_x
+
+    def kernel_time(self):
+        return None             # the device's work is not profiled per kernel here
 
     def transfers(self) -> dict:
         return {}
