@@ -17,7 +17,7 @@ neither: it eliminates nothing, and only the general core (:mod:`solvers.sparse_
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 import pyopencl as cl
@@ -25,13 +25,31 @@ import pyopencl as cl
 
 @dataclasses.dataclass(frozen=True)
 class LinearSolver:
-    """One method: ``host(neq, Vinv, Dc2, eta, max_iterations, r_tolerance)`` -> ``(yc, ok,
+    """One method: ``host.solve(neq, Vinv, Dc2, eta, max_iterations, r_tolerance)`` -> ``(yc, ok,
     iterations, message)`` on :class:`solvers.schur.NormalEquations`; ``device(state)`` -> a device
     solver for a :class:`solvers.lm_device.DeviceState` (see the module docstring)."""
     name: str
-    host: Callable
-    device: Callable
+    host: Optional[type]
+    device: Optional[Callable]
     dtypes: tuple = (np.float32, np.float64)    # storage types its device solver takes
+
+
+class HostSparseSchur:
+    """sparse_schur on the host: the reduced camera matrix assembled and factorised (dense
+    LAPACK or a sparse factorisation, solvers.factorisation_limits)."""
+
+    @staticmethod
+    def solve(neq, Vinv, Dc2, eta, max_iterations, r_tolerance):
+        return neq.solve_explicit(Vinv, Dc2)
+
+
+class HostIterativeSchur:
+    """iterative_schur on the host: the implicit Schur complement by CG with the Schur-Jacobi
+    preconditioner (on the device's products where the state has fp64, solvers.schur_cl)."""
+
+    @staticmethod
+    def solve(neq, Vinv, Dc2, eta, max_iterations, r_tolerance):
+        return neq.solve_pcg(Vinv, Dc2, eta, max_iterations, r_tolerance)
 
 
 class DeviceIterativeSchur:
@@ -131,15 +149,9 @@ class DeviceSparseSchurSolver:
 
 _SOLVERS = {
     s.name: s for s in (
-        LinearSolver("sparse_schur",
-                     host=lambda neq, Vinv, Dc2, eta, max_iterations, r_tolerance:
-                         neq._solve_explicit(Vinv, Dc2),
-                     device=DeviceSparseSchurSolver,
+        LinearSolver("sparse_schur", host=HostSparseSchur, device=DeviceSparseSchurSolver,
                      dtypes=(np.float64,)),      # assembled and factorised in float64
-        LinearSolver("iterative_schur",
-                     host=lambda neq, Vinv, Dc2, eta, max_iterations, r_tolerance:
-                         neq._solve_pcg(Vinv, Dc2, eta, max_iterations, r_tolerance),
-                     device=DeviceIterativeSchur),
+        LinearSolver("iterative_schur", host=HostIterativeSchur, device=DeviceIterativeSchur),
         # Nothing eliminated: J^T J + D^2 factorised whole; only solvers.sparse_state runs it.
         LinearSolver("sparse_normal_cholesky", host=None, device=None, dtypes=()),
     )

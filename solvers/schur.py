@@ -255,7 +255,7 @@ class NormalEquations:
         D2 = np.asarray(D, dtype=np.float64) ** 2
         Dc2, Dp2 = D2[:9 * st.nc].reshape(st.nc, 9), D2[9 * st.nc:].reshape(st.npt, 3)
         Vinv = self._v_inverse(Dp2)
-        yc, ok, its, msg = linear_solver(method).host(self, Vinv, Dc2, eta, max_iterations, r_tolerance)
+        yc, ok, its, msg = linear_solver(method).host.solve(self, Vinv, Dc2, eta, max_iterations, r_tolerance)
         if not ok:
             return LinearSolution(None, False, its, msg)
         yp = self._back_substitute(Vinv, yc)
@@ -277,7 +277,8 @@ class NormalEquations:
         """S (9 nc x 9 nc) from :meth:`reduced_camera_system`'s blocks and diagonal."""
         return dense_reduced_matrix(self.st.pairs(), self.st.nc, blocks, diag)
 
-    def _solve_explicit(self, Vinv, Dc2):
+    def solve_explicit(self, Vinv, Dc2):
+        """sparse_schur: the reduced camera system assembled and factorised."""
         return solve_reduced(self.st.pairs(), self.st.nc, *self.reduced_camera_system(Vinv, Dc2))
 
     # ------------------------------------------------------------------ iterative_schur
@@ -314,7 +315,8 @@ class NormalEquations:
         Sd[:, np.arange(9), np.arange(9)] += Dc2
         return spd_block_inverses(Sd)
 
-    def _solve_pcg(self, Vinv, Dc2, eta, max_iterations, r_tolerance):
+    def solve_pcg(self, Vinv, Dc2, eta, max_iterations, r_tolerance):
+        """iterative_schur: the implicit Schur complement by preconditioned CG."""
         import scipy.sparse as sp
         st = self.st
         apply_S, b = self._pcg_operator(Vinv, Dc2)

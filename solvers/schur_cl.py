@@ -176,9 +176,9 @@ class NormalEquationsCL(NormalEquations):
             return NormalEquations._diagonal_pair_sums(self, Vinv)
         return self._device_pcg().jacobi_sums(Vinv)
 
-    def _solve_pcg(self, Vinv, Dc2, eta, max_iterations, r_tolerance):
+    def solve_pcg(self, Vinv, Dc2, eta, max_iterations, r_tolerance):
         if not self.cs.device_cg:
-            return NormalEquations._solve_pcg(self, Vinv, Dc2, eta, max_iterations, r_tolerance)
+            return NormalEquations.solve_pcg(self, Vinv, Dc2, eta, max_iterations, r_tolerance)
         Pinv = self._schur_jacobi(Vinv, Dc2)
         x, ok, its, msg = self._device_pcg().solve(Vinv, Dc2, Pinv, q_tolerance=eta,
                                                    r_tolerance=r_tolerance, max_iterations=max_iterations)
