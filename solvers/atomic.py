@@ -40,9 +40,7 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:     # another user's live process
-        return True
-    except OSError:
+    except OSError:             # PermissionError: another user's live process
         return True
     return True
 

@@ -38,7 +38,7 @@ def check(outputs: Iterable[Tuple[str, Optional[str], bool]]) -> Optional[str]:
     return None
 
 
-def write_or_keep(write: Callable[[str], None], path: str, option: str, fallback_name: str,
+def write_or_keep(write: Callable[[str], None], path: str, option: str,
                   checkpoint: Optional[str] = None) -> Optional[str]:
     """``write(path)``; on an OSError (or a ValueError: a value the format cannot hold), ``write``
     to a fallback path and return the ``error:`` message naming both (None when ``path`` was
@@ -51,6 +51,9 @@ def write_or_keep(write: Callable[[str], None], path: str, option: str, fallback
         failed = f"{option}: cannot write {path!r} ({exc.strerror or exc})"
     except ValueError as exc:       # what the format cannot hold: the fallback is tried all the same
         failed = f"{option}: cannot write {path!r} ({exc})"
+    # kept-PID-NAME: the output's own name (so its format, .bz2 or .ply, is kept), never an
+    # existing file of the user's.
+    fallback_name = f"kept-{os.getpid()}-{os.path.basename(os.path.normpath(path))}"
     kept = []
     for folder in (os.getcwd(), tempfile.gettempdir()):
         target = os.path.join(folder, fallback_name)

@@ -114,7 +114,6 @@ def _main(parser, args, comm=None) -> int:
         binary = args.binary or (not args.text and os.path.isfile(os.path.join(args.model, "cameras.bin")))
         # A write that fails now keeps the refined model in a fallback folder and names it.
         failed = cli_output.write_or_keep(lambda f: colmap_io.write_model(rec, f, binary=binary), args.out, "--out",
-                                          f"kept-{os.getpid()}-{os.path.basename(os.path.normpath(args.out))}",
                                           args.checkpoint)
         if cli_output.report(failed):
             status = 1

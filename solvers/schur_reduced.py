@@ -153,11 +153,13 @@ class ReducedCameraSystem:
         self._k = {}
         self.events = None        # a list to keep (name, event) pairs for a profile, or None
         ls = 8 if runtime.info.is_cpu else 64
-        # Work-group sizes: reduced_blocks' (either output) found at its first launch, since
-        # asking builds the program of that output alone.
-        self._ls = {name: arrays.work_group_size(runtime, self._kernel(name, None).kernel, ls)
-                    for name in ("group_blocks", "rhs_partials", "reduced_rhs", "pair_partials")}
+        # Work-group sizes per kernel (keyed as the kernels are): the assembly's now, with its
+        # program; reduced_blocks' at its first launch, since asking builds the program of that
+        # output alone.
         self._ls_wanted = ls
+        self._ls = {}
+        for name in ("group_blocks", "rhs_partials", "reduced_rhs", "pair_partials"):
+            self._work_group(name, None)
 
     @property
     def nbytes(self) -> int:
@@ -169,8 +171,19 @@ class ReducedCameraSystem:
         return pattern.index_bytes() + 8 * (pattern.nruns * C * C + pattern.nrhs_runs * C
                                             + pattern.ngroups * 2 * C * P)
 
+    @staticmethod
+    def _key(name, out):
+        return name, (None if name != "reduced_blocks" else out)     # the template's OUT
+
+    def _work_group(self, name, out) -> int:
+        key = self._key(name, out)
+        ls = self._ls.get(key)
+        if ls is None:
+            ls = self._ls[key] = arrays.work_group_size(self.rt, self._kernel(name, out).kernel, self._ls_wanted)
+        return ls
+
     def _kernel(self, name, out):
-        key = (name, None if name != "reduced_blocks" else out)     # the template's OUT
+        key = self._key(name, out)
         if key not in self._k:
             prg = get_program(TEMPLATE, self.rt, C=self.C, P=self.P, R=self.R, OUT=key[1],
                               WHOLE_RUN=self.whole_run)
@@ -180,10 +193,7 @@ class ReducedCameraSystem:
     def _run(self, name, items, *args, out="blocks"):
         if items <= 0:
             return
-        which = name if name != "reduced_blocks" else (name, out)
-        ls = self._ls.get(which)
-        if ls is None:
-            ls = self._ls[which] = arrays.work_group_size(self.rt, self._kernel(name, out).kernel, self._ls_wanted)
+        ls = self._work_group(name, out)
         if name in ("rhs_partials", "reduced_rhs") or (name == "pair_partials" and not self.whole_run):
             items *= self.C                 # a work-item per row
         e = self._kernel(name, out)(self.rt.queue, (arrays.round_up(items, ls),), (ls,), *args)

@@ -152,7 +152,8 @@ def solve(problem, linear_solver: str = "sparse_schur", eliminate="auto", max_it
       residual block touches two rows) or None.
     - ``callback(iteration_summary)`` after every iteration (an exception it raises ends the
       solve and reaches the caller with ``exc.result``, the best state; a checkpoint holds the last
-      completed iteration); ``verbose`` prints Ceres' log to ``out`` (default stdout). Ctrl-C (main thread, ``handle_sigint``) or ``stop.set()`` stops
+      completed iteration); ``verbose`` prints Ceres' log to ``out`` (default stdout). Ctrl-C
+      (main thread, ``handle_sigint``) or ``stop.set()`` stops
       after the current iteration with the best state found.
     - ``model``: for the bundle-adjustment core only, a camera model (class or instance, as
       :func:`solvers.bundle_adjust` takes) evaluating the residual instead of pyclad.

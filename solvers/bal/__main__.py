@@ -179,8 +179,7 @@ def _main(parser, args, comm=None) -> int:
             ("--plot", args.plot, lambda f: plot_convergence(result, f), "convergence plot")):
         if not path:
             continue
-        kept = f"kept-{os.getpid()}-{os.path.basename(path)}"
-        failed = cli_output.write_or_keep(write, path, option, kept, args.checkpoint)
+        failed = cli_output.write_or_keep(write, path, option, args.checkpoint)
         if cli_output.report(failed):
             status = 1
         else:
