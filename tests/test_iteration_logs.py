@@ -1,0 +1,59 @@
+"""Behaviour held still: every case of ``tests/iteration_logs.py`` (the five BAL problems with
+both linear solvers, the host reference, COLMAP models of 30 and 300 images, a general
+three-group problem, a two-device split and a two-rank MPI solve) iterates as the log recorded
+before ``solvers/`` was restructured: the same number of iterations, the same linear-solver
+iterations, and cost, gradient and step equal to 1e-12 relative.
+
+The logs were recorded on PoCL's CPU device; another OpenCL device rounds differently, so this
+test runs on PoCL only (``PYCLAD_TEST_DEVICES`` does not apply)."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import iteration_logs
+
+RECORDED = json.load(open(iteration_logs.RECORDED))
+RTOL = 1e-12
+
+
+def _pocl_only():
+    import clkernels
+    names = {d.platform.name for d in clkernels.list_devices()}
+    if not any("Portable Computing Language" in n for n in names):
+        pytest.fail(f"the recorded logs are PoCL's; no PoCL device among {sorted(names)}")
+
+
+def _mpi_needed():
+    import shutil
+    try:
+        import mpi4py  # noqa: F401 - only whether it imports
+        have = shutil.which("mpirun") is not None
+    except ImportError:
+        have = False
+    if not have:
+        message = "needs Open MPI's mpirun (apt-get install openmpi-bin libopenmpi-dev) and mpi4py"
+        if os.environ.get("PYCLAD_REQUIRE_MPI") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def test_every_case_is_recorded():
+    assert sorted(RECORDED["logs"]) == sorted(iteration_logs.cases())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(RECORDED["logs"]))
+def test_the_iterations_are_as_recorded(case):
+    _pocl_only()
+    if case.startswith("mpi"):
+        _mpi_needed()
+    want, got = RECORDED["logs"][case], iteration_logs.cases()[case]()
+    where = f"{case} (recorded at {RECORDED['commit'][:10]})"
+    assert len(got["cost"]) == len(want["cost"]), where
+    assert got["linear_solver_iterations"] == want["linear_solver_iterations"], where
+    assert (got["termination_type"], got["state"]) == (want["termination_type"], want["state"]), where
+    for column in ("cost", "gradient_max_norm", "step_norm"):
+        np.testing.assert_allclose(got[column], want[column], rtol=RTOL, atol=0, err_msg=f"{where}: {column}")
+    np.testing.assert_allclose(got["final_cost"], want["final_cost"], rtol=RTOL, atol=0, err_msg=where)
