@@ -144,7 +144,7 @@ def warp_cases(rt, quick):
 
 
 def batch_cases(rt, quick):
-    from solvers.snavely import snavely_residual
+    from solvers.models.snavely import snavely_residual
     dtype = np.float64 if rt.info.fp64 else np.float32
     f = pc.BatchFunction(snavely_residual, params=(9, 3), data=2, dtype=dtype, device=rt)
     rng = np.random.default_rng(3)

@@ -32,7 +32,7 @@ import json, sys, time
 import numpy as np, pyopencl.array as cla
 import clkernels, pyclad as pc
 from clkernels import templates
-from solvers.snavely import snavely_residual
+from solvers.models.snavely import snavely_residual
 
 which, backend = sys.argv[1], sys.argv[2]
 rt = clkernels.get_runtime()

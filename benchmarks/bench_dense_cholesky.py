@@ -1,4 +1,4 @@
-"""The device's dense Cholesky (solvers.dense_cholesky), as sparse_schur uses it: factorisation and
+"""The device's dense Cholesky (solvers.linalg.dense_cholesky_device), as sparse_schur uses it: factorisation and
 solve of one symmetric positive definite float64 matrix already on the device.
 
 Per size and variant (``defer``: block columns over which the trailing update is deferred, 1 =
@@ -18,7 +18,7 @@ import pyopencl.array as cla
 
 import harness
 
-from solvers.dense_cholesky import DenseCholesky, block_sizes
+from solvers.linalg.dense_cholesky_device import DenseCholesky, block_sizes
 
 
 def spd(n, seed=0):

@@ -27,7 +27,7 @@ import ceres_peer
 
 import pyclad as pc  # noqa: E402
 from solvers.bal import BALProblem, read_bal, write_bal  # noqa: E402
-from solvers.snavely import snavely_residual  # noqa: E402
+from solvers.models.snavely import snavely_residual  # noqa: E402
 
 
 def synthetic(n_obs, n_cams=None, seed=0) -> BALProblem:

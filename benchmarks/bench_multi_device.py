@@ -1,8 +1,8 @@
 """Bundle adjustment split over devices (or MPI ranks): time per LM iteration, scaling and traffic.
 
 For K = 1, 2, 4, 8 devices (as many as the machine has; ``--devices``), the same problem is solved
-for ``--iterations`` LM iterations with its points split over K devices (solvers.partitioned and
-solvers.partitioned_device; K = 1 is the same code with one part, so the ratios compare like with
+for ``--iterations`` LM iterations with its points split over K devices (solvers.split.partitioned and
+solvers.split.partitioned_device; K = 1 is the same code with one part, so the ratios compare like with
 like), and once by the default one-device solve for reference. Per run: wall clock per LM
 iteration after the first (the solve's iteration times, as its log prints them; the setup and
 iteration 0 are ``setup_s``; ``call_s`` is the wall clock of the whole ``bundle_adjust`` call),

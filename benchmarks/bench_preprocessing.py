@@ -80,11 +80,11 @@ def measure(scale, device, setup_only=False, settle=0.0):
     """One size in this process: {stage: seconds}, plus the orderings' digest and the peak RSS."""
     import numpy as np
     import solvers
-    import solvers.evaluator as evaluator
-    import solvers.lm as lm
-    import solvers.lm_device as lm_device
-    import solvers.schur_pcg as schur_pcg
-    import solvers.snavely as snavely
+    import solvers.ba.evaluator as evaluator
+    import solvers.loop.lm as lm
+    import solvers.ba.lm_device as lm_device
+    import solvers.linalg.schur_pcg_device as schur_pcg
+    import solvers.models.snavely as snavely
     from clkernels import get_runtime
 
     solvers.bundle_adjust(solvers.synthetic_problem(4, 20, 2), linear_solver="iterative_schur",

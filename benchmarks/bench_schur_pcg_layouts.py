@@ -1,5 +1,5 @@
 """iterative_schur's GPU layout with and without project_points staging its observations in local
-memory (solvers.schur_pcg.STAGED_PROJECTION), on a synthetic problem: the wall clock of
+memory (solvers.linalg.schur_pcg_device.STAGED_PROJECTION), on a synthetic problem: the wall clock of
 ``solvers.bundle_adjust`` (median of ``--repeat`` solves after a warm-up, the variants in turns)
 and, from a profiled solve, the kernels' event time per CG product kernel.
 
@@ -11,7 +11,7 @@ import time
 import harness
 
 import solvers
-import solvers.schur_pcg as schur_pcg
+import solvers.linalg.schur_pcg_device as schur_pcg
 
 VARIANTS = {"staged": dict(SPLIT_LAYOUT=True, STAGED_PROJECTION=True),
             "unstaged": dict(SPLIT_LAYOUT=True, STAGED_PROJECTION=False)}

@@ -1,4 +1,4 @@
-"""Device ordering primitives (clkernels.sort) against the host ones (solvers.ordering) on a
+"""Device ordering primitives (clkernels.sort) against the host ones (solvers.ba.ordering) on a
 bundle adjustment problem's observations: 1M and 10M of them, and 116M with ``--large`` (a
 4x final-size problem).
 
@@ -10,7 +10,7 @@ Only the index part of that generator is drawn (the same draws, without the geom
 Per size and operation: ``stable_order`` (by point), ``counts`` (observations per point),
 ``inverse_permutation`` (of that order) and ``take`` (the observations' (x, y) rows, float64, in
 that order). Variants: ``device`` (device arrays in and out), ``device-from-host`` (numpy in,
-numpy out: uploads and downloads included), ``host`` (solvers.ordering on this host's cores).
+numpy out: uploads and downloads included), ``host`` (solvers.ba.ordering on this host's cores).
 Wall clock around the call plus ``queue.finish()``, median of ``--repeat`` runs after
 ``--warmup``.
 
@@ -25,7 +25,7 @@ import harness
 
 import pyopencl.array as cla
 from clkernels import sort
-from solvers import ordering
+from solvers.ba import ordering
 
 NUM_CAMERAS, PER_POINT = 1778, 5.07
 

@@ -3,7 +3,7 @@ the BAL problems, after a warm-up solve of each variant, median of ``--repeat`` 
 turn (host, device, ...) so that a shared machine's load falls on every variant alike.
 
 Variants: ``host`` (device_resident=False, the reference path), ``device`` (device-resident, S
-factorised where solvers.sparse_schur_device chooses), and with ``--all-routes`` the routes it
+factorised where solvers.linalg.sparse_schur_device chooses), and with ``--all-routes`` the routes it
 does not choose on this device: ``device-dense`` (the dense Cholesky on the device) and
 ``device-lapack`` (S read back and factorised by LAPACK on the host, up to its dense limit) and
 ``device-sparse`` (the best sparse Cholesky on the host).
@@ -18,7 +18,7 @@ import time
 import harness
 
 import solvers
-import solvers.factorisation_limits as limits
+import solvers.linalg.factorisation_limits as limits
 
 ROUTES = {"device-dense": dict(DEVICE_DENSE_MAX_CPU=10 ** 6, DEVICE_DENSE_MAX=10 ** 6),
           "device-lapack": dict(DEVICE_DENSE_MAX_CPU=0, DEVICE_DENSE_MAX=0),

@@ -30,7 +30,7 @@ from bench_jacobian import synthetic
 import pyclad as pc  # noqa: E402
 from clkernels import arrays  # noqa: E402
 from solvers.bal import read_bal  # noqa: E402
-from solvers.snavely import snavely_residual  # noqa: E402
+from solvers.models.snavely import snavely_residual  # noqa: E402
 
 
 def ladder(info, n, dtype):

@@ -1,6 +1,6 @@
 """Where a COLMAP bundle adjustment's time goes: phases and cProfile of one solve after a
 warm-up solve, on a ``bench_colmap.py`` reconstruction. A COLMAP problem runs the device-resident
-core on merged rows (solvers.merged_groups) where it can; ``--general`` makes it run the general
+core on merged rows (solvers.general.merged_groups) where it can; ``--general`` makes it run the general
 core, whose phases are these (the device core's phases: the minimizer's times and cProfile):
 
 Phases (wall clock, each waiting for the device at its end): the Jacobian's evaluation and host
@@ -25,12 +25,14 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 import bench_colmap  # noqa: E402
-from solvers import colmap, dense_cholesky, pair_schur_device, sparse_state  # noqa: E402
+from solvers import colmap  # noqa: E402
+from solvers.linalg import dense_cholesky_device
+from solvers.general import pair_schur_device, sparse_state
 
 PHASES = {sparse_state.SparseState: ["evaluate_jacobian"],
           pair_schur_device.DevicePairSchur: ["prepare", "enqueue_keys", "reduced_matrix", "factor_solve",
                                               "w_times", "wt_times", "_compress"],
-          dense_cholesky.DenseCholesky: ["factor", "solve"]}
+          dense_cholesky_device.DenseCholesky: ["factor", "solve"]}
 
 
 def timed(cls, name, totals):

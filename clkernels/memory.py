@@ -26,7 +26,7 @@ CHECKED_BYTES = 64 << 20
 class DeviceMemoryError(MemoryError):
     """A request does not fit in the device's (or, for a CPU device, the host's) memory; the
     message says how many bytes were needed, how many are available and what to do.
-    ``solvers.lm_device.DeviceMemoryError`` is this class."""
+    ``solvers.ba.lm_device.DeviceMemoryError`` is this class."""
 
     def __init__(self, message: str, needed: int = 0, available: Optional[int] = None):
         super().__init__(message)

@@ -18,7 +18,7 @@ __all__ = ["active", "cpu_like", "build_options", "binary_cache_ok", "zeros_from
 # checker cannot follow the `freeze` that LLVM's optimiser puts on a paired / and %, so
 # optimised code reads as uninitialised (and optimised code could hide what the checks are
 # there to find).
-OPTIMISER_HIDES_FREEZE = frozenset({"clkernels/dcnv4.cl.mako", "solvers/dense_cholesky.cl.mako"})
+OPTIMISER_HIDES_FREEZE = frozenset({"clkernels/dcnv4.cl.mako", "solvers/linalg/dense_cholesky_device.cl.mako"})
 
 
 def active(runtime: Runtime) -> bool:

@@ -1,6 +1,6 @@
 """Ordering primitives on the device, for problem setup at the device's pace.
 
-The device twins of :mod:`solvers.ordering`'s host functions, each equal to a numpy expression
+The device twins of :mod:`solvers.ba.ordering`'s host functions, each equal to a numpy expression
 (given in its docstring) for int32 data:
 
 - :func:`stable_order` -- ``np.argsort(keys, kind="stable")`` for keys in ``[0, bound)``: an LSD

@@ -13,7 +13,7 @@ The library calls, in short::
                                    loss_scale=1.0, verbose=True)      # Ceres' iteration log
     print(result.full_report())
     solvers.write_bal(result.problem, "optimised.txt.bz2")
-    from solvers.ply import write_ply; write_ply(result.problem, "cloud.ply")
+    from solvers.io.ply import write_ply; write_ply(result.problem, "cloud.ply")
 """
 import os
 import sys

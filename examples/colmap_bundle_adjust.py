@@ -85,7 +85,7 @@ def main():
 
 
 def _rotate(w, x):
-    from solvers.rotation import rotate
+    from solvers.models.rotation import rotate
     return rotate(w[None], x[None])[0]
 
 

@@ -1,6 +1,6 @@
 """Nonlinear least squares with Levenberg-Marquardt in Ceres' semantics, Jacobians from pyclad.
 
-General problems (:mod:`solvers.problem`, :mod:`solvers.solve`): named parameter groups, residual
+General problems (:mod:`solvers.general.problem`, :mod:`solvers.solve`): named parameter groups, residual
 kinds from pyclad-traceable functions, constant rows and entries, the Schur complement of any
 eliminated group::
 
@@ -10,7 +10,7 @@ eliminated group::
     prob.add_residual_block(fn, ["poses", "points"], index=(img, pt), data=xy, loss="huber")
     result = solvers.solve(prob, linear_solver="sparse_schur", eliminate="points")
 
-BAL bundle adjustment, a layer over them (``solvers.snavely``; the iterations on the OpenCL
+BAL bundle adjustment, a layer over them (``solvers.models.snavely``; the iterations on the OpenCL
 device where they can be)::
 
     problem = solvers.read_bal("problem-49-7776-pre.txt.bz2")      # or solvers.synthetic_problem(...)
@@ -19,7 +19,7 @@ device where they can be)::
     solvers.write_bal(result.problem, "optimised.txt")
 
 COLMAP reconstructions: :mod:`solvers.colmap` (``problem_from_reconstruction``,
-``update_reconstruction``, ``python -m solvers.colmap``); camera models: :mod:`solvers.cameras`.
+``update_reconstruction``, ``python -m solvers.colmap``); camera models: :mod:`solvers.models.cameras`.
 """
 from __future__ import annotations
 
@@ -29,15 +29,15 @@ from typing import Callable, Optional
 import numpy as np
 
 from .bal import BALFormatError, BALProblem, read_bal, write_bal
-from .checkpoint import Checkpoint, CheckpointError, ProblemCheckpoint, load_checkpoint
-from .lm import Options, StopFlag
-from .loss import LOSSES, Loss
-from .linear_solver import LINEAR_SOLVERS
-from .problem import ParameterBlock, Problem, ResidualBlock
-from .rank_consistency import RankMismatchError
+from .loop.checkpoint import Checkpoint, CheckpointError, ProblemCheckpoint, load_checkpoint
+from .loop.lm import Options, StopFlag
+from .models.loss import LOSSES, Loss
+from .linalg.linear_solver import LINEAR_SOLVERS
+from .general.problem import ParameterBlock, Problem, ResidualBlock
+from .split.rank_consistency import RankMismatchError
 from .solve import SolveResult, solve
-from .summary import LOG_HEADER, IterationSummary
-from .synthetic import synthetic_problem
+from .loop.summary import LOG_HEADER, IterationSummary
+from .bal.synthetic import synthetic_problem
 
 __all__ = ["Problem", "ParameterBlock", "ResidualBlock", "solve", "SolveResult",
            "bundle_adjust", "BundleAdjustResult", "Options", "Loss", "LOSSES", "LINEAR_SOLVERS",
@@ -71,7 +71,7 @@ class BundleAdjustResult(SolveResult):
     ``initial_cost`` are this solve's own. With ``checkpoint=``, ``checkpoint_iteration`` is the
     iteration of the last checkpoint written (counted from the first solve; None if none could be
     written). ``state`` is "device" when every iteration's vectors and arithmetic stayed on the
-    OpenCL device (solvers.lm_device), "host" for the reference path; ``transfers`` the bytes
+    OpenCL device (solvers.ba.lm_device), "host" for the reference path; ``transfers`` the bytes
     that crossed to and from it. ``linear_solver_detail`` (sparse_schur): the reduced camera
     matrix's size and where it was factorised.
     """
@@ -94,7 +94,7 @@ def bundle_adjust(problem: BALProblem, linear_solver: str = "sparse_schur", loss
     - ``linear_solver``: ``"sparse_schur"`` or ``"iterative_schur"``.
     - ``loss``: None/"trivial", "huber", "cauchy" or "soft_l1" (or a :class:`Loss`), with ``loss_scale``.
     - ``model``: the camera model; a class taking ``(cam_idx, pt_idx, observations, dtype=, device=)``
-      (default: ``solvers.snavely.SnavelyModel``, built on pyclad) or an instance for this problem's
+      (default: ``solvers.models.snavely.SnavelyModel``, built on pyclad) or an instance for this problem's
       observations with ``residuals`` and ``residuals_and_jacobians``.
     - ``dtype`` / ``device`` / ``backend``: passed to the model (float32 for devices without fp64).
     - ``callback(iteration_summary)`` runs after every iteration; ``verbose`` prints Ceres' log to
@@ -103,7 +103,7 @@ def bundle_adjust(problem: BALProblem, linear_solver: str = "sparse_schur", loss
       state found); a checkpoint then holds the last completed iteration.
     - Ctrl-C (main thread, ``handle_sigint``) or ``stop.set()`` stops after the current iteration.
     - ``checkpoint=PATH`` (with ``checkpoint_every=N``, default 1) writes the best state found to
-      PATH (a numpy ``.npz``, :mod:`solvers.checkpoint`) after iteration 0, every N iterations and
+      PATH (a numpy ``.npz``, :mod:`solvers.loop.checkpoint`) after iteration 0, every N iterations and
       at the end (Ctrl-C and FAILURE included), atomically (a temporary file in the same directory,
       fsync'ed, then renamed over PATH): PATH always holds a complete checkpoint, and a killed
       solve loses at most N iterations. A second Ctrl-C interrupts at once and leaves the last one.
@@ -121,10 +121,10 @@ def bundle_adjust(problem: BALProblem, linear_solver: str = "sparse_schur", loss
     - Other keyword options: fields of :class:`solvers.Options` (``eta``, ``initial_trust_region_radius``,
       ``jacobi_scaling``, ``max_linear_solver_iterations``, ``device_resident``, ...).
     - Where it can (a pyclad model in float64, a device with fp64) every iteration stays on the
-      OpenCL device (``result.state == "device"``, :mod:`solvers.lm_device`); ``device_resident=False``
+      OpenCL device (``result.state == "device"``, :mod:`solvers.ba.lm_device`); ``device_resident=False``
       keeps the host reference path, ``True`` requires the device. For ``sparse_schur`` the reduced
       camera matrix is factorised on the device or on the host, whichever is faster
-      (:mod:`solvers.sparse_schur_device`); ``result.linear_solver_detail`` (and the verbose log)
+      (:mod:`solvers.linalg.sparse_schur_device`); ``result.linear_solver_detail`` (and the verbose log)
       says which.
     """
     if not isinstance(problem, BALProblem):
@@ -145,13 +145,13 @@ def bundle_adjust(problem: BALProblem, linear_solver: str = "sparse_schur", loss
     # are only read (the solution comes back in new arrays).
     prob.add_parameter_block("cameras", problem.cameras, copy=False)
     prob.add_parameter_block("points", problem.points, copy=False)
-    from .snavely import snavely_residual
+    from .models.snavely import snavely_residual
     prob.add_residual_block(snavely_residual, ["cameras", "points"],
                             index=(problem.camera_index, problem.point_index), data=problem.observations,
                             loss=loss, loss_scale=loss_scale, name="reprojection", copy=False,
                             index_checked=True)      # BALProblem checks its indices when made
     if model is None:
-        from .evaluator import default_model_class
+        from .ba.evaluator import default_model_class
         model = default_model_class()
     try:
         r = solve(prob, linear_solver=linear_solver, eliminate="points", max_iterations=max_iterations,

@@ -2,12 +2,12 @@
 
 Two cores run the iterations, chosen by the problem's shape (the log and the report say which):
 
-- **the bundle-adjustment core** (:class:`solvers.evaluator.Evaluator` with
-  :mod:`solvers.lm_device` or :mod:`solvers.host_state`): one residual kind over two groups, one
+- **the bundle-adjustment core** (:class:`solvers.ba.evaluator.Evaluator` with
+  :mod:`solvers.ba.lm_device` or :mod:`solvers.ba.host_state`): one residual kind over two groups, one
   of them eliminated, nothing constant. Every iteration stays on the OpenCL device where it can,
   for any block sizes; the host reference path takes 9-parameter cameras and 3-parameter points
   (BAL's). :func:`solvers.bundle_adjust` is this case.
-- **the general core** (:mod:`solvers.sparse_state`, scipy on the host): any number of residual
+- **the general core** (:mod:`solvers.general.sparse_state`, scipy on the host): any number of residual
   kinds and groups, groups shared by many residuals (intrinsics), constant rows and entries.
 """
 from __future__ import annotations
@@ -19,11 +19,11 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
-from .checkpoint import Checkpoint, ProblemCheckpoint, load_checkpoint
-from .lm import Options, StopFlag, minimize
-from .loss import Loss
-from .observation_index import ObservationIndex
-from .summary import LOG_HEADER, IterationSummary, full_report
+from .loop.checkpoint import Checkpoint, ProblemCheckpoint, load_checkpoint
+from .loop.lm import Options, StopFlag, minimize
+from .models.loss import Loss
+from .ba.observation_index import ObservationIndex
+from .loop.summary import LOG_HEADER, IterationSummary, full_report
 
 SCHUR_METHODS = ("sparse_schur", "iterative_schur")
 
@@ -119,7 +119,7 @@ def _camera_first(fn):
 def core_shape(problem, eliminated: Optional[str], constants: bool = False):
     """``(camera group, point group, residual kind, swapped)`` when the problem has the
     bundle-adjustment core's shape (module docstring), else None; ``constants``: the two groups
-    may have constant entries (held on the device: solvers.merged_groups)."""
+    may have constant entries (held on the device: solvers.general.merged_groups)."""
     if eliminated is None or len(problem.residuals) != 1:
         return None
     block = problem.residuals[0]
@@ -158,11 +158,11 @@ def solve(problem, linear_solver: str = "sparse_schur", eliminate="auto", max_it
     - ``model``: for the bundle-adjustment core only, a camera model (class or instance, as
       :func:`solvers.bundle_adjust` takes) evaluating the residual instead of pyclad.
     - ``resume`` / ``checkpoint=`` (see :func:`solvers.bundle_adjust`): on either core; a general
-      problem's checkpoint holds every group's table (:class:`solvers.checkpoint.ProblemCheckpoint`)
+      problem's checkpoint holds every group's table (:class:`solvers.loop.checkpoint.ProblemCheckpoint`)
       and resumes only a problem of the same structure.
     - Other keyword options: fields of :class:`solvers.Options`.
     """
-    from .problem import Problem
+    from .general.problem import Problem
     if not isinstance(problem, Problem):
         raise TypeError(f"problem must be a solvers.Problem, got {type(problem).__name__}")
     t_start = time.perf_counter()
@@ -193,7 +193,7 @@ def solve(problem, linear_solver: str = "sparse_schur", eliminate="auto", max_it
     if opts.comm is not None:
         # Before anything is set up or split: ranks holding different problems (or starting
         # points) would sum numbers of different problems, or fail inside a reduction.
-        from .rank_consistency import check_same_problem
+        from .split.rank_consistency import check_same_problem
         check_same_problem(opts.comm, problem, ck)
     shape = core_shape(problem, eliminated) if linear_solver in SCHUR_METHODS else None
     core = None
@@ -205,7 +205,7 @@ def solve(problem, linear_solver: str = "sparse_schur", eliminate="auto", max_it
           and opts.device_resident is not False and opts.schur_backend != "numpy"):
         # Groups always used together (a pose and its image's own camera) as one camera group,
         # constant entries held on the device: the bundle-adjustment core, where it runs there.
-        from .merged_groups import merge_groups
+        from .general.merged_groups import merge_groups
         merged = merge_groups(problem, eliminated, shared=linear_solver == "sparse_schur")
         if merged is not None:
             core = _BACore(merged.problem, core_shape(merged.problem, eliminated, constants=True),
@@ -310,7 +310,7 @@ class _BACore:
 
     def __init__(self, problem, shape, opts, model, merged=None, original=None):
         self.problem, self.opts = problem, opts
-        # A merge (solvers.merged_groups) of ``original``'s groups, whose constant entries the
+        # A merge (solvers.general.merged_groups) of ``original``'s groups, whose constant entries the
         # device holds: reports and results are of the original problem.
         self.merged, self.original = merged, original
         cam, pt, block, swapped = shape
@@ -320,8 +320,8 @@ class _BACore:
                                                 cam.size, pt.size)
         self.loss_name = _loss_name(block.loss)
         if model is None:
-            from .batch_model import BatchModel
-            from .problem_evaluator import batch_function
+            from .models.batch_model import BatchModel
+            from .general.problem_evaluator import batch_function
             f = batch_function(_camera_first(block.fn) if swapped else block.fn, (cam.size, pt.size),
                                0 if block.data is None else block.data.shape[1], problem.dtype,
                                problem.backend, problem.device)
@@ -352,7 +352,7 @@ class _BACore:
 
     def runs(self, opts) -> bool:
         """Whether this core can run the solve: on the device, or on the host for BAL's sizes."""
-        from .lm_device import device_unavailable_reason
+        from .ba.lm_device import device_unavailable_reason
         why = device_unavailable_reason(self.evaluator, opts, self.runtime)
         if self.merged is not None:     # (the host reference holds nothing constant)
             return why is None and self._merge_fits()
@@ -364,16 +364,16 @@ class _BACore:
         return bal_sizes
 
     def _merge_fits(self) -> bool:
-        """Whether the device-resident core serves a merge (solvers.merged_groups) faster than
+        """Whether the device-resident core serves a merge (solvers.general.merged_groups) faster than
         the general core would. On GPUs: wherever the keys' matrix of shared columns fits one
-        buffer and their reduced matrix the dense device Cholesky (solvers.sparse_schur_device).
+        buffer and their reduced matrix the dense device Cholesky (solvers.linalg.sparse_schur_device).
         On CPUs, where S is factorised on the host: up to 1,000 unknowns (LAPACK, cheap whatever
         the sparsity); above, a nearly full S (the general core's criterion for its dense
         reductions) only with shared columns, whose problem columns LAPACK factorises, and a
         sparse S only without (CHOLMOD from the blocks, as for BAL). A nearly full S of merged
         rows with constant entries is the general core's: it factorises over the free columns
         alone (300 images with a camera each: 1.4 s against 1.9 s)."""
-        from . import factorisation_limits as limits
+        from .linalg import factorisation_limits as limits
         info, m, ev = self.runtime.info, self.merged, self.evaluator
         nv = m.free.size
         if m.copies is not None and 8 * nv * nv > info.max_alloc_bytes:
@@ -385,17 +385,17 @@ class _BACore:
             return True
         if n > limits.DENSE_FILL_MAX:
             return m.copies is None
-        from .schur_reduced import MAX_RUN_CPU, ReducedPattern
-        # The pattern of the keys' blocks, kept for the solve's own (solvers.sparse_schur_device).
+        from .linalg.schur_reduced_device import MAX_RUN_CPU, ReducedPattern
+        # The pattern of the keys' blocks, kept for the solve's own (solvers.linalg.sparse_schur_device).
         pat = ReducedPattern(ev.cam, ev.pt, ev.nc, ev.npt, max_run=MAX_RUN_CPU, camera_order=ev.camera_order())
         ev.reduced_pattern = pat
         return (pat.fill >= limits.DENSE_FILL) == (m.copies is not None)
 
     def _evaluator(self, observations, device, camera_order=None):
         """The evaluator of ``observations`` (the problem's, or a part's) on ``device``
-        (``camera_order``: solvers.evaluator.Evaluator's), with the observations ordered on the
-        device where that pays (solvers.device_observations)."""
-        from .evaluator import Evaluator
+        (``camera_order``: solvers.ba.evaluator.Evaluator's), with the observations ordered on the
+        device where that pays (solvers.ba.observations_device)."""
+        from .ba.evaluator import Evaluator
         p = self.problem
         return Evaluator(observations, self._loss, model=self._model, dtype=p.dtype, device=device,
                          backend=None if p.backend == "auto" else p.backend, camera_order=camera_order,
@@ -411,7 +411,7 @@ class _BACore:
                 or not _takes_device_inputs(self._model)):
             return None
         from clkernels import NoPlatformError, get_runtime
-        from . import device_observations as dobs
+        from .ba import observations_device as dobs
         try:
             rt = get_runtime(device)
         except NoPlatformError:
@@ -423,8 +423,8 @@ class _BACore:
                                        observations.num_points, p.dtype)
 
     def partitioned(self):
-        """solvers.lm.Minimizer's state factory for a solve split over devices or MPI ranks."""
-        from .partitioned import partitioned_state
+        """solvers.loop.lm.Minimizer's state factory for a solve split over devices or MPI ranks."""
+        from .split.partitioned import partitioned_state
         m = self.merged
         if m is not None and m.copies is not None:
             raise ValueError("devices= / comm= split a problem whose cameras each serve one image; here images "
@@ -440,7 +440,7 @@ class _BACore:
 
     @property
     def make_state(self):
-        """solvers.lm.Minimizer's own choice (None: the device, else the host reference), or, for
+        """solvers.loop.lm.Minimizer's own choice (None: the device, else the host reference), or, for
         a merge, the device with the constant entries held; split over devices or ranks when the
         options say so."""
         if self.opts.split:
@@ -450,7 +450,7 @@ class _BACore:
         merged = self.merged
 
         def make(evaluator, options, runtime, x0):
-            from .lm_device import DeviceState
+            from .ba.lm_device import DeviceState
             state = DeviceState(evaluator, options, runtime, x0, profile=options.profile_kernels,
                                 camera_blocks=merged.block_sizes, copies=merged.copies)
             state.hold_constant(merged.free, merged.free_points, merged.excluded_sq)
@@ -473,7 +473,7 @@ class _BACore:
 
     def counts(self, problem) -> dict:
         if self.merged is not None:          # the original problem's, as the general core counts them
-            from .problem_evaluator import Layout
+            from .general.problem_evaluator import Layout
             self.original.residuals[0].num_residuals = self.num_residuals
             return _layout_counts(self.original, Layout(self.original, self.pt.name))
         C, P = self.evaluator.C, self.evaluator.P
@@ -484,7 +484,7 @@ class _BACore:
 
 def _takes_device_inputs(model) -> bool:
     """Whether a camera model (class or factory) takes the observations ordered on the device
-    (``inputs=``, solvers.batch_model.BatchModel); a subclass whose constructor has no such
+    (``inputs=``, solvers.models.batch_model.BatchModel); a subclass whose constructor has no such
     argument does not."""
     if not getattr(model, "takes_device_inputs", False):
         return False
@@ -501,7 +501,7 @@ class _GeneralCore:
     runtime = None
 
     def __init__(self, problem, eliminated, opts):
-        from .problem_evaluator import Layout, ProblemEvaluator
+        from .general.problem_evaluator import Layout, ProblemEvaluator
         self.problem = problem
         self.layout = Layout(problem, eliminated)
         self.evaluator = ProblemEvaluator(problem, self.layout)
@@ -513,12 +513,12 @@ class _GeneralCore:
             from clkernels import get_runtime
             rt = get_runtime(problem.device)
             self.device_name = rt.info.name
-            # The Schur reduction of dense reduced matrices runs there (solvers.pair_schur_device).
+            # The Schur reduction of dense reduced matrices runs there (solvers.general.pair_schur_device).
             if opts.schur_backend != "numpy":
                 self.runtime = rt
 
     def make_state(self, evaluator, options, runtime, x0):
-        from .sparse_state import SparseState
+        from .general.sparse_state import SparseState
         if options.device_resident is True:
             raise ValueError("device_resident=True, but this problem runs the general core on the host "
                              "(several groups per residual, several residual kinds or constant parameters)")
@@ -542,7 +542,7 @@ class _GeneralCore:
 
 
 def _layout_counts(problem, lay) -> dict:
-    """The report's counts of a general problem with its :class:`solvers.problem_evaluator.Layout`."""
+    """The report's counts of a general problem with its :class:`solvers.general.problem_evaluator.Layout`."""
     rows = sum(g.rows.size for g in lay.groups)
     R = {r.num_residuals for r in problem.residuals}
     e = lay.by_name.get(lay.eliminated) if lay.eliminated else None

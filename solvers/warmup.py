@@ -22,7 +22,7 @@ def _dtypes(rt):
 
 def bal(rt):
     """BAL problems (the Snavely camera): each linear solver, dtype and loss."""
-    from .synthetic import synthetic_problem
+    from .bal.synthetic import synthetic_problem
     from . import bundle_adjust
     problem = synthetic_problem(8, 200, 3, seed=0)
     dtypes, skipped = _dtypes(rt)
@@ -41,7 +41,7 @@ def tiny_reconstruction(model: str, per_image: bool, n_images: int = 5, n_points
     """A small :class:`solvers.colmap.Reconstruction` of ``model`` cameras (one per image, or one
     shared) seeing every point: images in a row looking along +z at points about 5 units away.
     The observations are the pinhole projections plus noise: good enough to solve, not to test."""
-    from .cameras import MODELS
+    from .models.cameras import MODELS
     from .colmap import CAMERA_MODELS, Reconstruction
     rng = np.random.default_rng(seed)
     mid = CAMERA_MODELS[model][0]
@@ -70,8 +70,8 @@ def tiny_reconstruction(model: str, per_image: bool, n_images: int = 5, n_points
 def colmap(rt):
     """COLMAP reconstructions: each supported camera model, a camera per image and shared, both
     linear solvers, the trivial and Cauchy losses, in float64 (float32 where the device lacks fp64)."""
-    from .cameras import MODELS
-    from .colmap_problem import problem_from_reconstruction
+    from .models.cameras import MODELS
+    from .colmap.problem import problem_from_reconstruction
     from .solve import solve
     dtypes, skipped = _dtypes(rt)
     dt = dtypes[0]

@@ -10,7 +10,7 @@ Camera (9 parameters): ``[w(3) angle-axis rotation, t(3) translation, f, k1, k2]
     r = 1 + k1 |p|^2 + k2 |p|^4
     residual = f r p - observed
 
-``ReferenceSnavelyModel`` has the interface of ``solvers.snavely.SnavelyModel``; its Jacobians come
+``ReferenceSnavelyModel`` has the interface of ``solvers.models.snavely.SnavelyModel``; its Jacobians come
 from the complex-step method: ``d f / d x_k = Im f(x + i h e_k) / h`` with ``h = 1e-30``, exact to
 machine precision (no subtractive cancellation). Every complex evaluation is vectorised over all
 observations: 9 + 3 = 12 complex evaluations in all. Branch tests and the square root's argument
@@ -58,7 +58,7 @@ def project(cameras_per_obs, points_per_obs):
 class ReferenceSnavelyModel:
     """Residuals and Jacobians of the BAL reprojection error, in numpy (float64 throughout).
 
-    Same interface as ``solvers.snavely.SnavelyModel``:
+    Same interface as ``solvers.models.snavely.SnavelyModel``:
     ``residuals(cameras, points) -> (n_obs, 2)`` and
     ``residuals_and_jacobians(cameras, points) -> r (n_obs, 2), Jc (n_obs, 2, 9), Jp (n_obs, 2, 3)``.
     ``dtype`` sets the dtype of the outputs (computation is always float64); ``device`` and

@@ -3,7 +3,7 @@ for the linear-solver tests (numpy, OpenCL products and the device CG)."""
 import numpy as np
 
 import solvers
-from solvers.schur import Structure
+from solvers.ba.schur import Structure
 
 from reference_snavely import ReferenceSnavelyModel
 

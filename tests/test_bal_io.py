@@ -12,9 +12,9 @@ import pytest
 
 import solvers
 from solvers.bal import BALFormatError, read_bal, write_bal
-from solvers.download import download
-from solvers.ply import read_ply_vertices, write_ply
-from solvers.rotation import rotate
+from solvers.bal.download import download
+from solvers.io.ply import read_ply_vertices, write_ply
+from solvers.models.rotation import rotate
 
 from reference_snavely import ReferenceSnavelyModel
 

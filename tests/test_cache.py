@@ -223,7 +223,7 @@ def test_warmup_fills_the_cache_for_a_later_solve(real_device, tmp_path):
     p = subprocess.run([sys.executable, "-m", "clkernels", "warmup", "--what", "bal", "--device", _spec(real_device)],
                        env=env, capture_output=True, text=True, timeout=1800)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "built from source" in p.stdout and "solvers/lm_device.cl.mako" in p.stdout
+    assert "built from source" in p.stdout and "solvers/ba/lm_device.cl.mako" in p.stdout
     built = open(log).read().count("\n")
     assert built > 0
     for ls, dtype in (("sparse_schur", "float64"), ("iterative_schur", "float32")):

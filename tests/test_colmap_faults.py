@@ -16,7 +16,8 @@ import time
 import numpy as np
 import pytest
 
-from solvers import atomic, colmap
+from solvers.io import atomic
+from solvers import colmap
 from solvers.warmup import tiny_reconstruction
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import solvers
-from solvers.loss import Loss, correct
+from solvers.models.loss import Loss, correct
 
 from reference_snavely import ReferenceSnavelyModel
 

@@ -1,4 +1,4 @@
-"""MPI ranks check that they hold the same problem before a split solve (solvers.rank_consistency):
+"""MPI ranks check that they hold the same problem before a split solve (solvers.split.rank_consistency):
 real ``mpirun`` with two ranks given different BAL files (the same sizes with one observation
 moved; other sizes), different starting parameters through the library, and a bad ``--devices``
 under ``--mpi``. Every case must end every rank quickly with an ``error:`` line, never hang or
@@ -96,7 +96,7 @@ def test_different_starting_parameters_raise_on_every_rank():
     script = textwrap.dedent("""
         from mpi4py import MPI
         import solvers
-        from solvers.rank_consistency import RankMismatchError
+        from solvers.split.rank_consistency import RankMismatchError
         comm = MPI.COMM_WORLD
         p = solvers.synthetic_problem(4, 60, 3, seed=1)
         if comm.Get_rank() == 1:

@@ -14,8 +14,8 @@ import pytest
 
 import solvers
 from solvers.bal.__main__ import main as cli_main
-from solvers.colmap_cli import main as colmap_main
-from solvers.ply import write_ply
+from solvers.colmap.cli import main as colmap_main
+from solvers.io.ply import write_ply
 
 from bal_data import bal_file
 

@@ -8,7 +8,7 @@ import pytest
 import clkernels
 import pyclad as pc
 from pyclad import batch
-from solvers.snavely import snavely_residual
+from solvers.models.snavely import snavely_residual
 
 
 def _problem(n_obs=500, n_cams=7, n_pts=40, seed=0):

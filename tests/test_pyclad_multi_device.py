@@ -10,7 +10,7 @@ import pytest
 
 import solvers
 from clkernels import multi_device
-from solvers.snavely import snavely_function
+from solvers.models.snavely import snavely_function
 
 from pocl_pair import run_on_two_devices
 
@@ -65,7 +65,7 @@ def test_devices_errors(device):
 
 TWO_DEVICES = textwrap.dedent("""
     import json, numpy as np, clkernels, solvers
-    from solvers.snavely import snavely_function
+    from solvers.models.snavely import snavely_function
     from clkernels import multi_device
     p = solvers.synthetic_problem(40, 6001, 4, seed=3)
     params, idx, obs = [p.cameras, p.points], np.stack([p.camera_index, p.point_index], 1), p.observations

@@ -6,7 +6,7 @@ import pytest
 
 import pyclad as pc
 from pyclad import regions, tape
-from solvers.rotation import rotate
+from solvers.models.rotation import rotate
 from test_pyclad_tape import _config
 
 ROTATION = regions.region("rotate_angle_axis")
@@ -70,7 +70,7 @@ def test_rotation_as_one_instruction(device, variant):
 
 def test_the_snavely_tables_shrink():
     """The rotation is 46 nodes of the Snavely camera: the tables lose most of their rows."""
-    from solvers.snavely import snavely_residual
+    from solvers.models.snavely import snavely_residual
     t = pc.trace(snavely_residual, (9, 3), 2)
     with_, without = tape.Tables(t, np.float64), tape.Tables(t, np.float64, library=False)
     assert with_.n_library == 1 and without.n_library == 0

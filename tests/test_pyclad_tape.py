@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import pyclad as pc
 from pyclad import tape
 from pyclad.ops import FUSED, OPS
-from solvers.snavely import snavely_residual
+from solvers.models.snavely import snavely_residual
 from test_pyclad_graph import N_INPUTS, _build, _trees
 from test_pyclad_ops import ALL_OPS
 

@@ -5,7 +5,7 @@ import pytest
 
 from reference_snavely import ReferenceSnavelyModel
 from solvers.bal import read_bal
-from solvers.snavely import SnavelyModel
+from solvers.models.snavely import SnavelyModel
 
 
 @pytest.fixture(scope="module")

@@ -1,14 +1,14 @@
-"""The camera models (solvers.cameras) on every device: COLMAP's against COLMAP's own projection
+"""The camera models (solvers.models.cameras) on every device: COLMAP's against COLMAP's own projection
 (pycolmap's Camera.img_from_cam, the pose applied by pycolmap's Rigid3d), SNAVELY against the BAL
-residual of solvers.snavely, and every model's Jacobian blocks against central differences."""
+residual of solvers.models.snavely, and every model's Jacobian blocks against central differences."""
 import numpy as np
 import pycolmap  # a test dependency: pip install ".[test]"
 import pytest
 from scipy.spatial.transform import Rotation
 
 import pyclad as pc
-from solvers import cameras
-from solvers.snavely import snavely_residual
+from solvers.models import cameras
+from solvers.models.snavely import snavely_residual
 
 COLMAP_MODELS = [name for name, m in cameras.MODELS.items() if m.colmap_id is not None]
 # Intrinsics of a 640 x 480 camera per model, distortion large enough to matter at the edges.

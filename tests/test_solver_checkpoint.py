@@ -1,4 +1,4 @@
-"""Checkpoints of a bundle adjustment (solvers.checkpoint, Options.checkpoint, resume=): when they
+"""Checkpoints of a bundle adjustment (solvers.loop.checkpoint, Options.checkpoint, resume=): when they
 are written and what they hold, on the host and the device path; a real solve killed with SIGKILL
 and resumed to Ceres' final cost; atomic writes (a failing or interrupted write leaves the
 previous checkpoint); refusing another problem's checkpoint; the options' and the CLI's errors."""
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import solvers
-import solvers.checkpoint as checkpoint_module
+import solvers.loop.checkpoint as checkpoint_module
 from solvers.bal.__main__ import main as cli_main
-from solvers.checkpoint import Checkpoint, CheckpointError, load_checkpoint, problem_fingerprint, save_checkpoint
+from solvers.loop.checkpoint import Checkpoint, CheckpointError, load_checkpoint, problem_fingerprint, save_checkpoint
 
 from bal_data import bal_file
 from reference_snavely import ReferenceSnavelyModel

@@ -1,12 +1,13 @@
-"""Observations ordered on the device (solvers.device_observations) against the host's orders
-(solvers.evaluator.Evaluator, solvers.ordering), array for array, and whole solves with either
+"""Observations ordered on the device (solvers.ba.observations_device) against the host's orders
+(solvers.ba.evaluator.Evaluator, solvers.ba.ordering), array for array, and whole solves with either
 setup giving the same bits, on every OpenCL device."""
 import numpy as np
 import pytest
 
 import solvers
-from solvers import device_observations as dobs
-from solvers import ordering, schur_pcg
+from solvers.ba import observations_device as dobs
+from solvers.ba import ordering
+from solvers.linalg import schur_pcg_device
 
 
 def _problem(n_cams, n_points, per_point, seed, shuffle=True, repeats=False):
@@ -39,8 +40,8 @@ def test_orders_equal_the_hosts(device, shuffle, repeats):
     np.testing.assert_array_equal(d.camera_counts, np.bincount(cam, minlength=p.num_cameras))
     # The CG's runs, with cuts that fall inside groups where points repeat (max_len 2).
     for max_len in (2, 5, 256):
-        _, start, cam_seg = schur_pcg._camera_segments(cam, pt, p.num_cameras, max_len)
-        got_start, got_seg = schur_pcg._camera_segments_device(d, max_len)
+        _, start, cam_seg = schur_pcg_device._camera_segments(cam, pt, p.num_cameras, max_len)
+        got_start, got_seg = schur_pcg_device._camera_segments_device(d, max_len)
         np.testing.assert_array_equal(got_start, start)
         np.testing.assert_array_equal(got_seg, cam_seg)
 

@@ -1,4 +1,4 @@
-"""solvers.implicit_schur_device: the general core's iterative_schur with S applied on the OpenCL
+"""solvers.general.implicit_schur_device: the general core's iterative_schur with S applied on the OpenCL
 device and never formed. Its products, right-hand side, back-substitution and Schur-Jacobi blocks
 against F and E made dense (numpy), on a problem with shared intrinsics, constant rows and
 entries, a constant point and a second residual kind; and solves with it against solves with
@@ -8,9 +8,9 @@ import pytest
 import scipy.linalg
 
 import solvers
-from solvers.implicit_schur_device import DeviceImplicitSchur
+from solvers.general.implicit_schur_device import DeviceImplicitSchur
 from solvers.solve import _GeneralCore
-from solvers.sparse_state import SparseState
+from solvers.general.sparse_state import SparseState
 
 from test_solver_problem import scene, three_group_problem
 
@@ -94,7 +94,7 @@ def test_a_problem_too_large_for_the_device_stays_on_the_host(device, monkeypatc
         pytest.skip("the device products need fp64")
     import dataclasses
 
-    from solvers.implicit_schur_device import Unsuitable
+    from solvers.general.implicit_schur_device import Unsuitable
     s = scene(seed=3, n_images=6, n_cameras=1)
     st = iterative_state(three_group_problem(s, device=device), device)
     kind, block = st.kinds[st.pair_kind], st.ev.problem.residuals[st.pair_kind]

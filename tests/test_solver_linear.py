@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 import solvers
-from solvers import factorisation_limits
-from solvers.schur import NormalEquations, Structure, conjugate_gradients
+from solvers.linalg import factorisation_limits
+from solvers.ba.schur import NormalEquations, Structure, conjugate_gradients
 
 from reference_snavely import ReferenceSnavelyModel
 from small_systems import dense_solution, small_system

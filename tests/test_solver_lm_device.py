@@ -1,5 +1,5 @@
-"""The device-resident Levenberg-Marquardt path (solvers.lm_device) against the host reference
-path (solvers.host_state): the same iterations, accept/reject decisions, costs and messages, on
+"""The device-resident Levenberg-Marquardt path (solvers.ba.lm_device) against the host reference
+path (solvers.ba.host_state): the same iterations, accept/reject decisions, costs and messages, on
 the real BAL problems (both linear solvers), with robust losses, without Jacobi scaling, with
 non-finite candidates; and its memory estimate, its errors and a tiny solve on Oclgrind."""
 import numpy as np
@@ -7,9 +7,9 @@ import pytest
 
 import pyclad as pc
 import solvers
-from solvers.evaluator import Evaluator
-from solvers.lm_device import DeviceMemoryError, DeviceState, device_bytes
-from solvers.snavely import SnavelyModel, snavely_residual
+from solvers.ba.evaluator import Evaluator
+from solvers.ba.lm_device import DeviceMemoryError, DeviceState, device_bytes
+from solvers.models.snavely import SnavelyModel, snavely_residual
 
 from bal_data import bal_file
 from reference_snavely import ReferenceSnavelyModel
@@ -266,7 +266,7 @@ def test_memory_estimate_covers_what_a_solve_allocates(device):
 
 
 def test_a_problem_too_large_for_the_device_says_how_much_it_needs(device, monkeypatch):
-    import solvers.lm_device as lm_device
+    import solvers.ba.lm_device as lm_device
     monkeypatch.setattr(lm_device, "device_bytes", lambda *a, **k: 5 * device.info.global_mem_bytes)
     p = solvers.synthetic_problem(6, 50, 3, seed=1)
     with pytest.raises(DeviceMemoryError, match=r"needs about .* GiB .* which has .* GiB; use dtype=np.float32"):
@@ -278,7 +278,7 @@ def test_a_problem_too_large_for_the_device_says_how_much_it_needs(device, monke
 def test_device_path_tiny_problem(device, layout, keep_on_simulator, monkeypatch):
     """Every kernel of the device path on a tiny problem (run on Oclgrind too, where it must report
     nothing), against the host path, with both layouts of the CG's products."""
-    import solvers.schur_pcg as schur_pcg
+    import solvers.linalg.schur_pcg_device as schur_pcg
     monkeypatch.setattr(schur_pcg, "SPLIT_LAYOUT", layout)
     p = solvers.synthetic_problem(4, 12, 3, seed=9)
     kw = dict(linear_solver="iterative_schur", max_iterations=2, loss="huber", handle_sigint=False)
@@ -293,7 +293,7 @@ def test_float32_device_path_tiny_problem(device, sums, monkeypatch):
     """The float32 kernels on a tiny problem (Oclgrind too): sums in float64, and everything in
     float32 as on a device without fp64 (forced here); the solve still decreases the cost to
     about where float64 takes it."""
-    import solvers.schur_pcg as schur_pcg
+    import solvers.linalg.schur_pcg_device as schur_pcg
     if sums == "float32":
         monkeypatch.setattr(schur_pcg, "accumulator_dtype", lambda rt: np.dtype(np.float32))
     p = solvers.synthetic_problem(4, 12, 3, seed=9)

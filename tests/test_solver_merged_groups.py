@@ -1,4 +1,4 @@
-"""solvers.merged_groups: a problem whose poses and intrinsics are always used together (a
+"""solvers.general.merged_groups: a problem whose poses and intrinsics are always used together (a
 camera per image, or a camera shared by several images, whose columns then have a copy per
 image) solved by the device-resident bundle-adjustment core, with its constant rows and entries
 held on the device. Reference: the general core on the host (scipy), the same problem, the same
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import solvers
-from solvers.merged_groups import merge_groups
+from solvers.general.merged_groups import merge_groups
 
 from test_solver_problem import scene, three_group_problem
 
@@ -147,7 +147,7 @@ def test_a_sparse_camera_graph_with_a_shared_camera_stays_sparse_on_a_cpu(device
     prob.add_parameter_block("poses", poses)
     prob.add_parameter_block("intrinsics", np.array([[500.0, 320.0, 240.0, 0.0]]))
     prob.add_parameter_block("points", points)
-    from solvers import cameras
+    from solvers.models import cameras
     prob.add_residual_block(cameras.get("SIMPLE_RADIAL").residual, ["poses", "intrinsics", "points"],
                             index=(img, np.zeros_like(img), pt), data=rng.normal(320, 50, (img.size, 2)))
     prob.set_constant("poses", rows=[0])

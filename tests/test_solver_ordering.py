@@ -1,4 +1,4 @@
-"""solvers.ordering and the preparation built on it against the plain numpy definitions
+"""solvers.ba.ordering and the preparation built on it against the plain numpy definitions
 (``np.argsort(kind="stable")``, ``np.searchsorted``, ``np.bincount``): same values, on random
 data and the edge cases (no observations, one camera, unobserved cameras and points, a point
 seen twice by one camera, unsorted input)."""
@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 import solvers
-import solvers.ordering as ordering
-import solvers.schur_pcg as schur_pcg
-from solvers.evaluator import Evaluator
-from solvers.snavely import SnavelyModel
+import solvers.ba.ordering as ordering
+import solvers.linalg.schur_pcg_device as schur_pcg
+from solvers.ba.evaluator import Evaluator
+from solvers.models.snavely import SnavelyModel
 
 
 @pytest.fixture(autouse=True)
@@ -252,10 +252,10 @@ def test_device_pcg_index_arrays(device):
 
 
 def test_angle_axis_from_matrix_equals_scipys():
-    """solvers.rotation.angle_axis_from_matrix (numpy, for the synthetic problems) against scipy's
+    """solvers.models.rotation.angle_axis_from_matrix (numpy, for the synthetic problems) against scipy's
     Rotation on random rotations, tiny ones and ones near pi."""
     from scipy.spatial.transform import Rotation
-    from solvers.rotation import angle_axis_from_matrix
+    from solvers.models.rotation import angle_axis_from_matrix
     rng = np.random.default_rng(0)
     axes = rng.normal(size=(200, 3))
     axes /= np.linalg.norm(axes, axis=1, keepdims=True)

@@ -1,4 +1,4 @@
-"""solvers.pair_schur_device: the general core's W V^-1 W^T, W V^-1 u and W^T y on the OpenCL
+"""solvers.general.pair_schur_device: the general core's W V^-1 W^T, W V^-1 u and W^T y on the OpenCL
 device, against dense products of the Jacobian's F and E columns (numpy), on a problem with a
 shared camera, constant rows and entries, a constant point and a second residual kind; and
 solves with it against solves with the host's reduction."""
@@ -7,11 +7,11 @@ import pytest
 import scipy.linalg
 
 import solvers
-from solvers import pair_schur, pair_schur_device
-from solvers import factorisation_limits
-from solvers.pair_schur_device import DevicePairSchur
+from solvers.general import pair_schur, pair_schur_device
+from solvers.linalg import factorisation_limits
+from solvers.general.pair_schur_device import DevicePairSchur
 from solvers.solve import _GeneralCore
-from solvers.sparse_state import SparseState
+from solvers.general.sparse_state import SparseState
 
 from test_solver_problem import scene, three_group_problem
 

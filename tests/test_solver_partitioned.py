@@ -1,5 +1,5 @@
-"""Bundle adjustment split over devices and MPI ranks (solvers.partitioned: the host reference
-path, and solvers.partitioned_device: every part's state on its device): the split solve against
+"""Bundle adjustment split over devices and MPI ranks (solvers.split.partitioned: the host reference
+path, and solvers.split.partitioned_device: every part's state on its device): the split solve against
 the one-device solve (the same iterations; final cost to 1e-9 relative) on real BAL problems and a
 synthetic one, on two real PoCL devices and two real MPI ranks (Open MPI's mpirun); every kernel
 of a split on Oclgrind; a failing rank; bad arguments."""
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import solvers
-from solvers.parts import point_ranges
+from solvers.split.parts import point_ranges
 
 from bal_data import bal_file
 from pocl_pair import ROOT, run_on_two_devices
@@ -59,10 +59,10 @@ def test_point_ranges_cover_the_points_with_balanced_observations(parts):
 def test_part_evaluators_hold_each_ranges_observations_as_a_mask_and_sort_would(layout, parts):
     # A part's observations are sliced from the whole problem's point order; the reference here
     # masks the range in file order and sorts stably with numpy, as the specification says.
-    from solvers.evaluator import Evaluator
-    from solvers.loss import Loss
-    from solvers.parts import part_evaluators
-    from solvers.observation_index import ObservationIndex
+    from solvers.ba.evaluator import Evaluator
+    from solvers.models.loss import Loss
+    from solvers.split.parts import part_evaluators
+    from solvers.ba.observation_index import ObservationIndex
 
     p = solvers.synthetic_problem(6, 300, 3, seed=5)
     ci, pi, obs = p.camera_index, p.point_index, p.observations
@@ -184,7 +184,7 @@ def test_a_split_cg_stops_as_the_devices_cg(device, cap):
 
 @pytest.mark.oclgrind
 def test_a_split_on_its_devices_tiny_problem(device, keep_on_simulator):
-    """Every kernel of a part (solvers.partitioned_device) on a tiny problem, Oclgrind too (which
+    """Every kernel of a part (solvers.split.partitioned_device) on a tiny problem, Oclgrind too (which
     must report nothing): a split over a list of one device solves as the device-resident solve."""
     if not device.info.fp64:
         pytest.skip("float64 bundle adjustment needs fp64")
@@ -325,7 +325,7 @@ def test_the_colmap_cli_refuses_a_split_of_a_shared_camera(tmp_path):
 def test_a_failing_rank_ends_every_rank_with_a_message(module, state, linear_solver):
     run = _run_mpi(textwrap.dedent(f"""
         from mpi4py import MPI
-        import solvers.{module} as part
+        import solvers.split.{module} as part
         from solvers.bal.__main__ import main
         if MPI.COMM_WORLD.Get_rank() == 1:
             calls = []
@@ -366,7 +366,7 @@ def test_solve_of_a_bundle_adjustment_problem_takes_devices(device):
     of one device: the same solve as the host reference (the split code with one part)."""
     if not device.info.fp64:
         pytest.skip("float64 bundle adjustment needs fp64")
-    from solvers.snavely import snavely_residual
+    from solvers.models.snavely import snavely_residual
     p = solvers.synthetic_problem(8, 300, 4, seed=2)
 
     def problem():

@@ -8,10 +8,10 @@ import scipy.optimize
 
 import pyclad as pc
 import solvers
-from solvers import cameras
-from solvers import factorisation_limits
+from solvers.models import cameras
+from solvers.linalg import factorisation_limits
 from solvers.solve import _GeneralCore
-from solvers.sparse_state import SparseState
+from solvers.general.sparse_state import SparseState
 
 from bal_data import bal_file
 
@@ -250,7 +250,7 @@ def test_bal_through_problem_equals_bundle_adjust_and_the_general_core(device):
     bit for bit; the general core (forced by a constant third group) the same to rounding."""
     p = solvers.read_bal(bal_file("problem-49-7776-pre"))
     a = solvers.bundle_adjust(p, device=device, handle_sigint=False, max_iterations=6)
-    from solvers.snavely import snavely_residual
+    from solvers.models.snavely import snavely_residual
     prob = solvers.Problem(device=device, backend="codegen")
     prob.add_parameter_block("cameras", p.cameras)
     prob.add_parameter_block("points", p.points)
@@ -276,7 +276,7 @@ def test_bal_through_problem_equals_bundle_adjust_and_the_general_core(device):
     for x, y in zip(c.history, a.history):
         assert x.cost == pytest.approx(y.cost, rel=1e-9)
         assert x.step_is_successful == y.step_is_successful
-    # Left to itself, the constant group merges into the cameras' rows (solvers.merged_groups,
+    # Left to itself, the constant group merges into the cameras' rows (solvers.general.merged_groups,
     # a shared column of no step) where the device takes sparse_schur.
     d = solvers.solve(g, max_iterations=6, handle_sigint=False)
     assert d.core == ("bundle-adjustment" if a.state == "device" else "general")
@@ -369,7 +369,7 @@ def test_bundle_adjust_shares_but_never_changes_the_bal_arrays(device):
 def test_pair_reduction_equals_scipy_products(device, monkeypatch, dense):
     """The reduction by pairs of observations (dense or sparse reduced matrix) and scipy's
     sparse products (used when the pairs' index would not fit) give the same iterations."""
-    from solvers import pair_schur
+    from solvers.general import pair_schur
     s = scene(seed=3)
     if not dense:
         monkeypatch.setattr(factorisation_limits, "DENSE_FILL", 2.0)

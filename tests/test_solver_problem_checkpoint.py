@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import solvers
-from solvers.checkpoint import PROBLEM_FORMAT, ProblemCheckpoint, load_checkpoint, structure_fingerprint
+from solvers.loop.checkpoint import PROBLEM_FORMAT, ProblemCheckpoint, load_checkpoint, structure_fingerprint
 
 from test_solver_problem import scene, three_group_problem
 
@@ -109,7 +109,7 @@ def test_the_bundle_adjustment_core_checkpoints_cameras_of_any_size(device, tmp_
     bundle-adjustment core; its checkpoint keeps the rows' widths and resumes the same cost."""
     if not device.info.fp64:
         pytest.skip("the device has no fp64")
-    from solvers import cameras
+    from solvers.models import cameras
     s = scene(seed=4, n_cameras=1)
     model = cameras.get("PINHOLE")
     cams = np.hstack([s["poses"], np.tile([500.0, 505.0, 320.0, 240.0], (s["poses"].shape[0], 1))])

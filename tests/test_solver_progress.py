@@ -1,10 +1,10 @@
-"""Progress bars of long reads (solvers.progress): on a terminal after the delay, never in a pipe."""
+"""Progress bars of long reads (solvers.io.progress): on a terminal after the delay, never in a pipe."""
 import io
 
 import numpy as np
 
 import solvers
-from solvers import progress
+from solvers.io import progress
 
 
 class _Terminal(io.StringIO):

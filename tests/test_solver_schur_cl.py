@@ -4,10 +4,10 @@ import numpy as np
 import pyopencl.array as cla
 import pytest
 
-from solvers.schur import NormalEquations
-from solvers.ordering import cut_runs
-from solvers.schur_cl import ClStructure, NormalEquationsCL
-from solvers.segment_products import Segments, segment_products
+from solvers.ba.schur import NormalEquations
+from solvers.ba.ordering import cut_runs
+from solvers.ba.schur_device import ClStructure, NormalEquationsCL
+from solvers.linalg.segment_products_device import Segments, segment_products
 
 from small_systems import dense_solution, small_system
 
@@ -74,12 +74,12 @@ def test_opencl_normal_equations_match_numpy_and_dense(device, method, monkeypat
 
 @pytest.mark.oclgrind
 def test_implicit_schur_product_on_the_device(device, monkeypatch, keep_on_simulator):
-    """iterative_schur's default path: the whole CG on the device (solvers.schur_pcg)."""
+    """iterative_schur's default path: the whole CG on the device (solvers.linalg.schur_pcg_device)."""
     _check_normal_equations(device, "iterative_schur", True, monkeypatch, keep_on_simulator)
 
 
 def _check_normal_equations(device, method, device_cg, monkeypatch, keep_on_simulator):
-    import solvers.schur_cl as schur_cl
+    import solvers.ba.schur_device as schur_cl
     monkeypatch.setattr(schur_cl, "MAX_SEGMENT", 4)     # force split segments and host reductions
     st, r, jc, jp = small_system(seed=5)
     a = NormalEquations(st, r, jc, jp)

@@ -1,14 +1,14 @@
-"""iterative_schur's device CG (solvers.schur_pcg) against the host CG (solvers.cg) on the same
+"""iterative_schur's device CG (solvers.linalg.schur_pcg_device) against the host CG (solvers.linalg.cg) on the same
 systems: same iterations, same termination, same solution up to the order of the sums."""
 import re
 
 import numpy as np
 import pytest
 
-import solvers.schur_pcg as schur_pcg
-from solvers.cg import conjugate_gradients
-from solvers.schur import NormalEquations
-from solvers.schur_cl import ClStructure, NormalEquationsCL
+import solvers.linalg.schur_pcg_device as schur_pcg
+from solvers.linalg.cg import conjugate_gradients
+from solvers.ba.schur import NormalEquations
+from solvers.ba.schur_device import ClStructure, NormalEquationsCL
 
 from small_systems import small_system
 
@@ -137,7 +137,7 @@ def test_preconditioner_blocks_and_back_substitution(device, max_segment, layout
 @pytest.mark.parametrize("max_segment", [256, 2], ids=["whole-cameras", "split-cameras"])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_a_parts_camera_sums(device, max_segment, layout, monkeypatch, keep_on_simulator):
-    """What a part of a split solve reads back (solvers.partitioned_device): its share of S v
+    """What a part of a split solve reads back (solvers.split.partitioned_device): its share of S v
     without Dc^2, of the reduced right-hand side and of the Schur-Jacobi blocks, summed per camera
     on the device (camera_sums), against the numpy operator and pair sums; the CG state with them."""
     if not device.info.fp64:

@@ -1,7 +1,7 @@
-"""sparse_schur on the device: the dense device Cholesky (solvers.dense_cholesky) against numpy,
-the reduced camera system's device assembly (solvers.schur_reduced) against the host's
-(solvers.schur), the host factorisers (solvers.host_cholesky), where the matrix is factorised
-(solvers.sparse_schur_device) and its failure messages, and the device path against the host
+"""sparse_schur on the device: the dense device Cholesky (solvers.linalg.dense_cholesky_device) against numpy,
+the reduced camera system's device assembly (solvers.linalg.schur_reduced_device) against the host's
+(solvers.ba.schur), the host factorisers (solvers.linalg.host_cholesky), where the matrix is factorised
+(solvers.linalg.sparse_schur_device) and its failure messages, and the device path against the host
 path on the BAL problems with each factorisation; tiny shapes on Oclgrind."""
 import dataclasses
 import os
@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 import solvers
-import solvers.sparse_schur_device as ssd
-from solvers import factorisation_limits
+import solvers.linalg.sparse_schur_device as ssd
+from solvers.linalg import factorisation_limits
 from clkernels import arrays
-from solvers import host_cholesky
-from solvers.dense_cholesky import DenseCholesky, block_sizes
-from solvers.schur import NormalEquations, Structure
-from solvers.schur_reduced import ReducedCameraSystem, ReducedPattern
-from solvers.sparse_schur_device import DeviceSparseSchur, choose_factorisation
+from solvers.linalg import host_cholesky
+from solvers.linalg.dense_cholesky_device import DenseCholesky, block_sizes
+from solvers.ba.schur import NormalEquations, Structure
+from solvers.linalg.schur_reduced_device import ReducedCameraSystem, ReducedPattern
+from solvers.linalg.sparse_schur_device import DeviceSparseSchur, choose_factorisation
 
 from bal_data import bal_file
 from reference_snavely import ReferenceSnavelyModel
@@ -115,7 +115,7 @@ def test_dense_cholesky_block_sizes_respect_the_device(device):
 # -- the assembly --------------------------------------------------------------------------------
 
 def host_system(st, r, jc, jp, seed):
-    """S (dense) and rhs as solvers.schur's sparse_schur assembles them, with its inputs."""
+    """S (dense) and rhs as solvers.ba.schur's sparse_schur assembles them, with its inputs."""
     neq = NormalEquations(st, r, jc, jp)
     D = np.random.default_rng(seed).uniform(0.05, 1.0, 9 * st.nc + 3 * st.npt)
     D2 = D * D
@@ -291,7 +291,7 @@ def force_route(monkeypatch, route):
 @pytest.mark.parametrize("route", list(ROUTES))
 @pytest.mark.parametrize("case", ["good", "not-finite", "not-positive-definite"])
 def test_device_sparse_schur_solves_as_the_host_path(device, route, case, defer, monkeypatch, keep_on_simulator):
-    """The camera step and the message of solvers.schur's sparse_schur, for each factorisation;
+    """The camera step and the message of solvers.ba.schur's sparse_schur, for each factorisation;
     ``defer``: the device factorisation's verdict read after the queue has passed it."""
     needs_fp64(device)
     st, r, jc, jp = small_system(seed=5)

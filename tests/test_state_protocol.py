@@ -1,4 +1,4 @@
-"""Every loop state declares solvers.step.LoopState and defines each of its members itself: a
+"""Every loop state declares solvers.loop.step.LoopState and defines each of its members itself: a
 member left to the protocol's empty body would answer None where the minimizer expects a value.
 Data members (``where``, ``linear_solver_time``) are set by the class or its ``__init__``; and a
 real solve on each path the CPU machine can run returns what the minimizer reads."""
@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 import solvers
-from solvers.host_state import HostState
-from solvers.lm_device import DeviceState
-from solvers.partitioned import PartitionedState
-from solvers.partitioned_device import PartitionedDeviceState
-from solvers.sparse_state import SparseState
-from solvers.step import LoopState
+from solvers.ba.host_state import HostState
+from solvers.ba.lm_device import DeviceState
+from solvers.split.partitioned import PartitionedState
+from solvers.split.partitioned_device import PartitionedDeviceState
+from solvers.general.sparse_state import SparseState
+from solvers.loop.step import LoopState
 
 STATES = [HostState, DeviceState, SparseState, PartitionedState, PartitionedDeviceState]
 DATA = {"where", "linear_solver_time"}

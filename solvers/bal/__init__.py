@@ -23,7 +23,7 @@ from typing import Iterator, Optional, Tuple
 
 import numpy as np
 
-from .. import progress
+from ..io import progress
 
 __all__ = ["BALProblem", "BALFormatError", "read_bal", "write_bal", "open_text", "problem_name"]
 
@@ -122,7 +122,7 @@ class BALProblem:
 
     def camera_centers(self) -> np.ndarray:
         """Camera centres in world coordinates, ``c = -R(w)^T t`` (nc, 3)."""
-        from ..rotation import rotate
+        from ..models.rotation import rotate
         return -rotate(-self.cameras[:, 0:3], self.cameras[:, 3:6])
 
     def __repr__(self):
@@ -190,7 +190,7 @@ def _first_bad_token(chunk: bytes) -> Tuple[int, bytes]:
 
 def _scan(stream, path, chunk_bytes) -> Tuple[np.ndarray, np.ndarray]:
     """All values (float64) and the token count of every line, chunk by chunk (a progress bar
-    on a terminal for a read of over a second: solvers.progress)."""
+    on a terminal for a read of over a second: solvers.io.progress)."""
     counts, values, line0 = [], [], 0
     compressed = path.endswith((".bz2", ".gz"))
     with progress.bar(None if compressed else os.path.getsize(path), f"reading {os.path.basename(path)}") as bar:
@@ -317,10 +317,10 @@ def write_bal(problem: BALProblem, path) -> None:
     Values are written with 17 significant digits (``%.17g``), so reading the file back gives the
     same float64 values bit for bit. The problem is checked first (a :class:`BALProblem` is
     checked when made: shapes, index ranges, finite values), and the file is written beside
-    ``path`` and renamed into place (:mod:`solvers.atomic`): ``path`` is the old file or the new
+    ``path`` and renamed into place (:mod:`solvers.io.atomic`): ``path`` is the old file or the new
     one, never a part, whatever fails or kills the writer.
     """
-    from ..atomic import replacing
+    from ..io.atomic import replacing
     p = problem
     if not isinstance(p, BALProblem):
         raise TypeError(f"write_bal takes a BALProblem, not {type(p).__name__}")

@@ -15,9 +15,10 @@ import time
 
 import numpy as np
 
-from .. import cli_output, split_cli
-from ..loss import LOSSES
-from ..linear_solver import LINEAR_SOLVERS
+from ..io import cli_output
+from ..split import cli
+from ..models.loss import LOSSES
+from ..linalg.linear_solver import LINEAR_SOLVERS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="iterations between checkpoints (default 1; needs --checkpoint)")
     p.add_argument("--resume", metavar="PATH",
                    help="start from the parameters (and trust region radius) of a checkpoint of this problem")
-    split_cli.add_arguments(p)
+    cli.add_arguments(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no iteration log, only the report")
     return p
 
@@ -93,7 +94,7 @@ def plot_convergence(result, path) -> None:
     ax.set_title(f"{result.problem.name}: {result.options.linear_solver}")
     ax.legend()
     fig.tight_layout()
-    from ..atomic import replacing
+    from ..io.atomic import replacing
     with replacing(path) as f:          # the old plot or the new one, as every output
         fig.savefig(f, dpi=100, format=os.path.splitext(os.fspath(path))[1][1:].lower() or "png")
     plt.close(fig)
@@ -101,24 +102,24 @@ def plot_convergence(result, path) -> None:
 
 def main(argv=None) -> int:
     parser = build_parser()
-    return split_cli.run(parser, parser.parse_args(argv), _main)
+    return cli.run(parser, parser.parse_args(argv), _main)
 
 
 def _main(parser, args, comm=None) -> int:
-    if not split_cli.only_root_prints(comm):          # rank 0 prints and writes; the others compute
+    if not cli.only_root_prints(comm):          # rank 0 prints and writes; the others compute
         args.out = args.ply = args.plot = None
-    args.linear_solver = split_cli.linear_solver(args)
+    args.linear_solver = cli.linear_solver(args)
     if args.checkpoint_every is not None and not args.checkpoint:
         parser.error("--checkpoint-every needs --checkpoint PATH")
     if args.plot:
         _pyplot()          # say so before solving, not after
-    # Every output checked before anything is read or solved (solvers.cli_output).
+    # Every output checked before anything is read or solved (solvers.io.cli_output).
     if cli_output.report(cli_output.check([("--out", args.out, False), ("--ply", args.ply, False),
                                            ("--plot", args.plot, False), ("--checkpoint", args.checkpoint, False)])):
         return 2
     import solvers
-    from solvers.checkpoint import cli_options
-    from solvers.ply import write_ply
+    from solvers.loop.checkpoint import cli_options
+    from solvers.io.ply import write_ply
 
     t0 = time.perf_counter()
     if args.file:
@@ -167,7 +168,7 @@ def _main(parser, args, comm=None) -> int:
         max_iterations=args.iterations, function_tolerance=args.function_tolerance,
         gradient_tolerance=args.gradient_tolerance, parameter_tolerance=args.parameter_tolerance,
         eta=args.eta, dtype=np.dtype(args.dtype), device=args.device, backend=backend,
-        verbose=not args.quiet, resume=resume, **checkpoint, **split_cli.options(args, comm))
+        verbose=not args.quiet, resume=resume, **checkpoint, **cli.options(args, comm))
     print()
     print(result.full_report())
     status = 0 if result.usable else 1

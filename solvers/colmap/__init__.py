@@ -1,0 +1,24 @@
+"""COLMAP reconstructions: read, check, bundle-adjust and write the sparse models that COLMAP 4
+(and pycolmap 4.2) write, text or binary, with rigs and frames or the classic three files.
+
+    from solvers import colmap
+    rec = colmap.read_model("sparse/0")                  # a Reconstruction of numpy arrays
+    prob = colmap.problem_from_reconstruction(rec)       # a solvers.Problem
+    result = solvers.solve(prob)
+    colmap.update_reconstruction(rec, result)            # poses, intrinsics, points, errors
+    colmap.write_model(rec, "sparse/refined", binary=True)
+
+The names live in four modules, gathered here:
+
+- :mod:`solvers.colmap.model`: the camera models' table, :class:`Reconstruction` and
+  :func:`validate`, the checks that reading and writing share;
+- :mod:`solvers.colmap.io`: :func:`read_model` and :func:`write_model` (all or nothing);
+- :mod:`solvers.colmap.problem`: a reconstruction as a problem, and the solution written back;
+- :mod:`solvers.colmap.cli`: ``python -m solvers.colmap MODEL --out OUT``.
+"""
+from .io import ColmapFormatError, read_model, write_model
+from .model import CAMERA_MODELS, ColmapModelError, Reconstruction, validate
+from .problem import problem_from_reconstruction, update_reconstruction
+
+__all__ = ["CAMERA_MODELS", "ColmapFormatError", "ColmapModelError", "Reconstruction", "read_model",
+           "write_model", "validate", "problem_from_reconstruction", "update_reconstruction"]

@@ -1,0 +1,211 @@
+"""A COLMAP reconstruction as a :class:`solvers.Problem`, and the solution written back.
+
+Groups: ``poses`` (one row per image: ``cam_from_world`` as angle-axis and translation),
+``intrinsics`` (one row per camera, in COLMAP's parameter order; ``intrinsics_<MODEL>`` per model
+when the cameras use several), ``points`` (one row per 3-D point). One reprojection residual kind
+per camera model (:mod:`solvers.models.cameras`), one residual block per observation of a 3-D point.
+
+    from solvers import colmap
+    rec = colmap.read_model("sparse/0")
+    prob = colmap.problem_from_reconstruction(rec, refine_principal_point=False)
+    result = solvers.solve(prob)
+    colmap.update_reconstruction(rec, result)
+    colmap.write_model(rec, "sparse/refined")
+
+Rigs of COLMAP 4 with one camera each: the camera is the rig's reference sensor, so its
+``cam_from_world`` is the frame's ``rig_from_world``; both are written back.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..models import cameras
+
+_MODEL_IDS = {m.colmap_id: m for m in cameras.MODELS.values() if m.colmap_id is not None}
+FIX_CHOICES = ("gauge", "first-two-poses", "none")
+
+
+def quaternion_to_angle_axis(q) -> np.ndarray:
+    """(n, 4) unit quaternions ``(qw, qx, qy, qz)`` -> (n, 3) angle-axis vectors."""
+    q = np.asarray(q, np.float64)
+    q = q / np.linalg.norm(q, axis=1, keepdims=True)
+    q = np.where(q[:, :1] < 0, -q, q)                  # the rotation angle in [0, pi]
+    v = q[:, 1:]
+    s = np.linalg.norm(v, axis=1)
+    angle = 2.0 * np.arctan2(s, q[:, 0])
+    # angle / s -> 2 / qw as s -> 0 (first order), free of 0/0
+    k = np.where(s > 1e-12, angle / np.where(s > 1e-12, s, 1.0), 2.0 / q[:, 0])
+    return v * k[:, None]
+
+
+def angle_axis_to_quaternion(w) -> np.ndarray:
+    """(n, 3) angle-axis vectors -> (n, 4) unit quaternions ``(qw, qx, qy, qz)``, qw >= 0."""
+    w = np.asarray(w, np.float64)
+    theta = np.linalg.norm(w, axis=1)
+    half = 0.5 * theta
+    k = np.where(theta > 1e-12, np.sin(half) / np.where(theta > 1e-12, theta, 1.0), 0.5)
+    q = np.concatenate([np.cos(half)[:, None], w * k[:, None]], axis=1)
+    return np.where(q[:, :1] < 0, -q, q)
+
+
+def quaternion_to_matrix(q) -> np.ndarray:
+    """(n, 4) quaternions ``(qw, qx, qy, qz)`` (normalised here) -> (n, 3, 3) rotation matrices."""
+    q = np.asarray(q, np.float64)
+    w, x, y, z = (q / np.linalg.norm(q, axis=1, keepdims=True)).T
+    return np.stack([np.stack([1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)], 1),
+                     np.stack([2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)], 1),
+                     np.stack([2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], 1)], 1)
+
+
+def _parameter_kinds(model: cameras.CameraModel):
+    """Indices of the focal lengths, principal point and extra parameters (COLMAP's split)."""
+    focal = [i for i, p in enumerate(model.params) if p in ("f", "fx", "fy")]
+    pp = [i for i, p in enumerate(model.params) if p in ("cx", "cy")]
+    extra = [i for i in range(model.num_params) if i not in focal and i not in pp]
+    return focal, pp, extra
+
+
+def _rows_of(ids, wanted):
+    """``(rows, missing)``: the rows of the ids ``wanted`` in ``ids``, and those not there."""
+    wanted = np.asarray(wanted, np.int64)
+    if ids.size == 0:
+        return np.zeros(wanted.size, np.int64), wanted
+    order = np.argsort(ids, kind="stable")
+    rows = order[np.minimum(np.searchsorted(ids, wanted, sorter=order), ids.size - 1)]
+    return rows, wanted[ids[rows] != wanted]
+
+
+def _intrinsics_groups(rec):
+    """``(model, group name, camera rows)`` per camera model of ``rec``, by model name: one group
+    ``intrinsics``, or ``intrinsics_<MODEL>`` each when the cameras use several."""
+    models = [_MODEL_IDS[int(m)] for m in rec.camera_models]
+    names = sorted({m.name for m in models})
+    return [(cameras.get(name), "intrinsics" if len(names) == 1 else f"intrinsics_{name}",
+             np.array([k for k, m in enumerate(models) if m.name == name], np.int64)) for name in names]
+
+
+def observations(rec):
+    """``(image_row, point_row, xy)``: every 2-D point that observes a 3-D point, by image."""
+    ids = rec.points2d_point3d_ids
+    has = ids >= 0
+    counts = np.diff(rec.image_points_start)
+    image_row = np.repeat(np.arange(rec.image_ids.size), counts)[has]
+    point_row, missing = _rows_of(rec.point_ids, ids[has])
+    if missing.size:
+        raise ValueError(f"a 2-D point observes 3-D point {int(missing[0])}, which the reconstruction does not have")
+    return image_row, point_row, rec.points2d_xy[has]
+
+
+def problem_from_reconstruction(model, refine_focal_length: bool = True, refine_principal_point: bool = False,
+                                refine_extra_params: bool = True, fix="gauge", loss=None, loss_scale: float = 1.0,
+                                dtype=np.float64, device=None, backend: str = "auto"):
+    """The bundle adjustment of a COLMAP reconstruction (a :class:`solvers.colmap.Reconstruction`
+    or a model folder) as a :class:`solvers.Problem` (module docstring).
+
+    - ``refine_*``: which intrinsics move (COLMAP's ``BundleAdjustmentOptions`` defaults); the
+      others are constant entries of every row.
+    - ``fix``: ``"gauge"`` removes the 7 gauge degrees of freedom as COLMAP's default
+      ``TWO_CAMS_FROM_WORLD`` gauge does: the first image's pose (by id), and one coordinate of
+      the translation of the next image whose centre differs: the one along which their
+      baseline (the translation of ``first_from_world * inverse(second_from_world)``) is
+      largest. ``"first-two-poses"`` holds both poses; a list of image ids
+      holds those; ``"none"`` or None nothing (the gauge then stays free: LM's diagonal keeps the
+      steps finite).
+    - ``loss`` / ``loss_scale``: the robust loss of every observation.
+    """
+    from .io import read_model
+    from ..general.problem import Problem
+    rec = read_model(model) if isinstance(model, str) else model
+    for k, mid in enumerate(rec.camera_models):
+        if int(mid) not in _MODEL_IDS:
+            raise ValueError(f"camera {int(rec.camera_ids[k])} uses COLMAP camera model id {int(mid)}, which "
+                             f"solvers.models.cameras does not have; supported: "
+                             f"{', '.join(m.name for m in _MODEL_IDS.values())}")
+    image_row, point_row, xy = observations(rec)
+    # Observations by point: the Schur complement's device kernels read them in that order, so
+    # none is gathered per iteration (solvers.general.implicit_schur_device).
+    by_point = np.argsort(point_row, kind="stable")
+    image_row, point_row, xy = image_row[by_point], point_row[by_point], xy[by_point]
+    prob = Problem(dtype=dtype, device=device, backend=backend, name="colmap")
+    poses = np.concatenate([quaternion_to_angle_axis(rec.image_qvec), rec.image_tvec], axis=1)
+    prob.add_parameter_block("poses", poses)
+    image_cam, missing = _rows_of(rec.camera_ids, rec.image_camera_ids)
+    if missing.size:
+        raise ValueError(f"an image uses camera {int(missing[0])}, which the reconstruction does not have")
+    prob.add_parameter_block("points", rec.point_xyz)
+    obs_cam = image_cam[image_row]
+    for m, group, rows in _intrinsics_groups(rec):
+        local = np.full(rec.camera_ids.size, -1, np.int64)
+        local[rows] = np.arange(rows.size)
+        prob.add_parameter_block(group, np.array([rec.camera_params[k] for k in rows], np.float64).reshape(rows.size, -1))
+        mine = local[obs_cam] >= 0
+        prob.add_residual_block(m.residual, ["poses", group, "points"],
+                                index=(image_row[mine], local[obs_cam[mine]], point_row[mine]), data=xy[mine],
+                                loss=loss, loss_scale=loss_scale, name=f"reprojection_{m.name}")
+        focal, pp, extra = _parameter_kinds(m)
+        constant = ([] if refine_focal_length else focal) + ([] if refine_principal_point else pp) + \
+            ([] if refine_extra_params else extra)
+        if constant:
+            prob.set_constant(group, columns=sorted(constant))
+    _fix(prob, rec, fix)
+    return prob
+
+
+def _fix(prob, rec, fix):
+    n = rec.image_ids.size
+    if fix is None or (isinstance(fix, str) and fix == "none"):
+        return
+    if isinstance(fix, str):
+        if fix not in FIX_CHOICES:
+            raise ValueError(f"fix={fix!r} is not one of {FIX_CHOICES} or a list of image ids")
+        order = np.argsort(rec.image_ids, kind="stable")
+        if n == 0:
+            return
+        first = int(order[0])
+        prob.set_constant("poses", rows=[first])
+        if n > 1 and fix == "first-two-poses":
+            prob.set_constant("poses", rows=[int(order[1])])
+        elif n > 1:
+            # COLMAP's TWO_CAMS_FROM_WORLD: the next image (by id) whose centre differs from the
+            # first's holds the coordinate of its translation along which the baseline, the
+            # translation of first_from_world * inverse(second_from_world), is largest.
+            R = quaternion_to_matrix(rec.image_qvec[order])
+            t = rec.image_tvec[order]
+            baseline = t[0] - np.einsum("ij,njk,nk->ni", R[0], R.transpose(0, 2, 1), t)
+            size = np.abs(baseline).max(axis=1)
+            later = np.flatnonzero(size[1:] > 1e-9)
+            if later.size:     # else every centre is the first's: the scale is not observable
+                k = 1 + int(later[0])
+                prob.set_constant("poses", rows=[int(order[k])], columns=[3 + int(np.argmax(np.abs(baseline[k])))])
+        return
+    rows, missing = _rows_of(rec.image_ids, np.atleast_1d(np.asarray(fix, np.int64)))
+    if missing.size:
+        raise ValueError(f"fix: image ids {missing.tolist()[:8]} are not in the reconstruction")
+    prob.set_constant("poses", rows=rows)
+
+
+def update_reconstruction(rec, result):
+    """Write a :class:`solvers.SolveResult` of :func:`problem_from_reconstruction`'s problem back
+    into ``rec`` (poses, frames of one-camera rigs, intrinsics, points); returns ``rec``."""
+    p = result.parameters
+    poses = p["poses"]
+    if poses.shape != (rec.image_ids.size, 6) or p["points"].shape != rec.point_xyz.shape:
+        raise ValueError("result is not a solve of this reconstruction's problem (its poses or points "
+                         "have other shapes)")
+    rec.image_qvec = angle_axis_to_quaternion(poses[:, :3])
+    rec.image_tvec = poses[:, 3:].copy()
+    rec.point_xyz = p["points"].copy()
+    for _, group, rows in _intrinsics_groups(rec):
+        for j, k in enumerate(rows):
+            rec.camera_params[k] = p[group][j].copy()
+    if rec.has_rigs:
+        # One camera per rig: the image's cam_from_world is its frame's rig_from_world.
+        row_of_image = {int(i): k for k, i in enumerate(rec.image_ids)}
+        s = rec.frame_data_start
+        for f in range(rec.frame_ids.size):
+            for sensor_type, _, data_id in rec.frame_data[s[f]:s[f + 1]]:
+                if int(sensor_type) == 0 and int(data_id) in row_of_image:
+                    k = row_of_image[int(data_id)]
+                    rec.frame_qvec[f] = rec.image_qvec[k]
+                    rec.frame_tvec[f] = rec.image_tvec[k]
+    return rec

@@ -1,0 +1,310 @@
+## A dense Cholesky factorisation A = L L^T and the two triangular solves, in float64, for a
+## symmetric positive definite matrix that lives on the device (solvers/linalg/dense_cholesky_device.py).
+##
+## The matrix is row-major, np x np, np a multiple of the block size NB: the caller pads it with
+## an identity (L keeps that identity, the padded unknowns come out zero), so no kernel has a
+## partial block. Only the lower triangle is read. Blocked and right-looking: per block column k
+##
+##   panel     every work-group factors the NB x NB diagonal block in local memory (the same
+##             arithmetic in every group, so the same result); group 0 writes it to diag[], the
+##             others each solve NB rows of the panel below it, X L_kk^T = A_ik, in place
+##   update    the trailing lower triangle A_ij -= P_i P_j^T, one NB x NB tile per work-group,
+##             RT x RT entries per work-item, the two panel tiles in local memory; deferred
+##             over several block columns, it subtracts all their panels at once
+##
+## and per block row for the solves (b is overwritten):
+##
+##   forward   L z = b: every group solves the diagonal block's z_k; group 0 stores it, the
+##             others subtract A_ik z_k from their NB entries of b
+##   backward  L^T x = z: every group solves x_k; the group of block k stores it, the others
+##             subtract A_kj^T x_k from their NB entries of z
+##
+## The factored diagonal blocks go to diag[] instead of back into A: a group may not overwrite
+## the diagonal block while the other groups of the same launch still read it. Each launch reads
+## what the previous one wrote; the in-order queue orders them, with no host round trip.
+##
+## flag[0] (int): bit 1 (value 2) is set when a pivot is not positive and finite, as LAPACK's
+## dpotrf fails; the factorisation then goes on with NaN, which the caller discards.
+## Parameters: NB (block size, a power of two), RT (update entries per work-item and dimension,
+## a divisor of NB). The host may defer the trailing update over several block columns (see
+## update): the panel then also updates the rest of its deferred block's columns.
+<%namespace name="common" file="/clkernels/common.cl.mako"/>
+${common.fp64_pragma()}
+<% TT = NB // RT %>
+#define NB ${NB}
+#define NOT_POSITIVE_DEFINITE 2
+
+// A = the padded identity diag(0, ..., 0, 1, ..., 1) (ones from index n on), the padding of b
+// zero, and the failure flag cleared: where every solve starts.
+__kernel void clear(__global double *restrict A, __global double *restrict b,
+                    __global int *restrict flag, const int n, const int np)
+{
+    const int j = get_global_id(0), i = get_global_id(1);
+    if (i >= np || j >= np) return;
+    A[(size_t)i * np + j] = (i == j && i >= n) ? 1.0 : 0.0;
+    if (j == 0 && i >= n) b[i] = 0.0;
+    if (i == 0 && j == 0) flag[0] = 0;
+}
+
+// The Cholesky factor of the NB x NB diagonal block at (k, k): its strictly lower part into L,
+// its diagonal into d, by the unblocked right-looking algorithm; work-item r owns row r.
+// Returns whether every pivot was positive and finite.
+int factor_diagonal_block(__global const double *A, const int np, const int k,
+                          __local double (*L)[NB + 1], __local double *d)
+{
+    const int r = get_local_id(0);
+    for (int i = 0; i < NB; ++i) L[i][r] = A[(size_t)(k + i) * np + k + r];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    int ok = 1;
+    for (int j = 0; j < NB; ++j) {
+        // L[j][j] is not written during step j (its root goes to d[j]), so every item reads it.
+        const double pivot = L[j][j];
+        ok &= pivot > 0.0 && isfinite(pivot);
+        const double dj = sqrt(pivot);
+        if (r > j) L[r][j] /= dj;
+        if (r == j) d[j] = dj;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (r > j)
+            for (int c = j + 1; c <= r; ++c) L[r][c] -= L[r][j] * L[c][j];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    return ok;
+}
+
+__kernel __attribute__((reqd_work_group_size(NB, 1, 1)))
+void panel(__global double *restrict A, const int np, const int k,
+           __global double *restrict diag,       // (np / NB, NB, NB): the factored diagonal blocks
+           __global int *restrict flag)
+{
+    __local double L[NB][NB + 1];
+    __local double X[NB][NB + 1];
+    __local double d[NB];
+    const int r = get_local_id(0), g = get_group_id(0);
+    const int row0 = k + g * NB;          // group 0: the diagonal block; the others: the panel
+    if (g > 0)
+        for (int i = 0; i < NB; ++i) X[i][r] = A[(size_t)(row0 + i) * np + k + r];
+    const int ok = factor_diagonal_block(A, np, k, L, d);
+    if (g == 0) {
+        if (r == 0 && !ok) flag[0] |= NOT_POSITIVE_DEFINITE;
+        __global double *out = diag + (size_t)(k / NB) * NB * NB;
+        for (int i = 0; i < NB; ++i) out[i * NB + r] = r < i ? L[i][r] : (r == i ? d[i] : 0.0);
+        return;
+    }
+    // Row r of X L^T = A_ik: forward substitution along the row, the item's own data.
+    for (int j = 0; j < NB; ++j) {
+        double x = X[r][j];
+        for (int m = 0; m < j; ++m) x -= X[r][m] * L[j][m];
+        X[r][j] = x / d[j];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int i = 0; i < NB; ++i) A[(size_t)(row0 + i) * np + k + r] = X[i][r];
+}
+
+// Tile q of the lower triangle of tiles, row-major: (ti, tj) with q = ti (ti + 1) / 2 + tj.
+int2 lower_tile(const int q)
+{
+    int ti = (int)((sqrt(8.0 * q + 1.0) - 1.0) / 2.0);
+    while (ti * (ti + 1) / 2 > q) --ti;              // the root may round either way
+    while ((ti + 1) * (ti + 2) / 2 <= q) ++ti;
+    return (int2)(ti, q - ti * (ti + 1) / 2);
+}
+
+// A_ij -= sum over s < ksub of P_i(s) P_j(s)^T, P(s) the factored block column k / NB + s, for
+// tile (ti, tj) of A per work-group. ncols == 0: every tile of the lower triangle from block
+// (c0, c0) on (the trailing update; q = get_group_id(0) as in lower_tile); ncols > 0: the tiles
+// of block columns c0 .. c0 + ncols - 1 from the diagonal down (the columns left in a deferred
+// block; group q = column * rows + offset, rows = np / NB - c0, past the last row it returns).
+// Deferring the trailing update over several block columns reads and writes the trailing
+// matrix once per ksub panels instead of once per panel: on GPUs that read-modify-write, not the
+// arithmetic, bounds the factorisation.
+__kernel __attribute__((reqd_work_group_size(${TT}, ${TT}, 1)))
+void update(__global double *restrict A, const int np, const int k, const int ksub, const int c0,
+            const int ncols)
+{
+    __local double Pi[NB][NB + 1];
+    __local double Pj[NB][NB + 1];
+    int ti, tj;
+    if (ncols == 0) {
+        const int2 t = lower_tile(get_group_id(0));
+        ti = c0 + t.x;
+        tj = c0 + t.y;
+    } else {
+        const int rows = np / NB - c0, q = get_group_id(0);
+        tj = c0 + q / rows;
+        ti = tj + q % rows;
+        if (ti >= np / NB) return;       // the whole group: no barrier is left waiting
+    }
+    const int lx = get_local_id(0), ly = get_local_id(1), lid = ly * ${TT} + lx;
+    const int row0 = ti * NB, col0 = tj * NB;
+    // Item (lx, ly) owns rows ly + u TT and columns lx + v TT: neighbours in x write neighbouring
+    // columns (coalesced) and read rows of Pj NB + 1 apart (no bank conflicts).
+%for u in range(RT):
+%for v in range(RT):
+    double acc${u}_${v} = 0.0;
+%endfor
+%endfor
+    for (int s = 0; s < ksub; ++s) {
+        const int kc = k + s * NB;
+        for (int e = lid; e < NB * NB; e += ${TT * TT}) {
+            const int i = e / NB, m = e - i * NB;
+            Pi[i][m] = A[(size_t)(row0 + i) * np + kc + m];
+            Pj[i][m] = A[(size_t)(col0 + i) * np + kc + m];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int m = 0; m < NB; ++m) {
+%for u in range(RT):
+            const double a${u} = Pi[ly + ${u * TT}][m];
+%endfor
+%for v in range(RT):
+            const double b${v} = Pj[lx + ${v * TT}][m];
+%endfor
+%for u in range(RT):
+%for v in range(RT):
+            acc${u}_${v} += a${u} * b${v};
+%endfor
+%endfor
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);    // before the next panel's tiles overwrite Pi and Pj
+    }
+%for u in range(RT):
+%for v in range(RT):
+    A[(size_t)(row0 + ly + ${u * TT}) * np + col0 + lx + ${v * TT}] -= acc${u}_${v};
+%endfor
+%endfor
+}
+
+// The factored diagonal block kb of diag[] into L (row-major, lower).
+void load_diagonal_block(__global const double *diag, const int kb, __local double (*L)[NB + 1])
+{
+    const int r = get_local_id(0);
+    __global const double *src = diag + (size_t)kb * NB * NB;
+    for (int i = 0; i < NB; ++i) L[i][r] = src[i * NB + r];
+}
+
+__kernel __attribute__((reqd_work_group_size(NB, 1, 1)))
+void forward(__global const double *restrict A, const int np, const int k,
+             __global const double *restrict diag,
+             __global double *restrict b,          // (np) right-hand side, updated below block k
+             __global double *restrict z)          // (np) the solution of L z = b
+{
+    __local double L[NB][NB + 1];
+    __local double T[NB][NB + 1];
+    __local double w[NB];
+    const int r = get_local_id(0), g = get_group_id(0);
+    const int row0 = k + g * NB;
+    load_diagonal_block(diag, k / NB, L);
+    w[r] = b[k + r];
+    if (g > 0)
+        for (int i = 0; i < NB; ++i) T[i][r] = A[(size_t)(row0 + i) * np + k + r];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    // NB^2 / 2 multiply-adds: cheaper on one item than NB barriers.
+    if (r == 0)
+        for (int j = 0; j < NB; ++j) {
+            double s = w[j];
+            for (int m = 0; m < j; ++m) s -= L[j][m] * w[m];
+            w[j] = s / L[j][j];
+        }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (g == 0) {
+        z[k + r] = w[r];
+        return;
+    }
+    double s = 0.0;
+    for (int c = 0; c < NB; ++c) s += T[r][c] * w[c];
+    b[row0 + r] -= s;
+}
+
+__kernel __attribute__((reqd_work_group_size(NB, 1, 1)))
+void backward(__global const double *restrict A, const int np, const int k,
+              __global const double *restrict diag,
+              __global double *restrict z,         // (np) from forward, updated above block k
+              __global double *restrict x,         // (n) the solution of L^T x = z
+              const int n)
+{
+    __local double L[NB][NB + 1];
+    __local double w[NB];
+    const int r = get_local_id(0), g = get_group_id(0), kb = k / NB;
+    load_diagonal_block(diag, kb, L);
+    w[r] = z[k + r];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (r == 0)
+        for (int j = NB - 1; j >= 0; --j) {
+            double s = w[j];
+            for (int m = j + 1; m < NB; ++m) s -= L[m][j] * w[m];
+            w[j] = s / L[j][j];
+        }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (g == kb) {
+        if (k + r < n) x[k + r] = w[r];
+        return;
+    }
+    // Column g NB + r of block row k: neighbouring items read neighbouring entries.
+    const int col = g * NB + r;
+    double s = 0.0;
+    for (int m = 0; m < NB; ++m) s += A[(size_t)(k + m) * np + col] * w[m];
+    z[col] -= s;
+}
+
+// Both triangular solves, L z = b then L^T x = z, in one launch of one work-group of LS items,
+// for matrices small enough that one group reading L beats a launch per block row (forward and
+// backward above: two launches per block, each a few microseconds of host and device even when
+// it does almost nothing). Block by block as those two: item 0 solves the diagonal block, then
+// every item updates its rows (columns) of what is left, in the same order of operations.
+__kernel __attribute__((reqd_work_group_size(${LS}, 1, 1)))
+void solve_small(__global const double *restrict A, const int np,
+                 __global const double *restrict diag,
+                 __global double *restrict b,      // (np) overwritten
+                 __global double *restrict z,      // (np) L^-1 b, overwritten
+                 __global double *restrict x,      // (n) the solution
+                 const int n)
+{
+    __local double L[NB][NB + 1];
+    __local double w[NB];
+    const int lid = get_local_id(0);
+    for (int k = 0; k < np; k += NB) {
+        if (lid < NB) {
+            __global const double *src = diag + (size_t)(k / NB) * NB * NB;
+            for (int i = 0; i < NB; ++i) L[i][lid] = src[i * NB + lid];
+            w[lid] = b[k + lid];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (lid == 0)
+            for (int j = 0; j < NB; ++j) {
+                double s = w[j];
+                for (int m = 0; m < j; ++m) s -= L[j][m] * w[m];
+                w[j] = s / L[j][j];
+            }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (lid < NB) z[k + lid] = w[lid];
+        for (int i = k + NB + lid; i < np; i += ${LS}) {
+            double s = 0.0;
+            for (int c = 0; c < NB; ++c) s += A[(size_t)i * np + k + c] * w[c];
+            b[i] -= s;
+        }
+        // b's next block, written by other items, is read at the top of the next pass.
+        barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
+    }
+    for (int k = np - NB; k >= 0; k -= NB) {
+        if (lid < NB) {
+            __global const double *src = diag + (size_t)(k / NB) * NB * NB;
+            for (int i = 0; i < NB; ++i) L[i][lid] = src[i * NB + lid];
+            w[lid] = z[k + lid];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (lid == 0)
+            for (int j = NB - 1; j >= 0; --j) {
+                double s = w[j];
+                for (int m = j + 1; m < NB; ++m) s -= L[m][j] * w[m];
+                w[j] = s / L[j][j];
+            }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (lid < NB && k + lid < n) x[k + lid] = w[lid];
+        // Columns left of block k, neighbouring items on neighbouring entries of each row.
+        for (int col = lid; col < k; col += ${LS}) {
+            double s = 0.0;
+            for (int m = 0; m < NB; ++m) s += A[(size_t)(k + m) * np + col] * w[m];
+            z[col] -= s;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
+    }
+}

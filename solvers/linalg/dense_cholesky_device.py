@@ -1,0 +1,184 @@
+"""Launcher of ``dense_cholesky_device.cl.mako``: a dense Cholesky factorisation and solve of one
+symmetric positive definite float64 matrix held on the OpenCL device.
+
+:class:`DenseCholesky` owns the padded matrix ``A`` (``np x np``, row-major, ``np`` the size
+rounded up to the block size), the right-hand side ``b`` and a failure flag. A caller writes the
+lower triangle of its matrix into ``A`` and its right-hand side into ``b`` after :meth:`clear`,
+then :meth:`factor` and :meth:`solve` enqueue everything with no host read; :meth:`failed` reads
+the flag once at the end. :meth:`solve_host` does all of it for host arrays (the tests).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyopencl as cl
+
+from clkernels import arrays
+from clkernels.launch import presets
+from clkernels.templates import get_program
+
+TEMPLATE = "solvers/linalg/dense_cholesky_device.cl.mako"
+NOT_POSITIVE_DEFINITE = 2        # the flag bit the template sets
+# Block columns over which the trailing update is deferred (DenseCholesky.factor).
+DEFER = 4
+# Up to this padded size both triangular solves run in one launch of one work-group
+# (solve_small): L is then at most 64 MiB, which one group reads faster than 2 * size / NB
+# launches cost (two per block row, each some microseconds on the host and on the device).
+SMALL_SOLVE_MAX = 4096
+
+
+def block_sizes(info):
+    """``(NB, RT)``: the block size and the update's entries per work-item and dimension.
+
+    32 x 32 blocks (two 8.4 KiB local tiles per group, within every vendor's local memory; halved
+    where a device has less). GPUs: 4 x 4 entries per update item (64 items a group, 16
+    accumulators each; not measured here). CPUs, where PoCL runs a group's items as one loop:
+    8 x 8 (16 items a group), the fastest of 2, 4 and 8 on PoCL (657 unknowns: 29-35 ms, against
+    32-41 ms and 47-54 ms).
+    """
+    nb = 32
+    while nb > 4 and (2 * nb * (nb + 1) + nb) * 8 > info.local_mem_bytes:
+        nb //= 2
+    nb = min(nb, 1 << (info.max_work_group_size.bit_length() - 1))
+    rt = 8 if info.is_cpu else 4
+    rt = min(rt, nb)
+    while (nb // rt) ** 2 > info.max_work_group_size:
+        rt *= 2
+    return nb, rt
+
+
+def padded_size(n: int, nb: int) -> int:
+    return arrays.round_up(max(1, int(n)), nb)
+
+
+def dense_bytes(n: int, nb: int = 32) -> int:
+    """Device bytes of a :class:`DenseCholesky` for ``n`` unknowns."""
+    m = padded_size(n, nb)
+    return 8 * (m * m + 2 * m + m * nb) + 4
+
+
+class DenseCholesky:
+    """The buffers and kernels of one ``n x n`` dense Cholesky on the device (see the module)."""
+
+    def __init__(self, runtime, n: int, block: tuple = None, defer: int = DEFER,
+                 small_solve_max: int = SMALL_SOLVE_MAX):
+        self.rt = rt = runtime
+        if not rt.info.fp64:
+            raise ValueError(f"the dense Cholesky needs fp64; {rt.info.name!r} has none")
+        self.n = int(n)
+        self.NB, self.RT = block or block_sizes(rt.info)
+        self.m = padded_size(self.n, self.NB)
+        if self.m * self.m >= 2 ** 31:
+            raise ValueError(f"a {self.n} x {self.n} dense matrix is too large to index with 32-bit ints")
+        self.nblocks = self.m // self.NB
+        if int(defer) < 1:
+            raise ValueError(f"defer must be a positive number of block columns, not {defer!r}")
+        self.defer = int(defer)
+        self.small_solve = self.m <= small_solve_max     # both solves in one launch (solve_small)
+        f64 = lambda size: arrays.scratch(rt, size, np.float64)  # noqa: E731
+        self.A = f64(self.m * self.m)
+        self.b, self.z = f64(self.m), f64(self.m)
+        self.diag = f64(self.m * self.NB)
+        self.flag = arrays.scratch(rt, 1, np.int32)
+        # solve_small's group: up to 256 items, a multiple of the block size.
+        self.LS = max(self.NB, min(256, rt.info.max_work_group_size) // self.NB * self.NB)
+        prg = get_program(TEMPLATE, rt, NB=self.NB, RT=self.RT, LS=self.LS)
+        self.k = presets(prg, self)      # this instance's own kernels, arguments set when they change
+        self._m = np.int32(self.m)
+        self.events = None        # a list to keep (name, event) pairs for a profile, or None
+
+    @property
+    def nbytes(self) -> int:
+        return self.A.nbytes + self.b.nbytes + self.z.nbytes + self.diag.nbytes + self.flag.nbytes
+
+    def _launch(self, name, gsize, lsize, *args):
+        e = self.k[name](self.rt.queue, gsize, lsize, *args)
+        if self.events is not None:
+            self.events.append((name, e))
+
+    def clear(self):
+        """Enqueue ``A = diag(0, 1)`` (the padding's identity), ``b``'s padding zero, flag 0."""
+        m = self.m
+        self._launch("clear", (m, m), (self.NB, 1), self.A.data, self.b.data, self.flag.data,
+                     np.int32(self.n), self._m)
+
+    def factor(self):
+        """Enqueue ``A = L L^T`` (L in A's strictly lower blocks and in ``diag``).
+
+        Right-looking with the trailing update deferred over ``self.defer`` block columns: each
+        panel updates only the rest of its deferred block's columns, and one update then
+        subtracts all of the block's panels from the trailing matrix (one read and write of it
+        per ``defer`` panels: the same launches, a quarter of the traffic at 4)."""
+        NB, TT, nb, i32 = self.NB, self.NB // self.RT, self.nblocks, np.int32
+        for ko in range(0, nb, self.defer):
+            kend = min(ko + self.defer, nb)
+            for kb in range(ko, kend):
+                self._launch("panel", ((nb - kb) * NB,), (NB,), self.A.data, self._m, i32(kb * NB),
+                             self.diag.data, self.flag.data)
+                ncols = kend - kb - 1            # the deferred block's columns right of kb
+                if ncols:
+                    groups = ncols * (nb - kb - 1)
+                    self._launch("update", (groups * TT, TT), (TT, TT), self.A.data, self._m, i32(kb * NB),
+                                 i32(1), i32(kb + 1), i32(ncols))
+            below = nb - kend
+            if below:
+                tiles = below * (below + 1) // 2
+                self._launch("update", (tiles * TT, TT), (TT, TT), self.A.data, self._m, i32(ko * NB),
+                             i32(kend - ko), i32(kend), i32(0))
+
+    def solve(self, x):
+        """Enqueue ``x = A^-1 b`` from the factor: ``x`` a float64 device array of at least ``n``
+        entries (its first ``n`` are written); ``b`` is overwritten."""
+        NB, nbk = self.NB, self.nblocks
+        if x.dtype != np.float64 or x.size < self.n:
+            raise ValueError(f"x must be float64 with at least {self.n} entries, got {x.size} {x.dtype}")
+        if self.small_solve:
+            self._launch("solve_small", (self.LS,), (self.LS,), self.A.data, self._m, self.diag.data,
+                         self.b.data, self.z.data, x.data, np.int32(self.n))
+            return
+        for kb in range(nbk):
+            self._launch("forward", ((nbk - kb) * NB,), (NB,), self.A.data, self._m, np.int32(kb * NB),
+                         self.diag.data, self.b.data, self.z.data)
+        for kb in reversed(range(nbk)):
+            self._launch("backward", ((kb + 1) * NB,), (NB,), self.A.data, self._m, np.int32(kb * NB),
+                         self.diag.data, self.z.data, x.data, np.int32(self.n))
+
+    def failed(self) -> bool:
+        """Whether the factorisation met a pivot that is not positive and finite (one read)."""
+        flag = np.empty(1, np.int32)
+        cl.enqueue_copy(self.rt.queue, flag, self.flag.data)
+        return bool(flag[0] & NOT_POSITIVE_DEFINITE)
+
+    # -- host arrays (tests, and anyone with a matrix on the host) ---------------------------
+    def write_host(self, S, rhs):
+        """Upload the symmetric ``S`` (n x n, its lower triangle is used) and ``rhs`` (n) padded."""
+        m, n = self.m, self.n
+        A = np.zeros((m, m))
+        A[:n, :n] = np.tril(np.asarray(S, dtype=np.float64))
+        A[np.arange(n, m), np.arange(n, m)] = 1.0
+        b = np.zeros(m)
+        b[:n] = rhs
+        q = self.rt.queue
+        cl.enqueue_copy(q, self.A.data, A)
+        cl.enqueue_copy(q, self.b.data, b)
+        cl.enqueue_copy(q, self.flag.data, np.zeros(1, np.int32))
+
+    def solve_host(self, S, rhs):
+        """``(x, ok)`` for host ``S`` and ``rhs``, all on the device."""
+        self.write_host(S, rhs)
+        self.factor()
+        x = arrays.scratch(self.rt, max(1, self.n), np.float64)
+        arrays.keep_on_simulator(self.rt, x)      # a per-call output (see keep_on_simulator)
+        self.solve(x)
+        ok = not self.failed()
+        return x.get()[:self.n], ok
+
+    def lower_factor(self) -> np.ndarray:
+        """L (n x n) from the last :meth:`factor`: the strictly lower blocks of ``A`` and ``diag``."""
+        m, NB = self.m, self.NB
+        A = self.A.get().reshape(m, m)
+        diag = self.diag.get().reshape(self.nblocks, NB, NB)
+        L = np.tril(A)
+        for kb in range(self.nblocks):
+            s = slice(kb * NB, (kb + 1) * NB)
+            L[s, s] = diag[kb]
+        return L[:self.n, :self.n]

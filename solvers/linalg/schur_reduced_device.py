@@ -1,0 +1,234 @@
+"""sparse_schur's reduced camera system ``S yc = rhs`` assembled on the OpenCL device
+(``schur_reduced_device.cl.mako``), in the conventions of :mod:`solvers.ba.schur`:
+
+    rhs = gc - W V^-1 gp,     S = B + Dc^2 - W V^-1 W^T,
+
+with ``W = F^T E``. :class:`ReducedPattern` is S's block-sparse structure (which camera pairs share
+a point, and through which observations), found on the host once per solve from the observations'
+cameras and points; :class:`ReducedCameraSystem` holds it on the device and enqueues the
+assembly, either as S's nonzero blocks (for a host factorisation) or into a dense matrix (for
+:class:`solvers.linalg.dense_cholesky_device.DenseCholesky`).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from clkernels import arrays
+from clkernels.launch import Preset, owned_kernel
+from clkernels.templates import get_program
+
+from ..ba import ordering
+
+TEMPLATE = "solvers/linalg/schur_reduced_device.cl.mako"
+# Pairs one work-item of pair_partials sums: a camera's diagonal block has a pair per point it
+# sees (thousands), an off-diagonal block a pair per shared point. Short on GPUs, which need many
+# work-items; long on CPUs, where they run one after another anyway.
+MAX_RUN_CPU = 4096
+MAX_RUN_GPU = 64
+# Groups one work-item of rhs_partials sums (a camera has a group per point it sees).
+MAX_RHS_RUN = 64
+
+
+class ReducedPattern:
+    """S's nonzero C x C blocks (a <= b: every camera's diagonal block, and the pairs of cameras
+    that see a common point) and, per block, the pairs of camera-point groups that sum into it.
+
+    A camera-point group is one camera's observations of one point (one, unless a camera sees a
+    point twice); groups are numbered in camera order, points in order within a camera.
+    Observations must be sorted by point (solvers.ba.schur.Structure's order)."""
+
+    def __init__(self, cam, pt, num_cameras, num_points, max_run=MAX_RUN_CPU, camera_order=None):
+        cam, pt = np.asarray(cam), np.asarray(pt)
+        n, nc, npt = cam.size, int(num_cameras), int(num_points)
+        if n and (cam.min() < 0 or cam.max() >= nc or pt.min() < 0 or pt.max() >= npt):
+            raise ValueError("an observation's camera or point index is out of range")
+        if n and not ordering.is_sorted(pt):
+            raise ValueError("observations must be sorted by point index")
+        self.n, self.nc, self.npt = n, nc, npt
+        self.max_run = max_run
+        # Observations in camera order, points in order within a camera (the Evaluator's
+        # camera_order when given: the same order, already made), cut into groups.
+        self.obs = camera_order if camera_order is not None else ordering.stable_order(cam, nc)
+        c, p = ordering.take(cam, self.obs), ordering.take(pt, self.obs)
+        new_group = ordering.changes(c, np.arange(n)) | ordering.changes(p, np.arange(n)) if n \
+            else np.zeros(0, bool)
+        first = np.flatnonzero(new_group)
+        self.group_start = np.concatenate((first, [n]))
+        self.group_cam, self.group_pt = c[first], p[first]
+        del c, p, new_group
+        ng = first.size
+        self.cam_group = ordering.starts(self.group_cam, nc)
+        # Pairs of groups of one point, cameras in order (a <= b): the groups in point order
+        # (stable, so cameras ascend within a point), each with itself and the ones after it.
+        by_pt = ordering.stable_order(self.group_pt, npt)
+        gp = self.group_pt[by_pt]
+        run_end = ordering.starts(gp, npt)[gp + 1]
+        # Every gather below is over the pairs (~3x the observations): threaded (ordering.take),
+        # in 32-bit indices where they fit.
+        pos = np.arange(ng, dtype=ordering.index_dtype(ng))
+        partners = (run_end - pos).astype(pos.dtype)
+        npairs = int(partners.sum(dtype=np.int64))
+        it = ordering.index_dtype(npairs)
+        rep_pos = np.repeat(pos, partners)
+        offset = np.arange(npairs, dtype=it)
+        offset -= np.repeat((np.cumsum(partners, dtype=it) - partners).astype(it), partners)
+        offset += rep_pos
+        a, b = ordering.take(by_pt, rep_pos, pos.dtype), ordering.take(by_pt, offset, pos.dtype)
+        del rep_pos, offset
+        block = ordering.take(self.group_cam, a, np.int64)
+        block *= nc
+        block += ordering.take(self.group_cam, b)
+        order = ordering.stable_order(block, nc * nc)
+        self.pair_a, self.pair_b = ordering.take(a, order), ordering.take(b, order)
+        block = ordering.take(block, order)
+        del a, b, order
+        # Blocks: every diagonal one (an unobserved camera's holds Dc^2 only) and the shared ones
+        # (block is sorted: its distinct values are where it changes).
+        present = block[np.flatnonzero(ordering.changes(block, np.arange(block.size)))] if block.size \
+            else np.zeros(0, np.int64)
+        # Both are sorted: a stable sort merges the two runs in one pass (np.union1d would sort
+        # or hash them whole: 0.24 s at 1,000 images on the H200 machine's host).
+        blocks = np.concatenate((present, np.arange(nc, dtype=np.int64) * (nc + 1)))
+        blocks.sort(kind="stable")
+        if blocks.size:
+            blocks = blocks[np.concatenate(([True], blocks[1:] != blocks[:-1]))]
+        self.block_row, self.block_col = blocks // nc, blocks % nc
+        self.nblocks = blocks.size
+        pair_start = np.searchsorted(block, blocks, side="left")
+        # Runs of at most max_run pairs of one block (a block without pairs has none); the
+        # blocks' pair ranges follow one another in the sorted pairs.
+        runs = ordering.cut_runs(np.concatenate((pair_start, [block.size])), max_run)
+        self.block_run, self.run_start, self.nruns = runs.item_run, runs.start, runs.owner.size
+        self.npairs = block.size
+        # rhs: each camera's groups in runs of at most MAX_RHS_RUN.
+        self.ngroups = ng
+        runs = ordering.cut_runs(self.cam_group, MAX_RHS_RUN)
+        self.cam_rhs_run, self.rhs_run_start, self.nrhs_runs = runs.item_run, runs.start, runs.owner.size
+
+    @property
+    def fill(self) -> float:
+        """The fraction of S's C x C blocks that are nonzero (both triangles)."""
+        return (2 * self.nblocks - self.nc) / max(1, self.nc * self.nc)
+
+    @property
+    def offdiagonal(self) -> np.ndarray:
+        return self.block_row != self.block_col
+
+    def index_bytes(self) -> int:
+        return 4 * (self.n + 2 * (self.group_start.size + self.nc) + 2 * self.npairs
+                    + self.run_start.size + self.block_run.size + 2 * self.nblocks
+                    + self.rhs_run_start.size + self.cam_rhs_run.size)
+
+
+class ReducedCameraSystem:
+    """The device copy of a :class:`ReducedPattern` and the kernels that assemble S and rhs.
+
+    Every ``enqueue_*`` method takes device arrays (float64, contiguous) and returns at once:
+    Jc (n, R, C) and Jp (n, R, P) sorted by point, ``Vinv`` (npt, P, P) = (V + Dp^2)^-1, B's upper
+    triangles (nc, C (C + 1) / 2), ``dc2`` (nc * C), ``gc`` (nc * C), ``gp`` (npt * P). ``flag``
+    (int32) gets bit 0 set when a value of S or rhs is not finite."""
+
+    def __init__(self, runtime, pattern: ReducedPattern, C=9, P=3, R=2, whole_run=None):
+        self.rt, self.pat = runtime, pattern
+        self.C, self.P, self.R = C, P, R
+        # pair_partials: on CPUs a work-item sums a run's whole C x C block, reading each pair's
+        # G and Z once (PoCL runs the work-item per row as scalar loops that read G C times:
+        # 3-5x slower); GPUs want the C times more work-items.
+        self.whole_run = runtime.info.is_cpu if whole_run is None else bool(whole_run)
+        if max(pattern.n, pattern.npairs, C * pattern.nc, pattern.nruns * C * C,
+               2 * C * P * pattern.ngroups) >= 2 ** 31:
+            raise ValueError("the reduced camera system indexes with 32-bit ints: problem too large")
+        i32 = lambda a: arrays.to_device(runtime, np.ascontiguousarray(a if len(a) else [0], dtype=np.int32))  # noqa: E731
+        pat = pattern
+        self.obs, self.group_start, self.group_pt = i32(pat.obs), i32(pat.group_start), i32(pat.group_pt)
+        self.cam_group = i32(pat.cam_group)
+        self.pair_a, self.pair_b, self.run_start = i32(pat.pair_a), i32(pat.pair_b), i32(pat.run_start)
+        self.block_run, self.block_row, self.block_col = i32(pat.block_run), i32(pat.block_row), i32(pat.block_col)
+        self.rhs_run_start, self.cam_rhs_run = i32(pat.rhs_run_start), i32(pat.cam_rhs_run)
+        self.partial = arrays.scratch(runtime, max(1, pat.nruns * C * C), np.float64)
+        self.rhs_partial = arrays.scratch(runtime, max(1, pat.nrhs_runs * C), np.float64)
+        # G and Z = G V^-1 per camera-point group: made by enqueue_groups for rhs and blocks.
+        self.GZ = arrays.scratch(runtime, max(1, pat.ngroups * 2 * C * P), np.float64)
+        self.bytes_to_device = pat.index_bytes()
+        self._k = {}
+        self.events = None        # a list to keep (name, event) pairs for a profile, or None
+        ls = 8 if runtime.info.is_cpu else 64
+        # Work-group sizes per kernel (keyed as the kernels are): the assembly's now, with its
+        # program; reduced_blocks' at its first launch, since asking builds the program of that
+        # output alone.
+        self._ls_wanted = ls
+        self._ls = {}
+        for name in ("group_blocks", "rhs_partials", "reduced_rhs", "pair_partials"):
+            self._work_group(name, None)
+
+    @property
+    def nbytes(self) -> int:
+        return self.bytes_to_device + self.partial.nbytes + self.rhs_partial.nbytes + self.GZ.nbytes
+
+    @staticmethod
+    def estimate_bytes(pattern: "ReducedPattern", C=9, P=3) -> int:
+        """Device bytes of a system for ``pattern``, before making it."""
+        return pattern.index_bytes() + 8 * (pattern.nruns * C * C + pattern.nrhs_runs * C
+                                            + pattern.ngroups * 2 * C * P)
+
+    @staticmethod
+    def _key(name, out):
+        return name, (None if name != "reduced_blocks" else out)     # the template's OUT
+
+    def _work_group(self, name, out) -> int:
+        key = self._key(name, out)
+        ls = self._ls.get(key)
+        if ls is None:
+            ls = self._ls[key] = arrays.work_group_size(self.rt, self._kernel(name, out).kernel, self._ls_wanted)
+        return ls
+
+    def _kernel(self, name, out):
+        key = self._key(name, out)
+        if key not in self._k:
+            prg = get_program(TEMPLATE, self.rt, C=self.C, P=self.P, R=self.R, OUT=key[1],
+                              WHOLE_RUN=self.whole_run)
+            self._k[key] = Preset(owned_kernel(prg, name, self))   # this instance's own, arguments set when they change
+        return self._k[key]
+
+    def _run(self, name, items, *args, out="blocks"):
+        if items <= 0:
+            return
+        ls = self._work_group(name, out)
+        if name in ("rhs_partials", "reduced_rhs") or (name == "pair_partials" and not self.whole_run):
+            items *= self.C                 # a work-item per row
+        e = self._kernel(name, out)(self.rt.queue, (arrays.round_up(items, ls),), (ls,), *args)
+        if self.events is not None:
+            self.events.append((name, e))
+
+    def enqueue_groups(self, Jc, Jp, Vinv):
+        """G and Z = G V^-1 per camera-point group, which enqueue_rhs and the blocks read: enqueue
+        it first, after every change of the Jacobian or of V^-1."""
+        self._run("group_blocks", self.pat.ngroups, Jc.data, Jp.data, Vinv.data, self.obs.data,
+                  self.group_start.data, self.group_pt.data, self.GZ.data, np.int32(self.pat.ngroups))
+
+    def enqueue_rhs(self, gc, gp, rhs, flag):
+        """``rhs`` (at least nc * C entries) = gc - W V^-1 gp (after :meth:`enqueue_groups`)."""
+        self._run("rhs_partials", self.pat.nrhs_runs, self.GZ.data, self.group_pt.data, gp.data,
+                  self.rhs_run_start.data, self.rhs_partial.data, np.int32(self.pat.nrhs_runs))
+        self._run("reduced_rhs", self.pat.nc, gc.data, self.rhs_partial.data, self.cam_rhs_run.data,
+                  rhs.data, flag.data, np.int32(self.pat.nc))
+
+    def _enqueue_partials(self):
+        self._run("pair_partials", self.pat.nruns, self.GZ.data, self.pair_a.data, self.pair_b.data,
+                  self.run_start.data, self.partial.data, np.int32(self.pat.nruns))
+
+    def enqueue_blocks(self, B, dc2, out, flag):
+        """``out`` (nblocks, C, C): S's nonzero blocks, in :class:`ReducedPattern`'s order (after
+        :meth:`enqueue_groups`)."""
+        self._enqueue_partials()
+        self._run("reduced_blocks", self.pat.nblocks, B.data, dc2.data, self.partial.data, self.block_run.data,
+                  self.block_row.data, self.block_col.data, out.data, flag.data, np.int32(self.pat.nblocks),
+                  np.int32(0), out="blocks")
+
+    def enqueue_dense(self, B, dc2, A, ld, flag):
+        """S's nonzero blocks into the lower triangle of the row-major dense ``A`` (``ld``
+        columns); the rest of ``A`` is left as it is (zero it first). After :meth:`enqueue_groups`."""
+        self._enqueue_partials()
+        self._run("reduced_blocks", self.pat.nblocks, B.data, dc2.data, self.partial.data, self.block_run.data,
+                  self.block_row.data, self.block_col.data, A.data, flag.data, np.int32(self.pat.nblocks),
+                  np.int32(ld), out="dense")
