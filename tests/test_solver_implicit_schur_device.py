@@ -9,7 +9,7 @@ import scipy.linalg
 
 import solvers
 from solvers.general.implicit_schur_device import DeviceImplicitSchur
-from solvers.solve import _GeneralCore
+from solvers.plan import GeneralCore
 from solvers.general.sparse_state import SparseState
 
 from test_solver_problem import scene, three_group_problem
@@ -17,7 +17,7 @@ from test_solver_problem import scene, three_group_problem
 
 def iterative_state(prob, runtime):
     opts = solvers.Options(linear_solver="iterative_schur")
-    core = _GeneralCore(prob, "points", opts)
+    core = GeneralCore(prob, "points", opts)
     st = SparseState(core.evaluator, opts, core.x0(), runtime=runtime)
     st.evaluate_jacobian(first=True)
     return st

@@ -10,7 +10,7 @@ import solvers
 from solvers.general import pair_schur, pair_schur_device
 from solvers.linalg import factorisation_limits
 from solvers.general.pair_schur_device import DevicePairSchur
-from solvers.solve import _GeneralCore
+from solvers.plan import GeneralCore
 from solvers.general.sparse_state import SparseState
 
 from test_solver_problem import scene, three_group_problem
@@ -18,7 +18,7 @@ from test_solver_problem import scene, three_group_problem
 
 def jacobian_state(prob, runtime):
     opts = solvers.Options()
-    core = _GeneralCore(prob, "points", opts)
+    core = GeneralCore(prob, "points", opts)
     st = SparseState(core.evaluator, opts, core.x0(), runtime=runtime)
     st.evaluate_jacobian(first=True)
     return st

@@ -10,7 +10,7 @@ import pyclad as pc
 import solvers
 from solvers.models import cameras
 from solvers.linalg import factorisation_limits
-from solvers.solve import _GeneralCore
+from solvers.plan import GeneralCore
 from solvers.general.sparse_state import SparseState
 
 from bal_data import bal_file
@@ -130,7 +130,7 @@ def test_jacobian_columns_against_the_complex_step(device):
     s = scene()
     prob = three_group_problem(s, device=device)
     opts = solvers.Options()
-    core = _GeneralCore(prob, "points", opts)
+    core = GeneralCore(prob, "points", opts)
     st = SparseState(core.evaluator, opts, core.x0())
     st.evaluate_jacobian(first=True)
     J = np.hstack([st.F.toarray(), st.E.toarray()])
@@ -153,7 +153,7 @@ def test_three_groups_two_kinds_against_scipy_least_squares(device, linear_solve
                       **({"eta": 1e-6} if linear_solver == "iterative_schur" else {}))
     assert r.core == "general" and r.usable
     assert r.eliminated == (None if linear_solver == "sparse_normal_cholesky" else "points")
-    core = _GeneralCore(prob, "points", solvers.Options())
+    core = GeneralCore(prob, "points", solvers.Options())
     t0, values_at = tangent_functions(prob, core)
     ref = scipy.optimize.least_squares(lambda t: numpy_residuals(prob, values_at(t)), t0, method="lm",
                                        jac=lambda t: complex_step_jacobian(prob, values_at, t),
@@ -182,7 +182,7 @@ def test_robust_loss_on_one_kind_matches_scipy(device):
     prob = three_group_problem(s, with_prior=False, loss="huber", device=device)
     r = solvers.solve(prob, max_iterations=100, function_tolerance=1e-14, gradient_tolerance=1e-14,
                       parameter_tolerance=1e-14, handle_sigint=False)
-    core = _GeneralCore(prob, "points", solvers.Options())
+    core = GeneralCore(prob, "points", solvers.Options())
     t0, values_at = tangent_functions(prob, core)
     ref = scipy.optimize.least_squares(lambda t: numpy_residuals(prob, values_at(t)), t0, loss="huber",
                                        jac=lambda t: complex_step_jacobian(prob, values_at, t),

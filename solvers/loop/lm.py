@@ -185,10 +185,12 @@ class _SigintHandler:
 
 
 class Minimizer:
-    """One Levenberg-Marquardt solve (use :func:`minimize`)."""
+    """One Levenberg-Marquardt solve (use :func:`minimize`). ``make_state(evaluator, options,
+    runtime, x0)`` builds the loop state (:class:`solvers.loop.step.LoopState`) that the plan chose
+    (:mod:`solvers.plan`); the minimizer knows no concrete state."""
 
-    def __init__(self, evaluator, options: Options, callback=None, stop: Optional[StopFlag] = None,
-                 runtime=None, iteration_offset: int = 0, make_state=None):
+    def __init__(self, evaluator, options: Options, make_state, callback=None, stop: Optional[StopFlag] = None,
+                 runtime=None, iteration_offset: int = 0):
         self.ev, self.o, self.callback = evaluator, options, callback
         self.make_state = make_state
         self.stop = stop or StopFlag()
@@ -202,29 +204,6 @@ class Minimizer:
             self.checkpoints = CheckpointWriter(options.checkpoint, options.checkpoint_every,
                                                 evaluator.problem, iteration_offset,
                                                 layout=getattr(evaluator, "layout", None))
-
-    def _make_state(self, x0):
-        """Where the iterations run: on the device (:class:`solvers.ba.lm_device.DeviceState`) when
-        the options, the model and the device allow it, else the host reference; or what the
-        caller's ``make_state(evaluator, options, runtime, x0)`` makes (solvers.solve's general
-        core)."""
-        if self.make_state is not None:
-            return self.make_state(self.ev, self.o, self.runtime, x0)
-        from ..ba.lm_device import device_state_or_reason
-        state, why = device_state_or_reason(self.ev, self.o, self.runtime, x0)
-        if state is not None:
-            return state
-        if self.o.device_resident is True:
-            raise ValueError(f"device_resident=True, but {why}")
-        # The host reference (and scipy under it) is imported only for a solve that runs it.
-        from ..ba.host_state import HostState
-        o, rt = self.o, self.runtime
-        if o.schur_backend != "numpy" and rt is not None and rt.info.fp64:
-            return HostState(self.ev, o, x0, runtime=rt)
-        if o.schur_backend == "opencl":
-            raise ValueError("schur_backend='opencl' needs an OpenCL device with fp64; "
-                             "pass device= one that has it, or schur_backend='numpy'")
-        return HostState(self.ev, o, x0)
 
     # ------------------------------------------------------------------ evaluation
     def _evaluate_gradient_and_jacobian(self, it: IterationSummary) -> bool:
@@ -250,7 +229,7 @@ class Minimizer:
         o, s = self.o, self.summary
         self.start = time.perf_counter()
         self.iteration_start = self.start
-        self.state = self._make_state(x0)
+        self.state = self.make_state(self.ev, self.o, self.runtime, x0)
         # The state's setup (orders, uploads, buffers, kernels) is reported apart, not as
         # iteration 0's time.
         s.setup_time = time.perf_counter() - self.start
@@ -459,14 +438,15 @@ class Minimizer:
 
 def minimize(evaluator, x0, options: Options, callback: Optional[Callable] = None,
              stop: Optional[StopFlag] = None, handle_sigint: bool = True, runtime=None,
-             iteration_offset: int = 0, make_state=None) -> SolverSummary:
-    """Run Levenberg-Marquardt from ``x0``; ``callback(iteration_summary)`` after each iteration.
+             iteration_offset: int = 0, *, make_state) -> SolverSummary:
+    """Run Levenberg-Marquardt from ``x0`` on the loop state ``make_state(evaluator, options,
+    runtime, x0)`` builds; ``callback(iteration_summary)`` after each iteration.
     With ``handle_sigint`` (main thread only), Ctrl-C stops after the current iteration.
     ``iteration_offset``: the iterations done before ``x0`` (a solve resumed from a checkpoint);
     only the checkpoints count them, the log and the summary start at iteration 0."""
     options.check()
     stop = stop or StopFlag()
-    m = Minimizer(evaluator, options, callback, stop, runtime, iteration_offset, make_state)
+    m = Minimizer(evaluator, options, make_state, callback, stop, runtime, iteration_offset)
     if handle_sigint:
         with _SigintHandler(stop):
             return m.run(x0)

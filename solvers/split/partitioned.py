@@ -289,7 +289,7 @@ def partitioned_state(ev, options, x0, observations, make_evaluator, host_path: 
                       camera_blocks=None, held=None):
     """The state of a solve split over ``options.devices`` (this process) or the ranks of
     ``options.comm``; ``observations``: the bundle-adjustment core's index fields
-    (solvers.solve.ObservationIndex); ``make_evaluator(sub_problem, runtime)``: a part's evaluator. The
+    (solvers.ba.observation_index.ObservationIndex); ``make_evaluator(sub_problem, runtime)``: a part's evaluator. The
     parts keep their states on their devices
     (:class:`solvers.split.partitioned_device.PartitionedDeviceState`) wherever ``device_split_reason``
     finds nothing against it on any part (every rank agrees) and ``device_resident`` is not False;
