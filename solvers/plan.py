@@ -25,9 +25,8 @@ from typing import Optional
 import numpy as np
 
 from .ba.observation_index import ObservationIndex
+from .linalg.linear_solver import SCHUR_METHODS, linear_solver as method
 from .models.loss import Loss
-
-SCHUR_METHODS = ("sparse_schur", "iterative_schur")
 
 
 def choose_linear_solver(problem, linear_solver: str, eliminate):
@@ -36,7 +35,7 @@ def choose_linear_solver(problem, linear_solver: str, eliminate):
     of a Schur method when nothing can be eliminated (a note says so)."""
     notes = []
     eliminated = None
-    if linear_solver != "sparse_normal_cholesky":
+    if method(linear_solver).eliminates:
         eliminated = problem.choose_eliminated(eliminate)
         if eliminated is None and linear_solver in SCHUR_METHODS:
             notes.append(f"No group can be eliminated (eliminate={eliminate!r}): "
@@ -62,7 +61,8 @@ def choose_core(problem, eliminated: Optional[str], opts, model=None, resuming: 
         # Groups always used together (a pose and its image's own camera) as one camera group,
         # constant entries held on the device: the bundle-adjustment core, where it runs there.
         from .general.merged_groups import merge_groups
-        merged = merge_groups(problem, eliminated, shared=linear_solver == "sparse_schur")
+        # (Shared columns need the reduced matrix factorised: a CG solve has no copies' sums.)
+        merged = merge_groups(problem, eliminated, shared=not method(linear_solver).iterative)
         if merged is not None:
             core = BACore(merged.problem, core_shape(merged.problem, eliminated, constants=True),
                           opts, None, merged=merged, original=problem)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .linalg.linear_solver import SCHUR_METHODS, linear_solver
+
 # The losses a command line offers; the loss is a render parameter of the device iterations.
 LOSSES = ("trivial", "huber", "cauchy", "soft_l1")
 
@@ -28,7 +30,7 @@ def bal(rt):
     dtypes, skipped = _dtypes(rt)
     tasks = []
     for dt in dtypes:
-        for ls in ("iterative_schur", "sparse_schur") if dt == np.float64 else ("iterative_schur",):
+        for ls in (m for m in SCHUR_METHODS if dt in linear_solver(m).dtypes):   # the device's dtypes
             for loss in LOSSES:
                 tasks.append((f"{ls} {np.dtype(dt).name} {loss}",
                               lambda ls=ls, dt=dt, loss=loss: bundle_adjust(
@@ -81,7 +83,7 @@ def colmap(rt):
             rec = tiny_reconstruction(model, per_image)
             for loss in ("trivial", "cauchy"):
                 prob = problem_from_reconstruction(rec, loss=loss, dtype=dt, device=rt.device)
-                for ls in ("sparse_schur", "iterative_schur"):
+                for ls in SCHUR_METHODS:
                     tasks.append((f"{model} {'per-image' if per_image else 'shared'} {loss} {ls}",
                                   lambda prob=prob, ls=ls: solve(prob, linear_solver=ls, max_iterations=1,
                                                                  handle_sigint=False)))

@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from ..linalg.cg import norm
+from ..linalg.linear_solver import linear_solver
 from ..loop.step import LoopState, StepSolution
 
 from .schur import NormalEquations, Structure, j_x
@@ -130,7 +131,7 @@ class HostState(LoopState):
     @property
     def linear_solver_detail(self) -> str:
         """sparse_schur: S's size and how solvers.ba.schur factorises it."""
-        if self.o.linear_solver != "sparse_schur":
+        if linear_solver(self.o.linear_solver).iterative:
             return ""
         from ..linalg import factorisation_limits as limits
         n = 9 * self.ev.nc

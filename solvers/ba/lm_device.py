@@ -135,7 +135,7 @@ class DeviceState(LoopState):
         self.linear_solver_time = 0.0
         self.copies = None
         if copies is not None:
-            if self.dtype != np.float64 or options.linear_solver != "sparse_schur":
+            if self.dtype != np.float64 or linear_solver(options.linear_solver).iterative:
                 raise ValueError("cameras with shared columns (copies) take float64 and sparse_schur")
             from ..general.key_copies_device import KeyCopies
             column, count = copies

@@ -22,6 +22,7 @@ from clkernels import arrays
 
 from . import ordering
 from .schur import NormalEquations, Structure
+from ..linalg.linear_solver import linear_solver
 from ..linalg.segment_products_device import Segments, segment_products
 
 MAX_SEGMENT = 256
@@ -186,7 +187,7 @@ class NormalEquationsCL(NormalEquations):
 
     def solve(self, D, method="sparse_schur", **kw):
         # sparse_schur has W on the device anyway; iterative_schur back-substitutes without it.
-        self._device_back_substitution = self.cs.device_cg and method == "iterative_schur"
+        self._device_back_substitution = self.cs.device_cg and linear_solver(method).iterative
         return NormalEquations.solve(self, D, method, **kw)
 
     def _back_substitute(self, Vinv, yc):

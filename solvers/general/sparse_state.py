@@ -24,6 +24,7 @@ import scipy.linalg
 import scipy.sparse as sp
 
 from ..linalg.cg import norm, conjugate_gradients
+from ..linalg.linear_solver import linear_solver
 from ..linalg.host_cholesky import (LABELS, MSG_NOT_FINITE, MSG_NOT_PD, NotPositiveDefinite, cholmod_cholesky,
                                     installed, lapack_cholesky, superlu_ldlt)
 from ..loop.step import LoopState, StepSolution
@@ -140,7 +141,7 @@ class SparseState(LoopState):
             from .pair_schur import PairSchur, TooLarge
             i = with_e[0]
             args = (self.kinds[i], evaluator.problem.residuals[i], self.nf, self.ne_rows)
-            if runtime is not None and options.linear_solver == "iterative_schur":
+            if runtime is not None and linear_solver(options.linear_solver).iterative:
                 # CG on S applied implicitly, never formed (solvers.general.implicit_schur_device).
                 from .implicit_schur_device import DeviceImplicitSchur, Unsuitable as NoImplicit
                 try:
@@ -282,7 +283,7 @@ class SparseState(LoopState):
                 Vinv = np.linalg.pinv(Vd, hermitian=True)
         if self.implicit:
             return self._solve_implicit(d2, Vinv)
-        iterative = self.o.linear_solver == "iterative_schur"
+        iterative = linear_solver(self.o.linear_solver).iterative
         if self.pair is not None and getattr(self.pair, "factors", False) and not iterative:
             # S assembled, factorised and solved on the device (solvers.general.pair_schur_device).
             self.pair.enqueue_keys(Vinv)
@@ -489,7 +490,7 @@ class SparseState(LoopState):
             if getattr(self.pair, "description", None) else ""
         if self.implicit:
             return f"{what}: {n} x {n}, not formed: CG with Schur-Jacobi preconditioner on the host, S y from the {self.pair.description}"
-        if self.o.linear_solver == "iterative_schur":
+        if linear_solver(self.o.linear_solver).iterative:
             return f"{what}: {n} x {n}, CG with block-Jacobi preconditioner on the host{reduced_on}"
         where = "" if " on " in self.factorised_with else " on the host"
         return f"{what}: {n} x {n}, {self.factorised_with or 'not factorised'}{where}{reduced_on}"

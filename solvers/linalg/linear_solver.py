@@ -11,8 +11,10 @@ back-substitution, done by the caller (:class:`solvers.ba.schur.NormalEquations`
 - ``nbytes``: the device memory it holds; ``bytes_to_device``, ``bytes_to_host``: what it moved
   apart from the state's own counters.
 
-A new method is one more :class:`LinearSolver` in ``_SOLVERS``. ``sparse_normal_cholesky`` has
-neither: it eliminates nothing, and only the general core (:mod:`solvers.general.sparse_state`) runs it.
+A new method is one more :class:`LinearSolver` in ``_SOLVERS``. The cores, the split states and
+the report ask an entry for its properties (``eliminates``, ``iterative``, ``preconditioner``,
+``dtypes``), never for its name. ``sparse_normal_cholesky`` has neither implementation: it
+eliminates nothing, and only the general core (:mod:`solvers.general.sparse_state`) runs it.
 """
 from __future__ import annotations
 
@@ -32,6 +34,9 @@ class LinearSolver:
     host: Optional[type]
     device: Optional[Callable]
     dtypes: tuple = (np.float32, np.float64)    # storage types its device solver takes
+    eliminates: bool = True     # solves the Schur complement's reduced system (a group eliminated)
+    iterative: bool = False     # by CG, the reduced matrix never factorised (else assembled, factorised)
+    preconditioner: str = ""    # Ceres' name of the CG's preconditioner, for the report
 
 
 class HostSparseSchur:
@@ -151,12 +156,14 @@ _SOLVERS = {
     s.name: s for s in (
         LinearSolver("sparse_schur", host=HostSparseSchur, device=DeviceSparseSchurSolver,
                      dtypes=(np.float64,)),      # assembled and factorised in float64
-        LinearSolver("iterative_schur", host=HostIterativeSchur, device=DeviceIterativeSchur),
+        LinearSolver("iterative_schur", host=HostIterativeSchur, device=DeviceIterativeSchur, iterative=True,
+                     preconditioner="SCHUR_JACOBI"),
         # Nothing eliminated: J^T J + D^2 factorised whole; only solvers.general.sparse_state runs it.
-        LinearSolver("sparse_normal_cholesky", host=None, device=None, dtypes=()),
+        LinearSolver("sparse_normal_cholesky", host=None, device=None, dtypes=(), eliminates=False),
     )
 }
 LINEAR_SOLVERS = tuple(_SOLVERS)
+SCHUR_METHODS = tuple(name for name, s in _SOLVERS.items() if s.eliminates)
 
 
 def linear_solver(name: str) -> LinearSolver:

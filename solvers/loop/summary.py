@@ -6,6 +6,8 @@ from typing import List, Optional
 
 import numpy as np
 
+from ..linalg.linear_solver import linear_solver
+
 LOG_HEADER = ("iter      cost      cost_change  |gradient|   |step|    tr_ratio  tr_radius  ls_iter  "
               "iter_time  total_time")
 
@@ -111,8 +113,9 @@ def full_report(result) -> str:
     lines.append("")
     lines.append(" " * w + f"{'Given':>20}{'Used':>25}")
     row("Linear solver", o.linear_solver.upper(), o.linear_solver.upper())
-    if o.linear_solver == "iterative_schur":
-        row("Preconditioner", "SCHUR_JACOBI", "SCHUR_JACOBI")
+    preconditioner = linear_solver(o.linear_solver).preconditioner
+    if preconditioner:
+        row("Preconditioner", preconditioner, preconditioner)
     if detail:
         label, _, how = detail.partition(": ")
         lines.append(f"{label:<{w}}{how}")

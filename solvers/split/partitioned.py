@@ -36,6 +36,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..linalg.cg import conjugate_gradients
+from ..linalg.linear_solver import linear_solver
 from ..loop.step import LoopState, StepSolution
 from .parts import LocalParts, MPIParts, describe_split, part_evaluators, point_ranges, rank_runtime
 from ..ba.schur import NormalEquations, Pairs, Structure, j_x, solve_reduced, spd_block_inverses
@@ -148,7 +149,7 @@ class PartitionedState(LoopState):
             p.Vinv = p.neq._v_inverse(Dp2.reshape(-1, 3))
         nc = self.ev.nc
         Dc2 = Dc2.reshape(nc, 9)
-        if o.linear_solver == "sparse_schur":
+        if not linear_solver(o.linear_solver).iterative:
             yc, ok, its, msg = self._solve_explicit(Dc2)
         else:
             yc, ok, its, msg = self._solve_pcg(Dc2)
@@ -262,7 +263,8 @@ class PartitionedState(LoopState):
     @property
     def linear_solver_detail(self) -> str:
         how = ("reduced camera matrix summed over the parts, factorised on each"
-               if self.o.linear_solver == "sparse_schur" else "Schur products summed over the parts per CG step")
+               if not linear_solver(self.o.linear_solver).iterative
+               else "Schur products summed over the parts per CG step")
         return describe_split(self.comm, self.parts, how)
 
     def close(self):
@@ -273,7 +275,7 @@ def device_split_reason(evaluators, options):
     """Why the parts cannot keep their states on their devices (None when they can;
     solvers.split.partitioned_device)."""
     from ..ba.lm_device import device_unavailable_reason
-    if options.linear_solver != "iterative_schur":
+    if not linear_solver(options.linear_solver).iterative:
         return (f"a split {options.linear_solver} sums the parts' reduced camera matrices on the host "
                 "(iterative_schur keeps the parts on their devices)")
     for ev, rt, lo, hi in evaluators:
