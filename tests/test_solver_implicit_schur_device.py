@@ -94,13 +94,13 @@ def test_a_problem_too_large_for_the_device_stays_on_the_host(device, monkeypatc
         pytest.skip("the device products need fp64")
     import dataclasses
 
-    from solvers.general.implicit_schur_device import Unsuitable
+    from solvers.general.implicit_schur_device import NoImplicitSchur
     s = scene(seed=3, n_images=6, n_cameras=1)
     st = iterative_state(three_group_problem(s, device=device), device)
     kind, block = st.kinds[st.pair_kind], st.ev.problem.residuals[st.pair_kind]
     st.close()
     monkeypatch.setattr(device, "info", dataclasses.replace(device.info, global_mem_bytes=1 << 16))
-    with pytest.raises(Unsuitable, match="GiB for the device products"):
+    with pytest.raises(NoImplicitSchur, match="GiB for the device products"):
         DeviceImplicitSchur(kind, block, st.nf, st.ne_rows, device, st._group_blocks(), *st._block_of_column())
     r = solvers.solve(three_group_problem(s, device=device), linear_solver="iterative_schur",
                       max_iterations=5, handle_sigint=False)

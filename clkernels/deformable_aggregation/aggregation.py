@@ -176,7 +176,7 @@ def _check_blocks(shape: np.ndarray, start: np.ndarray, num_feat: int):
 
 
 @dataclasses.dataclass
-class Problem:
+class AggregationCall:
     """The sizes of a call, checked (made when a plan is made, from shapes and tables)."""
     rt: Runtime
     shape: np.ndarray
@@ -194,7 +194,7 @@ class Problem:
     ws: Storage
 
 
-def _problem(rt: Runtime, feat, loc, weights, tables: Tables) -> Problem:
+def _problem(rt: Runtime, feat, loc, weights, tables: Tables) -> AggregationCall:
     """Every shape check (errors name the tensor) and every block, then the tables on the
     device (kept by the plan)."""
     bs, num_feat, C = (int(v) for v in feat.shape)
@@ -216,11 +216,11 @@ def _problem(rt: Runtime, feat, loc, weights, tables: Tables) -> Problem:
         raise ValueError("sampling_location/weights are too large for 32-bit indexing in the "
                          "kernels; split the batch")
     up = lambda t: arrays.to_device(rt, np.ascontiguousarray(t, dtype=np.int32))  # noqa: E731
-    return Problem(rt, shape, up(shape), up(start), bs, num_feat, C, A, P, cams, S, G,
+    return AggregationCall(rt, shape, up(shape), up(start), bs, num_feat, C, A, P, cams, S, G,
                    storage(feat.dtype, rt), storage(weights.dtype, rt))
 
 
-def _check_config(cfg: KernelConfig, prob: Problem) -> KernelConfig:
+def _check_config(cfg: KernelConfig, prob: AggregationCall) -> KernelConfig:
     cpg = prob.C // prob.G
     if cfg.cpt < 1 or cpg % cfg.cpt:
         raise ValueError(f"config.cpt = {cfg.cpt} must divide the {cpg} channels of a group")
@@ -235,7 +235,7 @@ def _check_config(cfg: KernelConfig, prob: Problem) -> KernelConfig:
     return cfg
 
 
-def _kernel(prob: Problem, cfg: KernelConfig, name: str) -> cl.Kernel:
+def _kernel(prob: AggregationCall, cfg: KernelConfig, name: str) -> cl.Kernel:
     program = launch.program(
         prob.rt, TEMPLATE, KIND="aggregate", st=prob.st, ws=prob.ws, info=prob.rt.info,
         C=prob.C, G=prob.G, S=prob.S, CPT=cfg.cpt, VEC=1 if cfg.interleave else cfg.vec,
@@ -245,17 +245,17 @@ def _kernel(prob: Problem, cfg: KernelConfig, name: str) -> cl.Kernel:
     return launch.kernel_for_plan(program, name)
 
 
-def _sizes(prob: Problem):
+def _sizes(prob: AggregationCall):
     return (np.int32(prob.A), np.int32(prob.P), np.int32(prob.cams), np.int32(prob.num_feat))
 
 
-def _check_original(prob: Problem):
+def _check_original(prob: AggregationCall):
     if prob.bs * prob.A * prob.P * prob.cams * prob.S * prob.C > INT32_MAX:
         raise ValueError("the original design needs one work-item per (sample, channel): "
                          "too many for 32-bit ids at these shapes")
 
 
-def _step_1d(prob: Problem, k: cl.Kernel, n: int, args, wanted=256) -> launch.Step:
+def _step_1d(prob: AggregationCall, k: cl.Kernel, n: int, args, wanted=256) -> launch.Step:
     """n work-items (rounded up to the work-group size; kernels check their id)."""
     if n > INT32_MAX // 2:
         raise ValueError(f"{n} work-items are too many for 32-bit ids in the kernels; split the batch")
@@ -360,7 +360,7 @@ def _backward_plan(rt, args, options, config) -> launch.Plan:
     return launch.Plan(outputs, steps, temps, keep)
 
 
-def _gather_feature_grad(prob: Problem, cfg: KernelConfig, temps: list, keep: list) -> list:
+def _gather_feature_grad(prob: AggregationCall, cfg: KernelConfig, temps: list, keep: list) -> list:
     """Steps: an inverse index of samples per bilinear cell, then the feature gradient row by
     row, written straight into output 0 (every row, zeros where nothing samples it)."""
     rt = prob.rt

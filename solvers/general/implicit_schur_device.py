@@ -32,7 +32,7 @@ from .pair_schur import observation_keys, sum_copies, unique_inverse
 from ..linalg.schur_pcg_device import DevicePCG
 
 
-class Unsuitable(ValueError):
+class NoImplicitSchur(ValueError):
     """The device product does not serve this problem (the message says why)."""
 
 
@@ -50,7 +50,7 @@ class DeviceImplicitSchur:
     def __init__(self, kind, block, nf: int, ne_rows: int, runtime, blocks, blk, pos):
         self.rt = rt = runtime
         if not rt.info.fp64:
-            raise Unsuitable(f"{rt.info.name!r} has no fp64")
+            raise NoImplicitSchur(f"{rt.info.name!r} has no fp64")
         self.obs, e, key, key_cols = observation_keys(kind, block, ne_rows)
         nk, K = key_cols.shape
         # The kind's observations already by eliminated row, all active (COLMAP's problems):
@@ -60,13 +60,13 @@ class DeviceImplicitSchur:
         self.kE, self.R = kind.e_free.size, kind.R
         n, R, kE = self.obs.size, self.R, self.kE
         if max(n * R * max(K, kE), nk * K, kE * kE * ne_rows) >= 2 ** 31:
-            raise Unsuitable(f"{n} observations of {nk} keys: more than the device CG's 32-bit indices")
+            raise NoImplicitSchur(f"{n} observations of {nk} keys: more than the device CG's 32-bit indices")
         # The Jacobian blocks, residuals and the CG's per-observation vectors, with room for the
         # rest: a problem that does not fit stays with the host (a device allocation that fails
         # would only show mid-solve).
         need = 8 * n * R * (K + kE + 4) + 8 * nk * K * (3 * K + 12) + 8 * ne_rows * kE * (2 * kE + 4)
         if need > 0.8 * rt.info.global_mem_bytes or 8 * n * R * K > rt.info.max_alloc_bytes:
-            raise Unsuitable(f"about {need / 2**30:.1f} GiB for the device products; "
+            raise NoImplicitSchur(f"about {need / 2**30:.1f} GiB for the device products; "
                              f"{rt.info.name!r} has {rt.info.global_mem_bytes / 2**30:.1f} GiB")
         self.pcg = DevicePCG(rt, key.astype(np.int32), e.astype(np.int32), nk, ne_rows, C=K, P=self.kE, R=self.R)
         # Gather and scatter between problem columns and the keys' copies (constant: a zero pad).

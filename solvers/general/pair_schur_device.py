@@ -38,7 +38,7 @@ def factors_on_device(runtime) -> bool:
     return not runtime.info.is_cpu
 
 
-class Unsuitable(ValueError):
+class NoDevicePairSchur(ValueError):
     """The device reduction does not serve this problem (the message says why: a sparse reduced
     matrix, no fp64, a matrix larger than one device buffer); the host's
     (:class:`solvers.general.pair_schur.PairSchur`) does."""
@@ -47,14 +47,14 @@ class Unsuitable(ValueError):
 class DevicePairSchur:
     """``W V^-1 W^T``, ``W V^-1 g_E`` and ``W^T y`` for one residual kind ``kind`` (a
     :class:`solvers.general.sparse_state._Kind` with an eliminated slot) on ``runtime``'s device.
-    Raises :class:`Unsuitable` where :class:`PairSchur` should serve."""
+    Raises :class:`NoDevicePairSchur` where :class:`PairSchur` should serve."""
 
     def __init__(self, kind, block, nf: int, ne_rows: int, runtime):
         self.rt = rt = runtime
         if not rt.info.fp64:
-            raise Unsuitable(f"{rt.info.name!r} has no fp64")
+            raise NoDevicePairSchur(f"{rt.info.name!r} has no fp64")
         if nf > limits.DENSE_FILL_MAX:
-            raise Unsuitable(f"{nf} unknowns: more than a dense reduced matrix takes")
+            raise NoDevicePairSchur(f"{nf} unknowns: more than a dense reduced matrix takes")
         C = kind.f_cols_full                          # (n, K) problem columns, -1 where constant
         self.obs, self.e, key, key_cols = observation_keys(kind, block, ne_rows)
         nk = key_cols.shape[0]
@@ -76,10 +76,10 @@ class DevicePairSchur:
         br, bc = pattern.block_row, pattern.block_col
         entries = int(np.sum(free[br] * free[bc] * np.where(br != bc, 2, 1)))
         if entries < limits.DENSE_FILL * nf * nf:
-            raise Unsuitable(f"sparse: {pattern.nblocks} blocks of {self.K} x {self.K} in {nf} x {nf}")
+            raise NoDevicePairSchur(f"sparse: {pattern.nblocks} blocks of {self.K} x {self.K} in {nf} x {nf}")
         nv = self.nv = nk * self.K
         if max(nv * nv, nf * nf, nv * nf) * 8 > rt.info.max_alloc_bytes:
-            raise Unsuitable(f"a {nv} x {nv} matrix of the keys' columns exceeds a device buffer")
+            raise NoDevicePairSchur(f"a {nv} x {nv} matrix of the keys' columns exceeds a device buffer")
         self.system = ReducedCameraSystem(rt, pattern, C=self.K, P=self.kE, R=self.R)
         # Each problem column's copies among the keys' columns (solvers.general.key_copies_device).
         self.copy_of = key_cols.ravel()                   # problem column of each key column

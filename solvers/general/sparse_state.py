@@ -143,16 +143,16 @@ class SparseState(LoopState):
             args = (self.kinds[i], evaluator.problem.residuals[i], self.nf, self.ne_rows)
             if runtime is not None and linear_solver(options.linear_solver).iterative:
                 # CG on S applied implicitly, never formed (solvers.general.implicit_schur_device).
-                from .implicit_schur_device import DeviceImplicitSchur, Unsuitable as NoImplicit
+                from .implicit_schur_device import DeviceImplicitSchur, NoImplicitSchur
                 try:
                     self.pair = DeviceImplicitSchur(*args, runtime, self._group_blocks(), *self._block_of_column())
-                except NoImplicit:
+                except NoImplicitSchur:
                     pass
             if runtime is not None and self.pair is None:
-                from .pair_schur_device import DevicePairSchur, Unsuitable
+                from .pair_schur_device import DevicePairSchur, NoDevicePairSchur
                 try:
                     self.pair = DevicePairSchur(*args, runtime)
-                except Unsuitable:
+                except NoDevicePairSchur:
                     pass
             if self.pair is None:
                 try:
