@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import iteration_logs
+from bal_data import bal_file
 
 RECORDED = json.load(open(iteration_logs.RECORDED))
 RTOL = 1e-12
@@ -49,6 +50,10 @@ def test_the_iterations_are_as_recorded(case):
     _pocl_only()
     if case.startswith("mpi"):
         _mpi_needed()
+    if not case.startswith(("colmap", "general")):
+        # The BAL cases, and the split and MPI ones (problem-21 in a child process): missing data
+        # skips here, or fails where PYCLAD_REQUIRE_BAL=1, before any child starts.
+        bal_file("problem-21-11315-pre")
     want, got = RECORDED["logs"][case], iteration_logs.cases()[case]()
     where = f"{case} (recorded at {RECORDED['commit'][:10]})"
     assert len(got["cost"]) == len(want["cost"]), where
