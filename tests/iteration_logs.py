@@ -8,12 +8,12 @@ cost, the gradient's max norm, the step's norm and the linear solver's iteration
     python tests/iteration_logs.py --record          # rewrite the recorded logs (all cases)
     python tests/iteration_logs.py CASE [CASE ...]   # print the logs of some cases as JSON
 
-The two-device case runs on PoCL's ``POCL_DEVICES="pthread pthread"`` and the MPI case under
-``mpirun -n 2``, each in a process of its own, through this file's ``--child`` entry.
+The two-device case runs on PoCL's ``POCL_DEVICES="pthread pthread"`` (``pocl_pair``) and the
+MPI case under ``mpirun -n 2`` (``mpi_ranks``, through this file's ``--child`` entry), each in a
+process of its own.
 """
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -50,20 +50,12 @@ def _bal(name, linear_solver, **options):
 
 
 def colmap_model(n_images, folder):
-    """bench_colmap's synthetic reconstruction (a SIMPLE_RADIAL camera per image, tracks of 8,
-    60 points per image, pycolmap's noise), written to ``folder`` and read back by ours."""
-    import pycolmap
+    """bench_colmap's own synthetic reconstruction (a camera per image), written to ``folder`` and
+    read back by ours."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from bench_colmap import reconstruction
     from solvers import colmap
-    pycolmap.set_random_seed(0)
-    o = pycolmap.SyntheticDatasetOptions(
-        num_rigs=n_images, num_cameras_per_rig=1, num_frames_per_rig=1, num_points3D=60 * n_images,
-        track_length=8, num_points2D_without_point3D=0,
-        camera_model_id=pycolmap.CameraModelId.SIMPLE_RADIAL, camera_params=[1280.0, 512.0, 384.0, 0.05])
-    rec = pycolmap.synthesize_dataset(o)
-    pycolmap.synthesize_noise(pycolmap.SyntheticNoiseOptions(
-        point2D_stddev=1.0, point3D_stddev=0.02, rig_from_world_translation_stddev=0.01,
-        rig_from_world_rotation_stddev=0.2), rec)
-    rec.write(folder)
+    reconstruction(n_images, per_image=True).write(folder)
     return colmap.read_model(folder)
 
 
@@ -84,44 +76,35 @@ def _general():
     return log(solvers.solve(prob, linear_solver="sparse_schur", max_iterations=30, handle_sigint=False))
 
 
-def _child(case):
-    """Runs in the process that has the two devices or the MPI ranks; prints the log as JSON."""
+def split_log(devices=None, comm=None):
+    """problem-21 by iterative_schur split over ``devices`` or the ranks of ``comm``."""
     import solvers
     from bal_data import bal_file
     p = solvers.read_bal(str(bal_file("problem-21-11315-pre")))
-    kw = dict(linear_solver="iterative_schur", max_iterations=12, handle_sigint=False)
-    if case == "split-two-devices":
-        import clkernels
-        by_platform = {}
-        for d in clkernels.list_devices():
-            by_platform.setdefault(d.platform.int_ptr, []).append(d)
-        pair = next(ds for ds in by_platform.values() if len(ds) >= 2)[:2]
-        out = log(solvers.bundle_adjust(p, devices=pair, **kw))
-    else:
-        from mpi4py import MPI
-        out = log(solvers.bundle_adjust(p, comm=MPI.COMM_WORLD, **kw))
-        if MPI.COMM_WORLD.Get_rank() != 0:
-            return
-    print(json.dumps(out))
+    return log(solvers.bundle_adjust(p, devices=devices, comm=comm, linear_solver="iterative_schur",
+                                     max_iterations=12, handle_sigint=False))
 
 
-def _in_child(case):
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    env.pop("PYCLAD_DEVICE", None)
-    cmd = [sys.executable, "-W", "ignore", os.path.abspath(__file__), "--child", case]
-    if case == "split-two-devices":
-        env["POCL_DEVICES"] = "pthread pthread"
-    else:
-        mpirun = shutil.which("mpirun")
-        if mpirun is None:
-            raise RuntimeError("the MPI case needs Open MPI's mpirun (apt-get install openmpi-bin) and mpi4py")
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-                   OMPI_MCA_rmaps_base_oversubscribe="1")
-        cmd = [mpirun, "-n", "2"] + cmd
-    run = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+def _two_devices():
+    from pocl_pair import run_on_two_devices
+    return run_on_two_devices(f"import json, sys; sys.path.insert(0, {HERE!r}); import iteration_logs; "
+                              "print(json.dumps(iteration_logs.split_log(devices=pair)))")
+
+
+def _two_ranks():
+    from mpi_ranks import run_ranks
+    run = run_ranks(["-n", "2", sys.executable, "-W", "ignore", os.path.abspath(__file__), "--mpi-rank"], 900)
     if run.returncode != 0:
-        raise RuntimeError(f"{case} failed:\n{run.stderr[-3000:]}")
+        raise RuntimeError(f"mpi-two-ranks failed:\n{run.stderr[-3000:]}")
     return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def _mpi_rank():
+    """One rank of :func:`_two_ranks`; rank 0 prints the log as JSON."""
+    from mpi4py import MPI
+    out = split_log(comm=MPI.COMM_WORLD)
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        print(json.dumps(out))
 
 
 def cases():
@@ -134,14 +117,14 @@ def cases():
     out["colmap-30"] = lambda: _colmap(30)
     out["colmap-300"] = lambda: _colmap(300)
     out["general-three-groups"] = _general
-    out["split-two-devices"] = lambda: _in_child("split-two-devices")
-    out["mpi-two-ranks"] = lambda: _in_child("mpi-two-ranks")
+    out["split-two-devices"] = _two_devices
+    out["mpi-two-ranks"] = _two_ranks
     return out
 
 
 def main(argv):
-    if argv[:1] == ["--child"]:
-        _child(argv[1])
+    if argv[:1] == ["--mpi-rank"]:
+        _mpi_rank()
         return
     table = cases()
     if argv[:1] == ["--record"]:
@@ -151,7 +134,8 @@ def main(argv):
         for name, run in table.items():
             print(name, flush=True)
             logs[name] = run()
-        with open(RECORDED, "w") as f:
+        from solvers.io.atomic import replacing
+        with replacing(RECORDED, "w") as f:
             json.dump({"commit": commit, "logs": logs}, f, indent=1)
             f.write("\n")
         return

@@ -7,13 +7,13 @@ iterations, and cost, gradient and step equal to 1e-12 relative.
 The logs were recorded on PoCL's CPU device; another OpenCL device rounds differently, so this
 test runs on PoCL only (``PYCLAD_TEST_DEVICES`` does not apply)."""
 import json
-import os
 
 import numpy as np
 import pytest
 
 import iteration_logs
 from bal_data import bal_file
+from mpi_ranks import mpirun
 
 RECORDED = json.load(open(iteration_logs.RECORDED))
 RTOL = 1e-12
@@ -26,20 +26,6 @@ def _pocl_only():
         pytest.fail(f"the recorded logs are PoCL's; no PoCL device among {sorted(names)}")
 
 
-def _mpi_needed():
-    import shutil
-    try:
-        import mpi4py  # noqa: F401 - only whether it imports
-        have = shutil.which("mpirun") is not None
-    except ImportError:
-        have = False
-    if not have:
-        message = "needs Open MPI's mpirun (apt-get install openmpi-bin libopenmpi-dev) and mpi4py"
-        if os.environ.get("PYCLAD_REQUIRE_MPI") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-
-
 def test_every_case_is_recorded():
     assert sorted(RECORDED["logs"]) == sorted(iteration_logs.cases())
 
@@ -49,7 +35,7 @@ def test_every_case_is_recorded():
 def test_the_iterations_are_as_recorded(case):
     _pocl_only()
     if case.startswith("mpi"):
-        _mpi_needed()
+        mpirun()        # skips without MPI, or fails where PYCLAD_REQUIRE_MPI=1
     if not case.startswith(("colmap", "general")):
         # The BAL cases, and the split and MPI ones (problem-21 in a child process): missing data
         # skips here, or fails where PYCLAD_REQUIRE_BAL=1, before any child starts.

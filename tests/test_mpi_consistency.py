@@ -4,9 +4,6 @@ moved; other sizes), different starting parameters through the library, and a ba
 under ``--mpi``. Every case must end every rank quickly with an ``error:`` line, never hang or
 exit 0 with a wrong answer."""
 import dataclasses
-import os
-import shutil
-import subprocess
 import sys
 import textwrap
 import time
@@ -15,46 +12,22 @@ import pytest
 
 import solvers
 
-from pocl_pair import ROOT
+from mpi_ranks import run_ranks
 
 # Far above the few seconds these take; a hang (ranks waiting in a reduction) fails here.
 TIMEOUT = 60
 
 
-def _mpirun():
-    """Open MPI's mpirun and mpi4py; missing: skipped on a user's machine, a failure where
-    PYCLAD_REQUIRE_MPI=1 (CI installs both)."""
-    exe = shutil.which("mpirun")
-    try:
-        import mpi4py  # noqa: F401 - only whether it imports
-    except ImportError:
-        exe = None
-    if exe is None:
-        message = "needs Open MPI's mpirun (apt-get install openmpi-bin libopenmpi-dev) and mpi4py"
-        if os.environ.get("PYCLAD_REQUIRE_MPI") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    return exe
-
-
-def _env():
-    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "OMPI_MCA_rmaps_base_oversubscribe": "1",
-           "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    env.pop("PYCLAD_DEVICE", None)
-    return env
-
-
 def _run(argv):
     t0 = time.perf_counter()
-    run = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=_env(), timeout=TIMEOUT)
+    run = run_ranks(argv, TIMEOUT)
     return run, time.perf_counter() - t0
 
 
 def _bal_cli_on_two_files(a, b, *extra):
     """``mpirun -n 1 python -m solvers.bal A --mpi : -n 1 python -m solvers.bal B --mpi``."""
     rank = [sys.executable, "-W", "ignore", "-m", "solvers.bal"]
-    return _run([_mpirun(), "-n", "1", *rank, str(a), "--mpi", "-q", *extra,
+    return _run(["-n", "1", *rank, str(a), "--mpi", "-q", *extra,
                  ":", "-n", "1", *rank, str(b), "--mpi", "-q", *extra])
 
 
@@ -107,7 +80,7 @@ def test_different_starting_parameters_raise_on_every_rank():
         except RankMismatchError as e:
             print(f"rank {comm.Get_rank()} raised: {e}", flush=True)
     """)
-    run, _ = _run([_mpirun(), "-n", "2", sys.executable, "-W", "ignore", "-c", script])
+    run, _ = _run(["-n", "2", sys.executable, "-W", "ignore", "-c", script])
     assert run.returncode == 0, run.stdout + run.stderr
     for rank in (0, 1):
         assert (f"rank {rank} raised: MPI ranks do not hold the same problem: rank 1 differs from rank 0 "
@@ -115,7 +88,7 @@ def test_different_starting_parameters_raise_on_every_rank():
 
 
 def test_a_bad_devices_spec_under_mpi_ends_every_rank_with_an_error():
-    run, seconds = _run([_mpirun(), "-n", "2", sys.executable, "-W", "ignore", "-m", "solvers.bal",
+    run, seconds = _run(["-n", "2", sys.executable, "-W", "ignore", "-m", "solvers.bal",
                          "--synthetic", "3,20,2", "--mpi", "--devices", "no-such-device"])
     _assert_ended_with(run, seconds, "error: --devices 'no-such-device': 'no-such-device' matches no OpenCL device")
 

@@ -4,9 +4,6 @@ the one-device solve (the same iterations; final cost to 1e-9 relative) on real 
 synthetic one, on two real PoCL devices and two real MPI ranks (Open MPI's mpirun); every kernel
 of a split on Oclgrind; a failing rank; bad arguments."""
 import json
-import os
-import shutil
-import subprocess
 import sys
 import textwrap
 
@@ -17,31 +14,12 @@ import solvers
 from solvers.split.parts import point_ranges
 
 from bal_data import bal_file
-from pocl_pair import ROOT, run_on_two_devices
-
-
-def _mpirun():
-    """Open MPI's mpirun and mpi4py; missing: skipped on a user's machine, a failure where
-    PYCLAD_REQUIRE_MPI=1 (CI installs both)."""
-    exe = shutil.which("mpirun")
-    try:
-        import mpi4py  # noqa: F401 - only whether it imports
-    except ImportError:
-        exe = None
-    if exe is None:
-        message = "needs Open MPI's mpirun (apt-get install openmpi-bin libopenmpi-dev) and mpi4py"
-        if os.environ.get("PYCLAD_REQUIRE_MPI") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    return exe
+from mpi_ranks import run_ranks
+from pocl_pair import run_on_two_devices
 
 
 def _run_mpi(script: str, n: int = 2, timeout: int = 600):
-    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "OMPI_MCA_rmaps_base_oversubscribe": "1", "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    env.pop("PYCLAD_DEVICE", None)
-    return subprocess.run([_mpirun(), "-n", str(n), sys.executable, "-W", "ignore", "-c", script],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
+    return run_ranks(["-n", str(n), sys.executable, "-W", "ignore", "-c", script], timeout)
 
 
 @pytest.mark.parametrize("parts", [1, 2, 3, 7])
@@ -230,11 +208,8 @@ def test_two_mpi_ranks_solve_as_one(linear_solver, tmp_path):
 @pytest.mark.slow
 def test_the_cli_under_mpirun_prints_once_and_writes_on_rank_0(tmp_path):
     out = tmp_path / "solved.txt"
-    run = subprocess.run([_mpirun(), "-n", "2", sys.executable, "-W", "ignore", "-m", "solvers.bal",
-                          "--synthetic", "10,500,4", "--iterations", "5", "--mpi", "--out", str(out)],
-                         capture_output=True, text=True, cwd=ROOT, timeout=600,
-                         env={**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-                              "OMPI_MCA_rmaps_base_oversubscribe": "1"})
+    run = run_ranks(["-n", "2", sys.executable, "-W", "ignore", "-m", "solvers.bal",
+                     "--synthetic", "10,500,4", "--iterations", "5", "--mpi", "--out", str(out)], 600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.count("Solver Summary") == 1 and "MPI: 2 ranks" in run.stdout
     assert "Points split over 2 MPI ranks" in run.stdout
@@ -279,10 +254,8 @@ def test_a_colmap_reconstruction_on_two_devices(tmp_path):
 
 
 def _colmap_under_mpirun(model, *extra, n=2):
-    return subprocess.run([_mpirun(), "-n", str(n), sys.executable, "-W", "ignore", "-m", "solvers.colmap", model,
-                           "--mpi", *extra], capture_output=True, text=True, cwd=ROOT, timeout=600,
-                          env={**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-                               "OMPI_MCA_rmaps_base_oversubscribe": "1"})
+    return run_ranks(["-n", str(n), sys.executable, "-W", "ignore", "-m", "solvers.colmap", model, "--mpi", *extra],
+                     600)
 
 
 @pytest.mark.slow
