@@ -23,11 +23,11 @@ def _system(seed, Dscale=1.0, zero_residuals=False):
     D = Dscale * np.random.default_rng(seed).uniform(0.05, 1.0, 9 * st.nc + 3 * st.npt)
     D2 = D * D
     Dc2, Dp2 = D2[:9 * st.nc].reshape(st.nc, 9), D2[9 * st.nc:].reshape(st.npt, 3)
-    return st, r, jc, jp, neq, neq._v_inverse(Dp2), Dc2
+    return st, r, jc, jp, neq, neq.v_inverse(Dp2), Dc2
 
 
 def _host_cg(neq, Vinv, Dc2, Pinv, **kw):
-    apply_S, b = neq._pcg_operator(Vinv, Dc2)
+    apply_S, b = neq.pcg_operator(Vinv, Dc2)
     nc = neq.st.nc
     M = lambda v: np.einsum("cij,cj->ci", Pinv, v.reshape(nc, 9)).ravel()  # noqa: E731
     return conjugate_gradients(apply_S, b, M, **kw)
@@ -80,7 +80,7 @@ def test_device_cg_matches_host_cg(device, case, max_segment, layout, monkeypatc
     if case == "indefinite":
         # S = F^T (I - E V^-1 E^T) F - c I with c past its largest eigenvalue, no preconditioner:
         # p'q < 0 at the first iteration.
-        apply_S, _ = neq._pcg_operator(Vinv, np.zeros_like(Dc2))
+        apply_S, _ = neq.pcg_operator(Vinv, np.zeros_like(Dc2))
         S = np.stack([apply_S(e) for e in np.eye(9 * st.nc)])
         Dc2 = np.full_like(Dc2, -2.0 * np.linalg.eigvalsh(S).max() - 1.0)
         Pinv = np.broadcast_to(np.eye(9), (st.nc, 9, 9))
@@ -124,10 +124,10 @@ def test_preconditioner_blocks_and_back_substitution(device, max_segment, layout
     cl_neq = NormalEquationsCL(st, r, jc, jp, cs)
     pcg = cs.device_pcg()
     pcg.bind_jacobian(cl_neq.Jc_dev, cl_neq.Jp_dev, cl_neq.r_dev)
-    want = neq._diagonal_pair_sums(Vinv)
+    want = neq.diagonal_pair_sums(Vinv)
     np.testing.assert_allclose(pcg.jacobi_sums(Vinv), want, rtol=1e-11, atol=1e-11 * np.abs(want).max())
     yc = np.random.default_rng(0).standard_normal((st.nc, 9))
-    want = neq._back_substitute(Vinv, yc)
+    want = neq.back_substitute(Vinv, yc)
     np.testing.assert_allclose(pcg.back_substitute(Vinv, neq.gp, yc), want, rtol=1e-11,
                                atol=1e-11 * np.abs(want).max())
     keep_on_simulator(cs, cl_neq)
@@ -153,7 +153,7 @@ def test_a_parts_camera_sums(device, max_segment, layout, monkeypatch, keep_on_s
     pending = []
     pcg._upload_vinv(Vinv, pending)
     pcg.split_begin()
-    apply_S, b = neq._pcg_operator(Vinv, np.zeros_like(Dc2))
+    apply_S, b = neq.pcg_operator(Vinv, np.zeros_like(Dc2))
     v = np.random.default_rng(1).standard_normal(9 * st.nc)
     pcg.p.set(v)
     for name, want in (("p", apply_S(v)), ("f", b)):
@@ -161,7 +161,7 @@ def test_a_parts_camera_sums(device, max_segment, layout, monkeypatch, keep_on_s
         assert state[schur_pcg.S_STATUS] == schur_pcg.RUNNING
         np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-11 * np.abs(want).max())
     rows, cols = np.triu_indices(9)
-    want = neq._diagonal_pair_sums(Vinv)[:, rows, cols].ravel()
+    want = neq.diagonal_pair_sums(Vinv)[:, rows, cols].ravel()
     np.testing.assert_allclose(pcg.part_jacobi_sums(), want, rtol=1e-11, atol=1e-11 * np.abs(want).max())
     keep_on_simulator(cs, cl_neq)
 

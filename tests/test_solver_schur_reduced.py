@@ -120,7 +120,7 @@ def host_system(st, r, jc, jp, seed):
     D = np.random.default_rng(seed).uniform(0.05, 1.0, 9 * st.nc + 3 * st.npt)
     D2 = D * D
     Dc2, Dp2 = D2[:9 * st.nc].reshape(st.nc, 9), D2[9 * st.nc:].reshape(st.npt, 3)
-    Vinv = neq._v_inverse(Dp2)
+    Vinv = neq.v_inverse(Dp2)
     blocks, diag, rhs = neq.reduced_camera_system(Vinv, Dc2)
     return neq, Vinv, Dc2, neq.dense_reduced_matrix(blocks, diag), rhs
 
@@ -308,7 +308,7 @@ def test_device_sparse_schur_solves_as_the_host_path(device, route, case, defer,
     D2 = D * D
     Dc2, Dp2 = D2[:9 * st.nc].reshape(st.nc, 9), D2[9 * st.nc:].reshape(st.npt, 3)
     with np.errstate(all="ignore"):
-        Vinv = neq._v_inverse(Dp2)
+        Vinv = neq.v_inverse(Dp2)
     solver = DeviceSparseSchur(device, st.cam, st.pt, st.nc, st.npt)
     assert solver.where == {"device": "device", "lapack": "lapack", "sparse": host_cholesky.best_sparse()}[route]
     assert ("on the device" in solver.description) == (route == "device")

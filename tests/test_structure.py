@@ -2,8 +2,9 @@
 name. Read from the source (every import statement, at module level or inside a function, and
 under ``TYPE_CHECKING`` too), so an import moved into a function to dodge a cycle still counts.
 
-Checked for ``clkernels``, ``pyclad`` and ``solvers``. It reads imports only: an attribute of
-another module's object reached by a private name (``obj._method``) is not seen here."""
+Checked for ``clkernels``, ``pyclad`` and ``solvers``. Attributes too: ``obj._name`` (``obj`` not
+``self`` or ``cls``) must name something the same module defines (a function, a class or an
+attribute it assigns); reaching another module's object by a private name is an error."""
 import ast
 import pathlib
 import sys
@@ -62,6 +63,33 @@ def graph(packages):
     return edges, private
 
 
+# namedtuple's public API, spelled with an underscore so as not to clash with field names.
+NAMEDTUPLE_API = {"_replace", "_asdict", "_fields", "_make"}
+
+
+def private_reaches(packages):
+    """``module:line reaches obj._name`` for each private attribute a module takes from an object
+    of another module (its name defined nowhere in the module that reads it)."""
+    found = []
+    for p in packages:
+        for name, path in modules(p).items():
+            tree = ast.parse(path.read_text(), str(path))
+            own = set()
+            for n in ast.walk(tree):
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    own.add(n.name)
+                elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
+                    own.add(n.attr)
+                elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                    own.add(n.id)
+            for n in ast.walk(tree):
+                if (isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__")
+                        and not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"))
+                        and n.attr not in own and n.attr not in NAMEDTUPLE_API):
+                    found.append(f"{name}:{n.lineno} reaches {ast.unparse(n)}")
+    return found
+
+
 def cycles(edges):
     """The strongly connected components of more than one module (Tarjan's algorithm)."""
     index, low, stack, on, found, counter = {}, {}, [], set(), [], [0]
@@ -99,6 +127,7 @@ def test_no_import_cycle_and_no_private_import(package):
     edges, private = graph([package])
     assert cycles(edges) == []
     assert private == []
+    assert private_reaches([package]) == []
 
 
 def test_the_checks_find_a_cycle_and_a_private_import(tmp_path, monkeypatch):
@@ -108,7 +137,11 @@ def test_the_checks_find_a_cycle_and_a_private_import(tmp_path, monkeypatch):
     (pkg / "__init__.py").write_text("")
     (pkg / "a.py").write_text("def f():\n    from .b import g\n")
     (pkg / "b.py").write_text("from .a import _hidden\n\ndef g():\n    pass\n")
+    # c reaches a's object by a private name; its own private attribute and namedtuple's API pass.
+    (pkg / "c.py").write_text("def h(state, t):\n    state._step()\n    state._mine = 1\n"
+                              "    t._replace(x=1)\n    return state._mine\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     edges, private = graph(["made_up"])
     assert cycles(edges) == [["made_up.a", "made_up.b"]]
     assert private == ["made_up.b imports made_up.a._hidden"]
+    assert private_reaches(["made_up"]) == ["made_up.c:2 reaches state._step"]

@@ -245,7 +245,7 @@ class DeviceState(LoopState):
         return (self._upload(x[:self.ncC]) if self.ncC else arrays.scratch(self.rt, 1, self.dtype),
                 self._upload(x[self.ncC:]) if self.total > self.ncC else arrays.scratch(self.rt, 1, self.dtype))
 
-    def _run(self, name, items, *args):
+    def launch(self, name, items, *args):
         """Enqueue kernel ``name`` over ``items`` work-items (nothing when there are none)."""
         if items <= 0:
             return
@@ -262,7 +262,7 @@ class DeviceState(LoopState):
         if self.events is not None:
             self.events += [(name, e1), ("finish", e2)]
 
-    def _read_scalars(self):
+    def read_scalars(self):
         host = np.empty(N_SCALARS, self.acc)
         cl.enqueue_copy(self.rt.queue, host, self.scalars.data)
         self.bytes_to_host += host.nbytes
@@ -280,13 +280,13 @@ class DeviceState(LoopState):
         the cost (None when not finite), or nothing yet with ``read=False`` (see _cost)."""
         n = self.n
         if with_jacobians:
-            self._run("correct_jacobian", n, r.data, self.jc.data, self.jp.data, self.value.data,
+            self.launch("correct_jacobian", n, r.data, self.jc.data, self.jp.data, self.value.data,
                       np.int32(n), self.loss_a, self.loss_b)
         else:
-            self._run("residual_cost", n, r.data, self.value.data, np.int32(n), self.loss_a, self.loss_b)
+            self.launch("residual_cost", n, r.data, self.value.data, np.int32(n), self.loss_a, self.loss_b)
         slot = COST if with_jacobians else CANDIDATE
         self._reduce("reduce_sum", slot, n, self.value.data)
-        return self._cost(self._read_scalars(), slot) if read else None
+        return self._cost(self.read_scalars(), slot) if read else None
 
     @staticmethod
     def _cost(scalars, slot):
@@ -305,14 +305,14 @@ class DeviceState(LoopState):
 
     # -- evaluation at x ---------------------------------------------------------------------
     def evaluate_jacobian(self, first: bool):
-        self._enqueue_jacobian()
-        sc = self._finish_jacobian(first)
+        self.enqueue_jacobian()
+        sc = self.finish_jacobian(first)
         return self._jacobian_result(sc)
 
-    def _enqueue_jacobian(self):
+    def enqueue_jacobian(self):
         """Enqueue the model's residuals and Jacobian at x, the robust correction, the cost's
         reduction, and the normal equations' blocks B, V and gradient g (nothing read yet; a
-        split solve sums B and the camera gradient over its parts before :meth:`_finish_jacobian`)."""
+        split solve sums B and the camera gradient over its parts before :meth:`finish_jacobian`)."""
         ev, n = self.ev, self.n
         t0 = time.perf_counter()
         # Let the last Jacobian go first: the new one takes its memory.
@@ -331,38 +331,38 @@ class DeviceState(LoopState):
             if n:
                 self._reduce_cost(r, with_jacobians=True, read=False)
                 if self.free is not None:
-                    self._run("hold_constants", n, jc.data, jp.data, self.pcg.cam.data, self.pcg.pt.data,
+                    self.launch("hold_constants", n, jc.data, jp.data, self.pcg.cam.data, self.pcg.pt.data,
                               *(f.data for f in self.free), np.int32(n))
         finally:
             ev.num_jacobian_evaluations += 1
             ev.jacobian_time += time.perf_counter() - t0
         t0 = time.perf_counter()
         npt, nc, g, pcg = self.npt, self.nc, self.g, self.pcg
-        self._run("point_normal", npt, jp.data, r.data, pcg.pt_start.data, self.V.data, g[1].data, np.int32(npt))
-        self._run("camera_partials", pcg.nseg, jc.data, r.data, pcg.obs.data, pcg.seg_start.data,
+        self.launch("point_normal", npt, jp.data, r.data, pcg.pt_start.data, self.V.data, g[1].data, np.int32(npt))
+        self.launch("camera_partials", pcg.nseg, jc.data, r.data, pcg.obs.data, pcg.seg_start.data,
                   self.partial.data, np.int32(pcg.nseg))
-        self._run("camera_normal", nc * (self.T + self.C), self.partial.data, pcg.cam_seg.data, self.B.data, g[0].data, np.int32(nc))
+        self.launch("camera_normal", nc * (self.T + self.C), self.partial.data, pcg.cam_seg.data, self.B.data, g[0].data, np.int32(nc))
         self.linear_solver_time += time.perf_counter() - t0
 
-    def _finish_jacobian(self, first: bool):
-        """After :meth:`_enqueue_jacobian`: the Jacobi scaling (first), the gradient's norms; the
+    def finish_jacobian(self, first: bool):
+        """After :meth:`enqueue_jacobian`: the Jacobi scaling (first), the gradient's norms; the
         scalars read back (the cost's and the gradient's slots)."""
         t0 = time.perf_counter()
         g = self.g
         if self.copies is not None:
             # A shared column's gradient and norm: the sums over its copies, at every copy.
-            self._run("camera_diagonal", self.ncC, self.B.data, self.cd.data, self._ncC)
+            self.launch("camera_diagonal", self.ncC, self.B.data, self.cd.data, self._ncC)
             self.copies.sum_in_place(self.cd)
             if self.ncC:
                 cl.enqueue_copy(self.rt.queue, self.g_sum[0].data, g[0].data, byte_count=g[0].nbytes)
             self.copies.sum_in_place(self.g_sum[0])
             g = self.g_sum
         if first:
-            self._run("jacobi_scale", self.total, *self._cd, self.B.data, self.V.data, *self._pairs(self.s),
+            self.launch("jacobi_scale", self.total, *self._cd, self.B.data, self.V.data, *self._pairs(self.s),
                       self._ncC, self._total, np.int32(1 if self.o.jacobi_scaling else 0))
         self._reduce("reduce_gradient", GRADIENT, self._norm_total, *self._count, *self._pairs(self.x, g),
                      self._norm_ncC, second_max=True)
-        sc = self._read_scalars()
+        sc = self.read_scalars()
         self.linear_solver_time += time.perf_counter() - t0
         return sc
 
@@ -371,10 +371,10 @@ class DeviceState(LoopState):
         cost = self._cost(sc, COST) if self.n else 0.0
         if cost is None:
             return None
-        self._bind_jacobian()
+        self.bind_jacobian()
         return cost, float(sc[GRADIENT + 1]), float(np.sqrt(sc[GRADIENT]))
 
-    def _bind_jacobian(self):
+    def bind_jacobian(self):
         """Hand the new Jacobian and residuals to the CG's products (a finite cost's)."""
         self.pcg.bind_jacobian(self.jc, r_dev=self.r, Jp_dev=self.jp)
 
@@ -383,7 +383,7 @@ class DeviceState(LoopState):
         pcg = self.pcg
         t0 = time.perf_counter()
         try:
-            self._regularize(radius, reuse_diagonal)
+            self.regularize(radius, reuse_diagonal)
             ok, its, msg = self.linear.solve()
             if ok is False:
                 return StepSolution(False, its, msg)
@@ -393,15 +393,15 @@ class DeviceState(LoopState):
         finally:
             self.linear_solver_time += time.perf_counter() - t0
 
-    def _regularize(self, radius, reuse_diagonal):
+    def regularize(self, radius, reuse_diagonal):
         """Enqueue the LM diagonal (unless reused), Dc^2 and V^-1 = (V + Dp^2)^-1 for ``radius``."""
         o, pcg, npt, ncC, total = self.o, self.pcg, self.npt, self._ncC, self._total
         if not reuse_diagonal:
-            self._run("lm_diagonal", self.total, *self._cd, self.B.data, self.V.data, *self._pairs(self.s, self.diag),
+            self.launch("lm_diagonal", self.total, *self._cd, self.B.data, self.V.data, *self._pairs(self.s, self.diag),
                       ncC, total, self.acc.type(o.min_lm_diagonal), self.acc.type(o.max_lm_diagonal))
         radius = self.acc.type(radius)
-        self._run("camera_regularize", self.ncC, *self._count, self.diag[0].data, self.s[0].data, pcg.dc2.data, radius, ncC)
-        self._run("point_regularize", npt, self.V.data, self.diag[1].data, self.s[1].data, pcg.Vinv.data,
+        self.launch("camera_regularize", self.ncC, *self._count, self.diag[0].data, self.s[0].data, pcg.dc2.data, radius, ncC)
+        self.launch("point_regularize", npt, self.V.data, self.diag[1].data, self.s[1].data, pcg.Vinv.data,
                   radius, np.int32(npt))
         pcg.device_inputs_written()
 
@@ -409,20 +409,20 @@ class DeviceState(LoopState):
         """The step, candidate and model cost change from the linear solution ``raw`` (camera and
         point parts on the device). ``outcome``: the linear solver's ``(ok, message)``, known once
         the queue has passed the solve (a failed solve's step, made all the same, is dropped)."""
-        self._enqueue_step(raw)
-        return self._step_verdict(self._read_scalars(), its, msg, outcome)
+        self.enqueue_step(raw)
+        return self.step_verdict(self.read_scalars(), its, msg, outcome)
 
-    def _enqueue_step(self, raw):
+    def enqueue_step(self, raw):
         """Enqueue the step, the candidate, the model cost change and the step's norms."""
         pcg, ncC, total = self.pcg, self._ncC, self._total
-        self._run("make_step", self.total, *self._pairs(raw, self.s, self.x, self.delta, self.cand), ncC, total)
-        self._run("model_change", self.n, self.jc.data, self.jp.data, self.r.data, pcg.cam.data, pcg.pt.data,
+        self.launch("make_step", self.total, *self._pairs(raw, self.s, self.x, self.delta, self.cand), ncC, total)
+        self.launch("model_change", self.n, self.jc.data, self.jp.data, self.r.data, pcg.cam.data, pcg.pt.data,
                   self.delta[0].data, self.delta[1].data, self.value.data, np.int32(self.n))
         self._reduce("reduce_sum", CHANGE, self.n, self.value.data)
         self._reduce("reduce_step", STEP, self._norm_total, *self._count,
                      *self._pairs(self.x, self.cand, raw), self._norm_ncC)
 
-    def _step_verdict(self, sc, its, msg, outcome=None) -> StepSolution:
+    def step_verdict(self, sc, its, msg, outcome=None) -> StepSolution:
         if outcome is not None:
             ok, msg = outcome()
             if not ok:
@@ -467,17 +467,17 @@ class DeviceState(LoopState):
         self._reduce("reduce_norm", NORM, self._norm_total, *self._count, *self._pairs(self.x), self._norm_ncC)
         self._norm_read = False
 
-    def _norm_sq(self) -> float:
+    def norm_sq(self) -> float:
         """``|x|^2`` over the entries this state's norms count."""
         if self._norm_read is None:
             self._enqueue_norm()
         if not self._norm_read:
-            self._read_scalars()
+            self.read_scalars()
         return float(self._scalars[NORM] - self.norm_excluded)
 
     @property
     def x_norm(self) -> float:
-        return float(np.sqrt(max(self._norm_sq(), 0.0)))
+        return float(np.sqrt(max(self.norm_sq(), 0.0)))
 
     def remember_best(self):
         q = self.rt.queue

@@ -210,12 +210,12 @@ class NormalEquations:
         """Squared column norms of J: the diagonal of J^T J, cameras then points."""
         return np.concatenate([np.einsum("cii->ci", self.B).ravel(), np.einsum("pii->pi", self.V).ravel()])
 
-    def _v_inverse(self, Dp2):
+    def v_inverse(self, Dp2):
         Vd = self.V.copy()
         Vd[:, [0, 1, 2], [0, 1, 2]] += Dp2
         return inv3_sym(Vd)
 
-    def _back_substitute(self, Vinv, yc):
+    def back_substitute(self, Vinv, yc):
         t = self.gp - self._wty(yc)
         return (Vinv * t[:, None, :]).sum(axis=2)
 
@@ -254,11 +254,11 @@ class NormalEquations:
         st = self.st
         D2 = np.asarray(D, dtype=np.float64) ** 2
         Dc2, Dp2 = D2[:9 * st.nc].reshape(st.nc, 9), D2[9 * st.nc:].reshape(st.npt, 3)
-        Vinv = self._v_inverse(Dp2)
+        Vinv = self.v_inverse(Dp2)
         yc, ok, its, msg = linear_solver(method).host.solve(self, Vinv, Dc2, eta, max_iterations, r_tolerance)
         if not ok:
             return LinearSolution(None, False, its, msg)
-        yp = self._back_substitute(Vinv, yc)
+        yp = self.back_substitute(Vinv, yc)
         y = np.concatenate([yc.ravel(), yp.ravel()])
         if not np.all(np.isfinite(y)):
             return LinearSolution(None, False, its, "Linear solver failure. Failed to compute a finite step.")
@@ -282,7 +282,7 @@ class NormalEquations:
         return solve_reduced(self.st.pairs(), self.st.nc, *self.reduced_camera_system(Vinv, Dc2))
 
     # ------------------------------------------------------------------ iterative_schur
-    def _pcg_operator(self, Vinv, Dc2):
+    def pcg_operator(self, Vinv, Dc2):
         """``(x -> S x, b)``: the implicit Schur complement ``F^T (I - E V^-1 E^T) F + Dc^2`` and the
         reduced right-hand side ``F^T (f - E V^-1 E^T f)``, by sparse matrix-vector products."""
         import scipy.sparse as sp
@@ -303,7 +303,7 @@ class NormalEquations:
         f = self.r.ravel()
         return apply_S, Ft @ (f - E @ (Vi @ (Et @ f)))
 
-    def _diagonal_pair_sums(self, Vinv):
+    def diagonal_pair_sums(self, Vinv):
         """The pairs' sums of S's diagonal blocks (nc, 9, 9); zero for unobserved cameras."""
         out = np.zeros((self.st.nc, 9, 9))
         out[self.st.diag_pairs().block_row] = self._pair_sums("diag", Vinv)
@@ -311,7 +311,7 @@ class NormalEquations:
 
     def _schur_jacobi(self, Vinv, Dc2):
         """The Schur-Jacobi preconditioner: inverses of the diagonal 9x9 blocks of S (nc, 9, 9)."""
-        Sd = self.B - self._diagonal_pair_sums(Vinv)
+        Sd = self.B - self.diagonal_pair_sums(Vinv)
         Sd[:, np.arange(9), np.arange(9)] += Dc2
         return spd_block_inverses(Sd)
 
@@ -319,7 +319,7 @@ class NormalEquations:
         """iterative_schur: the implicit Schur complement by preconditioned CG."""
         import scipy.sparse as sp
         st = self.st
-        apply_S, b = self._pcg_operator(Vinv, Dc2)
+        apply_S, b = self.pcg_operator(Vinv, Dc2)
         Pinv = self._schur_jacobi(Vinv, Dc2)
         P = sp.bsr_matrix((Pinv, np.arange(st.nc), np.arange(st.nc + 1)), shape=(9 * st.nc, 9 * st.nc)).tocsr()
         x, ok, its, msg = conjugate_gradients(apply_S, b, lambda v: P @ v, q_tolerance=eta,

@@ -172,9 +172,9 @@ class NormalEquationsCL(NormalEquations):
         pcg.bind_jacobian(self.Jc_dev, self.Jp_dev, self.r_dev)
         return pcg
 
-    def _diagonal_pair_sums(self, Vinv):
+    def diagonal_pair_sums(self, Vinv):
         if not self.cs.device_cg:
-            return NormalEquations._diagonal_pair_sums(self, Vinv)
+            return NormalEquations.diagonal_pair_sums(self, Vinv)
         return self._device_pcg().jacobi_sums(Vinv)
 
     def solve_pcg(self, Vinv, Dc2, eta, max_iterations, r_tolerance):
@@ -190,10 +190,10 @@ class NormalEquationsCL(NormalEquations):
         self._device_back_substitution = self.cs.device_cg and linear_solver(method).iterative
         return NormalEquations.solve(self, D, method, **kw)
 
-    def _back_substitute(self, Vinv, yc):
+    def back_substitute(self, Vinv, yc):
         if getattr(self, "_device_back_substitution", False):
             return self._device_pcg().back_substitute(Vinv, self.gp, yc)
-        return NormalEquations._back_substitute(self, Vinv, yc)
+        return NormalEquations.back_substitute(self, Vinv, yc)
 
     def _wty(self, yc):
         pending = []

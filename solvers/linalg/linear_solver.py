@@ -83,7 +83,7 @@ class DeviceIterativeSchur:
         (the sums of G V^-1 G^T per run of one camera's observations, ``runs`` each camera's
         first run; a split solve gives the parts' sums, one run per camera)."""
         st, pcg, nc = self.st, self.st.pcg, self.st.nc
-        st._run("schur_jacobi", nc, st.B.data, pcg.dc2.data, blocks.data, runs.data,
+        st.launch("schur_jacobi", nc, st.B.data, pcg.dc2.data, blocks.data, runs.data,
                 pcg.Pinv.data, st.failed.data, np.int32(nc))
         if nc:
             failed = np.empty(nc, np.int32)

@@ -146,7 +146,7 @@ class PartitionedState(LoopState):
         Dc2 = (np.sqrt(self.diagonal / radius) / self.scale_c) ** 2
         for p in self.parts:
             Dp2 = (np.sqrt(p.diagonal / radius) / p.scale) ** 2
-            p.Vinv = p.neq._v_inverse(Dp2.reshape(-1, 3))
+            p.Vinv = p.neq.v_inverse(Dp2.reshape(-1, 3))
         nc = self.ev.nc
         Dc2 = Dc2.reshape(nc, 9)
         if not linear_solver(o.linear_solver).iterative:
@@ -154,7 +154,7 @@ class PartitionedState(LoopState):
         else:
             yc, ok, its, msg = self._solve_pcg(Dc2)
         if ok:
-            yps = self.comm.map(lambda p: p.neq._back_substitute(p.Vinv, yc).ravel(), self.parts)
+            yps = self.comm.map(lambda p: p.neq.back_substitute(p.Vinv, yc).ravel(), self.parts)
             finite = np.all(np.isfinite(yc)) and all(np.all(np.isfinite(y)) for y in yps)
             if not self._all_ok([finite]):
                 ok, msg = False, "Linear solver failure. Failed to compute a finite step."
@@ -186,15 +186,17 @@ class PartitionedState(LoopState):
     def _solve_explicit(self, Dc2):
         pairs = self._pairs()
         nb = pairs.block_row.size
+        nc = self.ev.nc
 
         def share(p):
+            # The part's reduced system with no damping (Dc^2 is added once, to the sum below).
+            part_blocks, B, rhs = p.neq.reduced_camera_system(p.Vinv, np.zeros(p.neq.B.shape[:2]))
             blocks = np.zeros((nb, 9, 9))
-            blocks[p.block_positions] = -p.neq._pair_sums("all", p.Vinv)   # a part's blocks are distinct
-            return blocks, p.neq.B, p.neq._rhs(p.Vinv).ravel()
+            blocks[p.block_positions] = part_blocks   # a part's blocks are distinct
+            return blocks, B, rhs
         shares = self.comm.map(share, self.parts)
         # One reduction for the three: blocks, B, rhs.
         flat = self._sum(sum(np.concatenate([b.ravel(), B.ravel(), r]) for b, B, r in shares))
-        nc = self.ev.nc
         blocks = flat[:nb * 81].reshape(nb, 9, 9)
         diag = flat[nb * 81:nb * 81 + nc * 81].reshape(nc, 9, 9).copy()
         rhs = flat[nb * 81 + nc * 81:]
@@ -204,13 +206,13 @@ class PartitionedState(LoopState):
     def _solve_pcg(self, Dc2):
         nc = self.ev.nc
         zero = np.zeros((nc, 9))
-        ops = self.comm.map(lambda p: p.neq._pcg_operator(p.Vinv, zero), self.parts)
+        ops = self.comm.map(lambda p: p.neq.pcg_operator(p.Vinv, zero), self.parts)
         dc2 = Dc2.ravel()
 
         def apply_S(x):
             return self._sum(sum(op(x) for op, _ in ops)) + dc2 * x
         b = self._sum(sum(rhs for _, rhs in ops))
-        Sd = self._sum(sum(p.neq.B - p.neq._diagonal_pair_sums(p.Vinv) for p in self.parts))
+        Sd = self._sum(sum(p.neq.B - p.neq.diagonal_pair_sums(p.Vinv) for p in self.parts))
         Sd[:, np.arange(9), np.arange(9)] += Dc2
         Pinv = spd_block_inverses(Sd)
 

@@ -75,7 +75,7 @@ class DevicePart(DeviceState):
     def candidate_scalars(self) -> np.ndarray:
         """The candidate's cost (in ``CANDIDATE``) among the scalars."""
         self._candidate(read=False)
-        return self._read_scalars()
+        return self.read_scalars()
 
     def split_preconditioner(self, jacobi: np.ndarray):
         """The Schur-Jacobi preconditioner from the summed camera blocks B (on the device) and the
@@ -115,19 +115,19 @@ class PartitionedDeviceState(LoopState):
     # -- evaluation at x ---------------------------------------------------------------------
     def evaluate_jacobian(self, first: bool):
         t0 = time.perf_counter()
-        self._map(lambda p: p._enqueue_jacobian())
+        self._map(lambda p: p.enqueue_jacobian())
         self.ev.num_jacobian_evaluations += 1
         t1 = time.perf_counter()
         self.ev.jacobian_time += t1 - t0
         total = self._sum(self._map(lambda p: p.camera_normal_share()))
         self._map(lambda p: p.set_camera_normal(total))
-        sc = self._scalars(self._map(lambda p: p._finish_jacobian(first)), max_slot=GRADIENT + 1)
+        sc = self._scalars(self._map(lambda p: p.finish_jacobian(first)), max_slot=GRADIENT + 1)
         self.linear_solver_time += time.perf_counter() - t1
         cost = 0.5 * sc[COST]
         if not np.isfinite(cost):
             return None
         for p in self.parts:
-            p._bind_jacobian()
+            p.bind_jacobian()
         return float(cost), float(sc[GRADIENT + 1]), float(np.sqrt(sc[GRADIENT]))
 
     # -- the step ----------------------------------------------------------------------------
@@ -135,7 +135,7 @@ class PartitionedDeviceState(LoopState):
         o = self.o
         t0 = time.perf_counter()
         try:
-            self._map(lambda p: p._regularize(radius, reuse_diagonal))
+            self._map(lambda p: p.regularize(radius, reuse_diagonal))
             jacobi = self._sum(self._map(lambda p: p.pcg.part_jacobi_sums()))
             self._map(lambda p: p.split_preconditioner(jacobi))
             ok, its, msg = self._conjugate_gradients(o.eta, -1.0, o.max_linear_solver_iterations)
@@ -143,11 +143,11 @@ class PartitionedDeviceState(LoopState):
                 return StepSolution(False, its, msg)
 
             def step(p):
-                p._enqueue_step((p.pcg.x, p.pcg.back_substitute_solution()))
-                return p._read_scalars()
+                p.enqueue_step((p.pcg.x, p.pcg.back_substitute_solution()))
+                return p.read_scalars()
             sc = self._scalars(self._map(step))
             # Every part reads the same sums, so every verdict (and step norm) is the same.
-            verdicts = [p._step_verdict(sc, its, msg) for p in self.parts]
+            verdicts = [p.step_verdict(sc, its, msg) for p in self.parts]
             if verdicts[0].ok:
                 self.step_norm = self.parts[0].step_norm
             return verdicts[0]
@@ -174,7 +174,7 @@ class PartitionedDeviceState(LoopState):
 
     @property
     def x_norm(self) -> float:
-        sq = self._sum([np.array([p._norm_sq()]) for p in self.parts])[0]
+        sq = self._sum([np.array([p.norm_sq()]) for p in self.parts])[0]
         return float(np.sqrt(max(sq, 0.0)))
 
     def remember_best(self):
