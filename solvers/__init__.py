@@ -91,7 +91,8 @@ def bundle_adjust(problem: BALProblem, linear_solver: str = "sparse_schur", loss
                   resume=None, **options) -> BundleAdjustResult:
     """Minimise the BAL reprojection error of ``problem`` with Levenberg-Marquardt (Ceres' semantics).
 
-    - ``linear_solver``: ``"sparse_schur"`` or ``"iterative_schur"``.
+    - ``linear_solver``: a Schur method of :data:`solvers.LINEAR_SOLVERS` (``"sparse_schur"``,
+      ``"iterative_schur"``, ...; :mod:`solvers.linalg.linear_solver` describes each).
     - ``loss``: None/"trivial", "huber", "cauchy" or "soft_l1" (or a :class:`Loss`), with ``loss_scale``.
     - ``model``: the camera model; a class taking ``(cam_idx, pt_idx, observations, dtype=, device=)``
       (default: ``solvers.models.snavely.SnavelyModel``, built on pyclad) or an instance for this problem's

@@ -94,9 +94,9 @@ def solve(problem, linear_solver: str = "sparse_schur", eliminate="auto", max_it
           resume=None, **options) -> SolveResult:
     """Minimise ``problem``'s cost with Levenberg-Marquardt (Ceres' semantics) -> :class:`SolveResult`.
 
-    - ``linear_solver``: ``"sparse_schur"``, ``"iterative_schur"`` or ``"sparse_normal_cholesky"``.
-      The first two eliminate a group by the Schur complement; when nothing can be eliminated
-      the step is solved by ``sparse_normal_cholesky`` (and the log says so).
+    - ``linear_solver``: a name of :data:`solvers.LINEAR_SOLVERS` (each is described in
+      :mod:`solvers.linalg.linear_solver`). The Schur methods eliminate a group; when nothing can
+      be eliminated the step is solved by ``sparse_normal_cholesky`` (and the log says so).
     - ``eliminate``: the group's name, ``"auto"`` (Ceres' choice: the largest group in which no
       residual block touches two rows) or None.
     - ``callback(iteration_summary)`` after every iteration (an exception it raises ends the

@@ -130,10 +130,11 @@ class HostState(LoopState):
 
     @property
     def linear_solver_detail(self) -> str:
-        """sparse_schur: S's size and how solvers.ba.schur factorises it."""
-        if linear_solver(self.o.linear_solver).iterative:
+        """A factorising linear solver's: S's size and how solvers.ba.schur factorises it."""
+        entry = linear_solver(self.o.linear_solver)
+        if entry.iterative:
             return ""
         from ..linalg import factorisation_limits as limits
         n = 9 * self.ev.nc
-        how = "dense Cholesky (LAPACK)" if n <= limits.HOST_DENSE_MAX else "sparse LDL^T (SuperLU)"
+        how = "dense Cholesky (LAPACK)" if limits.host_dense(n, forced=entry.dense) else "sparse LDL^T (SuperLU)"
         return f"Reduced camera matrix: {n} x {n}, {how} on the host"

@@ -151,7 +151,8 @@ class DeviceState(LoopState):
         # The linear solver of the step (solvers.linalg.linear_solver), after the CG's buffers, which
         # every method shares (the back-substitution, V^-1, Dc^2).
         self.bytes_needed = need
-        self.linear = linear_solver(options.linear_solver).device(self)
+        entry = linear_solver(options.linear_solver)
+        self.linear = entry.device(self, entry)
         # The reductions' work-group size, and their number of groups (fixed per device, so the
         # sums run in the same order every time).
         self.L = arrays.work_group_size(rt, None, 64 if rt.info.is_cpu else 256)

@@ -255,7 +255,8 @@ class NormalEquations:
         D2 = np.asarray(D, dtype=np.float64) ** 2
         Dc2, Dp2 = D2[:9 * st.nc].reshape(st.nc, 9), D2[9 * st.nc:].reshape(st.npt, 3)
         Vinv = self.v_inverse(Dp2)
-        yc, ok, its, msg = linear_solver(method).host.solve(self, Vinv, Dc2, eta, max_iterations, r_tolerance)
+        entry = linear_solver(method)
+        yc, ok, its, msg = entry.host.solve(self, entry, Vinv, Dc2, eta, max_iterations, r_tolerance)
         if not ok:
             return LinearSolution(None, False, its, msg)
         yp = self.back_substitute(Vinv, yc)
@@ -277,9 +278,9 @@ class NormalEquations:
         """S (9 nc x 9 nc) from :meth:`reduced_camera_system`'s blocks and diagonal."""
         return dense_reduced_matrix(self.st.pairs(), self.st.nc, blocks, diag)
 
-    def solve_explicit(self, Vinv, Dc2):
-        """sparse_schur: the reduced camera system assembled and factorised."""
-        return solve_reduced(self.st.pairs(), self.st.nc, *self.reduced_camera_system(Vinv, Dc2))
+    def solve_explicit(self, Vinv, Dc2, dense: bool = False):
+        """The reduced camera system assembled and factorised (``dense``: by LAPACK at any size)."""
+        return solve_reduced(self.st.pairs(), self.st.nc, *self.reduced_camera_system(Vinv, Dc2), dense=dense)
 
     # ------------------------------------------------------------------ iterative_schur
     def pcg_operator(self, Vinv, Dc2):
@@ -339,16 +340,17 @@ def dense_reduced_matrix(pairs: Pairs, nc: int, blocks, diag):
     return S.reshape(9 * nc, 9 * nc)
 
 
-def solve_reduced(pairs: Pairs, nc: int, blocks, diag, rhs):
+def solve_reduced(pairs: Pairs, nc: int, blocks, diag, rhs, dense: bool = False):
     """Solve the reduced camera system ``S yc = rhs`` (S from ``pairs``' blocks and ``diag``,
     as :func:`dense_reduced_matrix`) -> ``(yc (nc, 9), ok, iterations, message)``: dense
-    Cholesky (LAPACK) up to factorisation_limits.HOST_DENSE_MAX unknowns, else SuperLU's LDL^T with a symmetric ordering."""
+    Cholesky (LAPACK) where factorisation_limits.host_dense says (``dense``: always), else
+    SuperLU's LDL^T with a symmetric ordering."""
     import scipy.linalg
     import scipy.sparse as sp
     import scipy.sparse.linalg as spla
     if not np.all(np.isfinite(blocks)) or not np.all(np.isfinite(diag)) or not np.all(np.isfinite(rhs)):
         return None, False, 1, "Linear solver failure: non-finite reduced camera matrix."
-    if 9 * nc <= limits.HOST_DENSE_MAX:
+    if limits.host_dense(9 * nc, forced=dense):
         S = dense_reduced_matrix(pairs, nc, blocks, diag)
         try:
             with single_threaded_blas():

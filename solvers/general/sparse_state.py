@@ -323,7 +323,7 @@ class SparseState(LoopState):
         if not np.all(np.isfinite(A if dense else A.data)) or not np.all(np.isfinite(b)):
             return None, False, MSG_NOT_FINITE
         try:
-            if dense or n <= limits.HOST_DENSE_MAX:
+            if dense or limits.host_dense(n, forced=linear_solver(self.o.linear_solver).dense):
                 name = "lapack"
                 c = lapack_cholesky(A if dense else A.toarray(), overwrite=dense)
                 y = scipy.linalg.cho_solve(c, b, check_finite=False)

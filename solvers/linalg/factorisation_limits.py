@@ -19,3 +19,10 @@ DENSE_FILL_MAX = 16384
 DEVICE_DENSE_MAX = 16384
 DEVICE_DENSE_MAX_CPU = 0
 DENSE_MEMORY_FRACTION = 0.5
+
+
+def host_dense(n_unknowns: int, fill: float = 0.0, forced: bool = False) -> bool:
+    """Whether the host factorises a reduced matrix of ``n_unknowns`` dense (LAPACK's Cholesky)
+    rather than sparse: small, or nearly full (``fill``: the fraction of its blocks that are
+    nonzero), or ``forced`` by the linear solver (``dense_schur``'s kind, whatever the size)."""
+    return forced or n_unknowns <= HOST_DENSE_MAX or (fill >= DENSE_FILL and n_unknowns <= DENSE_FILL_MAX)

@@ -12,7 +12,7 @@ back-substitution, done by the caller (:class:`solvers.ba.schur.NormalEquations`
   apart from the state's own counters.
 
 A new method is one more :class:`LinearSolver` in ``_SOLVERS``. The cores, the split states and
-the report ask an entry for its properties (``eliminates``, ``iterative``, ``preconditioner``,
+the report ask an entry for its properties (``eliminates``, ``iterative``, ``preconditioner``, ``dense``,
 ``dtypes``), never for its name. ``sparse_normal_cholesky`` has neither implementation: it
 eliminates nothing, and only the general core (:mod:`solvers.general.sparse_state`) runs it.
 """
@@ -27,9 +27,11 @@ import pyopencl as cl
 
 @dataclasses.dataclass(frozen=True)
 class LinearSolver:
-    """One method: ``host.solve(neq, Vinv, Dc2, eta, max_iterations, r_tolerance)`` -> ``(yc, ok,
-    iterations, message)`` on :class:`solvers.ba.schur.NormalEquations`; ``device(state)`` -> a device
-    solver for a :class:`solvers.ba.lm_device.DeviceState` (see the module docstring)."""
+    """One method: ``host.solve(neq, entry, Vinv, Dc2, eta, max_iterations, r_tolerance)`` ->
+    ``(yc, ok, iterations, message)`` on :class:`solvers.ba.schur.NormalEquations`;
+    ``device(state, entry)`` -> a device solver for a :class:`solvers.ba.lm_device.DeviceState` (see
+    the module docstring). ``entry`` is this record: an implementation reads its properties, so
+    one implementation serves every entry of its kind."""
     name: str
     host: Optional[type]
     device: Optional[Callable]
@@ -37,15 +39,16 @@ class LinearSolver:
     eliminates: bool = True     # solves the Schur complement's reduced system (a group eliminated)
     iterative: bool = False     # by CG, the reduced matrix never factorised (else assembled, factorised)
     preconditioner: str = ""    # Ceres' name of the CG's preconditioner, for the report
+    dense: bool = False         # factorised dense whatever its size and fill (solvers.linalg.factorisation_limits)
 
 
-class HostSparseSchur:
-    """sparse_schur on the host: the reduced camera matrix assembled and factorised (dense
-    LAPACK or a sparse factorisation, solvers.linalg.factorisation_limits)."""
+class HostExplicitSchur:
+    """The reduced camera matrix assembled and factorised on the host (dense LAPACK or a sparse
+    factorisation, as solvers.linalg.factorisation_limits.host_dense says for the entry)."""
 
     @staticmethod
-    def solve(neq, Vinv, Dc2, eta, max_iterations, r_tolerance):
-        return neq.solve_explicit(Vinv, Dc2)
+    def solve(neq, entry, Vinv, Dc2, eta, max_iterations, r_tolerance):
+        return neq.solve_explicit(Vinv, Dc2, dense=entry.dense)
 
 
 class HostIterativeSchur:
@@ -53,7 +56,7 @@ class HostIterativeSchur:
     preconditioner (on the device's products where the state has fp64, solvers.ba.schur_device)."""
 
     @staticmethod
-    def solve(neq, Vinv, Dc2, eta, max_iterations, r_tolerance):
+    def solve(neq, entry, Vinv, Dc2, eta, max_iterations, r_tolerance):
         return neq.solve_pcg(Vinv, Dc2, eta, max_iterations, r_tolerance)
 
 
@@ -65,7 +68,7 @@ class DeviceIterativeSchur:
     description = ""
     nbytes = bytes_to_device = bytes_to_host = 0     # counted in the state's and the CG's
 
-    def __init__(self, state):
+    def __init__(self, state, entry):
         self.st = state
 
     def close(self):
@@ -112,18 +115,18 @@ class DeviceIterativeSchur:
         st.bytes_to_device += pinv.nbytes
 
 
-class DeviceSparseSchurSolver:
-    """sparse_schur on the device: :class:`solvers.linalg.sparse_schur_device.DeviceSparseSchur`
-    assembles the reduced camera system and factorises it where it is fastest (one iteration,
-    the host path's messages)."""
+class DeviceExplicitSchur:
+    """The reduced camera system on the device:
+    :class:`solvers.linalg.sparse_schur_device.DeviceSparseSchur` assembles it and factorises it
+    where it is fastest, dense where the entry says so (one iteration, the host path's messages)."""
 
-    def __init__(self, state):
+    def __init__(self, state, entry):
         from .sparse_schur_device import DeviceSparseSchur
         self.st = st = state
         self.system = DeviceSparseSchur(st.rt, st.ev.cam, st.ev.pt, st.nc, st.npt, st.C, st.P, st.R,
                                         other_bytes=st.bytes_needed, events=st.events,
                                         camera_order=st.ev.camera_order(), copies=st.copies,
-                                        pattern=getattr(st.ev, "reduced_pattern", None))
+                                        pattern=getattr(st.ev, "reduced_pattern", None), dense=entry.dense)
         self.description = self.system.description
 
     @property
@@ -154,7 +157,7 @@ class DeviceSparseSchurSolver:
 
 _SOLVERS = {
     s.name: s for s in (
-        LinearSolver("sparse_schur", host=HostSparseSchur, device=DeviceSparseSchurSolver,
+        LinearSolver("sparse_schur", host=HostExplicitSchur, device=DeviceExplicitSchur,
                      dtypes=(np.float64,)),      # assembled and factorised in float64
         LinearSolver("iterative_schur", host=HostIterativeSchur, device=DeviceIterativeSchur, iterative=True,
                      preconditioner="SCHUR_JACOBI"),

@@ -39,11 +39,13 @@ MSG_NOT_FINITE = "Linear solver failure: non-finite reduced camera matrix."
 MSG_NOT_PD = "Linear solver failure: the reduced camera matrix is not positive definite."
 
 
-def choose_factorisation(info, n_unknowns: int, other_bytes: int, fill: float = 0.0) -> str:
+def choose_factorisation(info, n_unknowns: int, other_bytes: int, fill: float = 0.0, dense: bool = False) -> str:
     """``"device"`` or the name of the host factoriser (:data:`host_cholesky.LABELS`). ``fill``:
     the fraction of S's blocks that are nonzero; a matrix that is nearly full (cameras that all
     see the same points, as a COLMAP scene's) factorises faster dense on the host at any size up
-    to ``factorisation_limits.DENSE_FILL_MAX`` (a sparse factorisation of it measured 5-15x slower)."""
+    to ``factorisation_limits.DENSE_FILL_MAX`` (a sparse factorisation of it measured 5-15x slower).
+    ``dense``: never a sparse factorisation (the device's dense Cholesky where it fits, else
+    LAPACK's)."""
     limit = limits.DEVICE_DENSE_MAX_CPU if info.is_cpu else limits.DEVICE_DENSE_MAX
     nb, _ = block_sizes(info)
     need = dense_bytes(n_unknowns, nb)
@@ -52,7 +54,7 @@ def choose_factorisation(info, n_unknowns: int, other_bytes: int, fill: float = 
             and need <= limits.DENSE_MEMORY_FRACTION * max(0, info.global_mem_bytes - other_bytes))
     if n_unknowns <= limit and fits:
         return "device"
-    if n_unknowns <= limits.HOST_DENSE_MAX or (fill >= limits.DENSE_FILL and n_unknowns <= limits.DENSE_FILL_MAX):
+    if limits.host_dense(n_unknowns, fill, forced=dense):
         return "lapack"
     return host_cholesky.best_sparse()
 
@@ -62,9 +64,10 @@ class DeviceSparseSchur:
     structure does not change). :meth:`solve` per linear system."""
 
     def __init__(self, runtime, cam, pt, num_cameras, num_points, C=9, P=3, R=2, other_bytes=0, events=None,
-                 camera_order=None, copies=None, pattern=None):
+                 camera_order=None, copies=None, pattern=None, dense=False):
         """``pattern``: the :class:`ReducedPattern` of these arguments where the caller has it
-        (made with the device's run length)."""
+        (made with the device's run length); ``dense``: factorised dense at any size
+        (:func:`choose_factorisation`)."""
         self.rt, self.C, self.copies = runtime, C, copies
         info = runtime.info
         max_run = MAX_RUN_CPU if info.is_cpu else MAX_RUN_GPU
@@ -74,7 +77,7 @@ class DeviceSparseSchur:
         self.system = ReducedCameraSystem(runtime, pat, C, P, R)
         self.system.events = events
         self.n = n = C * pat.nc if copies is None else copies.nf
-        self.where = choose_factorisation(info, n, other_bytes + self.system.nbytes, pat.fill)
+        self.where = choose_factorisation(info, n, other_bytes + self.system.nbytes, pat.fill, dense)
         self.bytes_to_host = self.bytes_to_device = 0
         if copies is not None:
             # The keys' matrix (the blocks outside the pattern stay zero) and right-hand side.

@@ -201,7 +201,7 @@ class PartitionedState(LoopState):
         diag = flat[nb * 81:nb * 81 + nc * 81].reshape(nc, 9, 9).copy()
         rhs = flat[nb * 81 + nc * 81:]
         diag[:, np.arange(9), np.arange(9)] += Dc2
-        return solve_reduced(pairs, nc, blocks, diag, rhs)
+        return solve_reduced(pairs, nc, blocks, diag, rhs, dense=linear_solver(self.o.linear_solver).dense)
 
     def _solve_pcg(self, Dc2):
         nc = self.ev.nc
