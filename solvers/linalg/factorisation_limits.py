@@ -24,5 +24,22 @@ DENSE_MEMORY_FRACTION = 0.5
 def host_dense(n_unknowns: int, fill: float = 0.0, forced: bool = False) -> bool:
     """Whether the host factorises a reduced matrix of ``n_unknowns`` dense (LAPACK's Cholesky)
     rather than sparse: small, or nearly full (``fill``: the fraction of its blocks that are
-    nonzero), or ``forced`` by the linear solver (``dense_schur``'s kind, whatever the size)."""
-    return forced or n_unknowns <= HOST_DENSE_MAX or (fill >= DENSE_FILL and n_unknowns <= DENSE_FILL_MAX)
+    nonzero), or ``forced`` by the linear solver (``dense_schur``'s kind, whatever the size).
+    A forced dense matrix that the host's memory cannot hold is refused here, before it is made,
+    with :class:`clkernels.DeviceMemoryError`."""
+    if n_unknowns <= HOST_DENSE_MAX or (fill >= DENSE_FILL and n_unknowns <= DENSE_FILL_MAX):
+        return True
+    if forced:
+        _check_host_fits(n_unknowns)
+    return forced
+
+
+def _check_host_fits(n_unknowns: int):
+    from clkernels.memory import DeviceMemoryError, host_available
+    need = 2 * 8 * n_unknowns ** 2         # the matrix and its factor, float64
+    have, why = host_available()
+    if have is not None and need > have:
+        raise DeviceMemoryError(
+            f"the linear solver factorises the {n_unknowns} x {n_unknowns} reduced matrix dense (dense_schur): "
+            f"{need / 2**30:.2f} GiB on the host, but only {have / 2**30:.2f} GiB is available ({why}); "
+            "use linear_solver='sparse_schur' (dense where that pays) or 'iterative_schur'", need, have)

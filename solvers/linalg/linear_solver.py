@@ -159,6 +159,10 @@ _SOLVERS = {
     s.name: s for s in (
         LinearSolver("sparse_schur", host=HostExplicitSchur, device=DeviceExplicitSchur,
                      dtypes=(np.float64,)),      # assembled and factorised in float64
+        # Ceres' DENSE_SCHUR: the reduced camera matrix factorised dense (Cholesky) at any size:
+        # by the device's dense Cholesky where it fits there, else by LAPACK on the host.
+        LinearSolver("dense_schur", host=HostExplicitSchur, device=DeviceExplicitSchur, dtypes=(np.float64,),
+                     dense=True),
         LinearSolver("iterative_schur", host=HostIterativeSchur, device=DeviceIterativeSchur, iterative=True,
                      preconditioner="SCHUR_JACOBI"),
         # Nothing eliminated: J^T J + D^2 factorised whole; only solvers.general.sparse_state runs it.
