@@ -85,7 +85,8 @@ def checkout_from_commit(rev: str, folder: str) -> str:
 
 
 def measure(checkout: str, case: dict) -> dict:
-    env = {**os.environ, "PYTHONPATH": checkout}
+    # The checkout first: its packages shadow any others on the path (which still serves pyopencl).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [checkout, os.environ.get("PYTHONPATH")]))}
     run = subprocess.run([sys.executable, "-W", "ignore", "-c", WORKER, json.dumps(case)], capture_output=True,
                          text=True, cwd=checkout, env=env, timeout=3600)
     if run.returncode != 0:
