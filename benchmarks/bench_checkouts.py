@@ -7,7 +7,9 @@ The checkouts alternate case by case, ``--rounds`` times. Each process first sol
 ``--warmup`` times (kernel builds and launch plans out of the timing), then times ``--repeat``
 solves: wall clock around the public call (``solvers.bundle_adjust`` or ``solvers.solve``,
 whose result is read back to the host), median. A case's figure per checkout is the median of its
-rounds' medians; ``ratio`` is this checkout's over the base's.
+rounds' medians; ``ratio`` is this checkout's over the base's. ``ratio_best`` compares the
+fastest round of each: on a shared machine a round can land in a slow phase (the H200 machine's
+rounds of one checkout spread by up to 30%), and the fastest rounds show what the code can do.
 
 Cases: the five BAL problems with both linear solvers (``bal``); bench_colmap's synthetic
 reconstructions of 30 and 300 images, a camera per image, sparse_schur (``colmap``; the models
@@ -145,11 +147,12 @@ def main():
                     medians[label].append(last[label]["median_s"])
             b, t = statistics.median(medians["base"]), statistics.median(medians["this"])
             rep.add(case["name"], "this/base", base_s=b, this_s=t, ratio=t / b,
+                    ratio_best=min(medians["this"]) / min(medians["base"]),
                     same_cost=harness.rel_err(last["this"]["final_cost"], last["base"]["final_cost"]),
                     iterations=last["this"]["iterations"], state=last["this"]["state"],
                     rounds_base=[round(x, 4) for x in medians["base"]],
                     rounds_this=[round(x, 4) for x in medians["this"]])
-    rep.write(columns=["case", "base_s", "this_s", "ratio", "same_cost", "iterations", "state", "rounds_base",
+    rep.write(columns=["case", "base_s", "this_s", "ratio", "ratio_best", "same_cost", "iterations", "state", "rounds_base",
                        "rounds_this"])
 
 
