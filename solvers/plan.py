@@ -31,16 +31,17 @@ from .models.loss import Loss
 
 def choose_linear_solver(problem, linear_solver: str, eliminate):
     """``(eliminated group or None, linear solver, notes)``: the group the Schur complement
-    eliminates (``eliminate``: a name, ``"auto"`` or None), and ``sparse_normal_cholesky`` in place
-    of a Schur method when nothing can be eliminated (a note says so)."""
+    eliminates (``eliminate``: a name, ``"auto"`` or None), and the registry's replacement for a
+    Schur method when nothing can be eliminated (its ``without_elimination``; a note says so)."""
     notes = []
     eliminated = None
-    if method(linear_solver).eliminates:
+    entry = method(linear_solver)
+    if entry.eliminates:
         eliminated = problem.choose_eliminated(eliminate)
-        if eliminated is None and linear_solver in SCHUR_METHODS:
+        if eliminated is None:
             notes.append(f"No group can be eliminated (eliminate={eliminate!r}): "
-                         f"{linear_solver} falls back to sparse_normal_cholesky")
-            linear_solver = "sparse_normal_cholesky"
+                         f"{linear_solver} falls back to {entry.without_elimination}")
+            linear_solver = entry.without_elimination
     return eliminated, linear_solver, notes
 
 

@@ -13,7 +13,8 @@ back-substitution, done by the caller (:class:`solvers.ba.schur.NormalEquations`
 
 A new method is one more :class:`LinearSolver` in ``_SOLVERS``. The cores, the split states and
 the report ask an entry for its properties (``eliminates``, ``iterative``, ``preconditioner``, ``dense``,
-``dtypes``), never for its name. ``sparse_normal_cholesky`` has neither implementation: it
+``dtypes``, ``without_elimination``: what replaces it when no group can be eliminated), never for
+its name. ``sparse_normal_cholesky`` has neither implementation: it
 eliminates nothing, and only the general core (:mod:`solvers.general.sparse_state`) runs it.
 """
 from __future__ import annotations
@@ -40,6 +41,8 @@ class LinearSolver:
     iterative: bool = False     # by CG, the reduced matrix never factorised (else assembled, factorised)
     preconditioner: str = ""    # Ceres' name of the CG's preconditioner, for the report
     dense: bool = False         # factorised dense whatever its size and fill (solvers.linalg.factorisation_limits)
+    # What solves the step when no group can be eliminated (Ceres' LinearSolverForZeroEBlocks).
+    without_elimination: str = "sparse_normal_cholesky"
 
 
 class HostExplicitSchur:
