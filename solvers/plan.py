@@ -186,8 +186,7 @@ class BACore:
         if merged is not None:          # the report names the problem's residual kind
             self.model_name = ", ".join(r.name for r in original.residuals)
         # Residuals per block: the model function's (a model= of another kind: BAL's 2).
-        self.num_residuals = block.num_residuals = \
-            getattr(getattr(self.evaluator.model, "function", None), "n_outputs", 2)
+        self.num_residuals = block.num_residuals = self.evaluator.R
         self.runtime = None
         if opts.schur_backend != "numpy":
             self.runtime = getattr(self.evaluator.model, "runtime", None)
@@ -202,17 +201,13 @@ class BACore:
         self.device_name = dev.name if dev is not None else "host"
 
     def runs(self, opts) -> bool:
-        """Whether this core can run the solve: on the device, or on the host for BAL's sizes."""
+        """Whether this core can run the solve: on the device, or by its host reference (any block
+        sizes), which holds nothing constant, so a merge needs the device."""
         from .ba.lm_device import device_unavailable_reason
         why = device_unavailable_reason(self.evaluator, opts, self.runtime)
-        if self.merged is not None:     # (the host reference holds nothing constant)
+        if self.merged is not None:
             return why is None and self._merge_fits()
-        if why is None:
-            return True
-        bal_sizes = (self.evaluator.C, self.evaluator.P, self.num_residuals) == (9, 3, 2)
-        if opts.device_resident is True and not bal_sizes:
-            raise ValueError(f"device_resident=True, but {why}")
-        return bal_sizes
+        return True
 
     def _merge_fits(self) -> bool:
         """Whether the device-resident core serves a merge (solvers.general.merged_groups) faster than
@@ -280,12 +275,11 @@ class BACore:
         if m is not None and m.copies is not None:
             raise ValueError("devices= / comm= split a problem whose cameras each serve one image; here images "
                              "share a camera (its columns are copies), which only one device solves")
-        bal_sizes = (self.evaluator.C, self.evaluator.P, self.num_residuals) == (9, 3, 2)
         held = None if m is None else (m.free, m.free_points, m.excluded_sq)
 
         def make(ev, options, runtime, x0):
             return partitioned_state(ev, options, x0, self.checkpoint_problem, self._evaluator,
-                                     host_path=m is None and bal_sizes,
+                                     host_path=m is None,
                                      camera_blocks=None if m is None else m.block_sizes, held=held)
         return make
 

@@ -26,12 +26,30 @@ def small_system(seed=0):
     return st, r, jc, jp
 
 
+def sized_system(C, P, R, seed=0, nc=5, npt=30):
+    """Random Jacobian blocks (n, R, C) and (n, R, P) and residuals (n, R) on a random pattern
+    with the odd cases of :func:`small_system` (a point seen once, a camera seeing a point twice,
+    an unobserved camera and point), for block sizes other than BAL's."""
+    rng = np.random.default_rng(seed)
+    pi = np.repeat(np.arange(npt - 2), rng.integers(2, 5, npt - 2))
+    ci = rng.integers(0, nc - 1, pi.size)                    # camera nc - 1: unobserved
+    pi = np.concatenate([pi, [npt - 2, 4, 4]])               # point npt-2 seen once; npt-1 never
+    ci = np.concatenate([ci, [1, 2, 2]])
+    order = np.argsort(pi, kind="stable")
+    ci, pi = ci[order], pi[order]
+    n = pi.size
+    jc, jp = rng.standard_normal((n, R, C)), rng.standard_normal((n, R, P))
+    st = Structure(ci, pi, nc, npt, C, P, R)
+    return st, rng.standard_normal((n, R)), jc, jp
+
+
 def dense_solution(st, r, jc, jp, D):
     """The solution of ``(J^T J + diag(D)^2) y = J^T r`` from the dense Jacobian, and that J."""
     n, nc, npt = st.n, st.nc, st.npt
-    J = np.zeros((2 * n, 9 * nc + 3 * npt))
+    R, C, P = jc.shape[1], jc.shape[2], jp.shape[2]
+    J = np.zeros((R * n, C * nc + P * npt))
     for o in range(n):  # the plain construction, one observation at a time (reference only)
-        J[2 * o:2 * o + 2, 9 * st.cam[o]:9 * st.cam[o] + 9] = jc[o]
-        J[2 * o:2 * o + 2, 9 * nc + 3 * st.pt[o]:9 * nc + 3 * st.pt[o] + 3] = jp[o]
+        J[R * o:R * o + R, C * st.cam[o]:C * st.cam[o] + C] = jc[o]
+        J[R * o:R * o + R, C * nc + P * st.pt[o]:C * nc + P * st.pt[o] + P] = jp[o]
     A = J.T @ J + np.diag(D * D)
     return np.linalg.solve(A, J.T @ r.ravel()), J

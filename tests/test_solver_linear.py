@@ -7,7 +7,7 @@ from solvers.linalg import factorisation_limits
 from solvers.ba.schur import NormalEquations, Structure, conjugate_gradients
 
 from reference_snavely import ReferenceSnavelyModel
-from small_systems import dense_solution, small_system
+from small_systems import dense_solution, sized_system, small_system
 
 
 @pytest.mark.parametrize("dense_max", [10 ** 9, 0], ids=["dense-cholesky", "superlu"])
@@ -86,3 +86,32 @@ def test_singular_system_is_a_failure_not_a_crash():
 def test_structure_requires_point_order():
     with pytest.raises(ValueError, match="sorted by point"):
         Structure(np.array([0, 1]), np.array([1, 0]), 2, 2)
+
+
+SIZES = [(10, 3, 2), (6, 1, 3), (7, 4, 2), (9, 3, 4)]
+
+
+@pytest.mark.parametrize("C,P,R", SIZES, ids=[f"C{c}-P{p}-R{r}" for c, p, r in SIZES])
+@pytest.mark.parametrize("method", ["sparse_schur", "dense_schur", "iterative_schur"])
+def test_host_reference_takes_any_block_sizes(monkeypatch, C, P, R, method):
+    """The host reference (numpy) for blocks other than BAL's 9 / 3 / 2 (a COLMAP camera with its
+    intrinsics, an inverse-depth point, three residuals per observation) against the dense solve
+    of the whole Jacobian, with the factorising solvers on both routes (LAPACK and SuperLU)."""
+    st, r, jc, jp = sized_system(C, P, R, seed=C + P + R)
+    neq = NormalEquations(st, r, jc, jp)
+    D = np.random.default_rng(2).uniform(0.05, 1.0, C * st.nc + P * st.npt)
+    want, J = dense_solution(st, r, jc, jp, D)
+    np.testing.assert_allclose(neq.column_norms2(), np.sum(J * J, axis=0), rtol=1e-12)
+    tol = dict(eta=-np.inf, r_tolerance=1e-13, max_iterations=2000) if method == "iterative_schur" else {}
+    sol = neq.solve(D, method, **tol)
+    assert sol.ok, sol.message
+    np.testing.assert_allclose(sol.y, want, rtol=1e-7, atol=1e-9 * np.abs(want).max())
+    if method == "sparse_schur":
+        from solvers.ba.schur import solve_reduced
+        Vinv = neq.v_inverse(D[C * st.nc:].reshape(-1, P) ** 2)
+        blocks, diag, rhs = neq.reduced_camera_system(Vinv, D[:C * st.nc].reshape(-1, C) ** 2)
+        monkeypatch.setattr(factorisation_limits, "HOST_DENSE_MAX", 0)    # SuperLU at any size
+        yc, ok, _, msg = solve_reduced(st.pairs(), st.nc, blocks, diag, rhs, dense=False)
+        assert ok and msg == "Success."
+        with_superlu = np.concatenate([yc.ravel(), neq.back_substitute(Vinv, yc).ravel()])
+        np.testing.assert_allclose(with_superlu, want, rtol=1e-7, atol=1e-9 * np.abs(want).max())

@@ -120,6 +120,43 @@ def test_two_devices_solve_as_one(name, linear_solver, loss):
     assert out["two"]["bytes"] > 0
 
 
+def test_two_devices_split_other_block_sizes():
+    """A camera of 10 parameters (BAL's 9 and an offset of the first residual): the split's host
+    reference (the parts' reduced matrices summed) and the parts on their devices solve it as the
+    one-device host reference and the device-resident core do."""
+    out = run_on_two_devices(SUMMARY + textwrap.dedent("""
+        import json, numpy as np, solvers
+        from solvers.models.snavely import snavely_residual
+        p = solvers.synthetic_problem(10, 300, 4, seed=6)
+
+        def offset(c, x, o):
+            r = snavely_residual(c[0:9], x, o)
+            return [r[0] + c[9], r[1]]
+
+        def build(device):
+            prob = solvers.Problem(device=device)
+            prob.add_parameter_block("cameras", np.hstack([p.cameras, np.full((p.num_cameras, 1), 0.5)]))
+            prob.add_parameter_block("points", p.points)
+            prob.add_residual_block(offset, ["cameras", "points"], index=(p.camera_index, p.point_index),
+                                    data=p.observations)
+            return prob
+        out = {}
+        for ls in ("sparse_schur", "iterative_schur"):
+            kw = dict(linear_solver=ls, max_iterations=8, handle_sigint=False)
+            out[ls] = {"one": summary(solvers.solve(build(pair[0]), device_resident=False, **kw)),
+                       "device": summary(solvers.solve(build(pair[0]), **kw)),
+                       "two": summary(solvers.solve(build(pair[0]), devices=pair, **kw)),
+                       "two_host": summary(solvers.solve(build(pair[0]), devices=pair, device_resident=False, **kw))}
+        print(json.dumps(out))
+    """))
+    for ls, runs in out.items():
+        assert runs["one"]["state"] == "host" and runs["two_host"]["state"] == "partitioned", ls
+        assert runs["two"]["state"] == ("partitioned" if ls == "sparse_schur" else "partitioned-device"), ls
+        assert runs["one"]["iterations"] >= 3
+        for other in ("device", "two", "two_host"):
+            _same_solve(runs["one"], runs[other])
+
+
 @pytest.mark.slow
 def test_two_devices_solve_in_float32():
     """float32 storage on both parts (sums in float64). The products are summed in another order

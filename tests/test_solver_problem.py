@@ -319,6 +319,16 @@ def test_device_resident_core_for_other_block_sizes(device):
     assert len(a.history) == len(b.history)
     for x, y in zip(a.history, b.history):
         assert x.cost == pytest.approx(y.cost, rel=1e-8)
+    # The host reference of the bundle-adjustment core takes these 10 / 3 blocks too, with both
+    # linear solvers (split over devices: tests/test_solver_partitioned.py).
+    for kw in (dict(), dict(linear_solver="iterative_schur")):
+        h = solvers.solve(build(False), max_iterations=8, handle_sigint=False, device_resident=False, **kw)
+        assert h.core == "bundle-adjustment" and h.state == "host", kw
+        ref = a if "linear_solver" not in kw else solvers.solve(build(False), max_iterations=8, handle_sigint=False,
+                                                                 **kw)
+        assert len(h.history) == len(ref.history), kw
+        for x, y in zip(h.history, ref.history):
+            assert x.cost == pytest.approx(y.cost, rel=1e-9), kw
 
 
 def test_bad_input_names_the_argument():

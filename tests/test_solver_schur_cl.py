@@ -9,7 +9,7 @@ from solvers.ba.ordering import cut_runs
 from solvers.ba.schur_device import ClStructure, NormalEquationsCL
 from solvers.linalg.segment_products_device import Segments, segment_products
 
-from small_systems import dense_solution, small_system
+from small_systems import dense_solution, sized_system, small_system
 
 
 def reference(starts, i1, i2, X, Y):
@@ -78,10 +78,20 @@ def test_implicit_schur_product_on_the_device(device, monkeypatch, keep_on_simul
     _check_normal_equations(device, "iterative_schur", True, monkeypatch, keep_on_simulator)
 
 
-def _check_normal_equations(device, method, device_cg, monkeypatch, keep_on_simulator):
+@pytest.mark.parametrize("method,device_cg", [("sparse_schur", False), ("iterative_schur", False),
+                                              ("iterative_schur", True)])
+@pytest.mark.parametrize("C,P,R", [(10, 3, 2), (6, 1, 3)], ids=["C10-P3-R2", "C6-P1-R3"])
+def test_opencl_normal_equations_other_block_sizes(device, method, device_cg, C, P, R, monkeypatch,
+                                                   keep_on_simulator):
+    """The host reference's device products (and the device CG) for blocks other than BAL's."""
+    _check_normal_equations(device, method, device_cg, monkeypatch, keep_on_simulator,
+                            sized_system(C, P, R, seed=7))
+
+
+def _check_normal_equations(device, method, device_cg, monkeypatch, keep_on_simulator, system=None):
     import solvers.ba.schur_device as schur_cl
     monkeypatch.setattr(schur_cl, "MAX_SEGMENT", 4)     # force split segments and host reductions
-    st, r, jc, jp = small_system(seed=5)
+    st, r, jc, jp = system or small_system(seed=5)
     a = NormalEquations(st, r, jc, jp)
     cs = ClStructure(st, device)
     cs.device_cg = device_cg                            # the implicit Schur product on the device (default)
@@ -89,7 +99,7 @@ def _check_normal_equations(device, method, device_cg, monkeypatch, keep_on_simu
     for f in ("B", "V", "gc", "gp"):
         np.testing.assert_allclose(getattr(b, f), getattr(a, f), rtol=1e-12, atol=1e-9)
     np.testing.assert_allclose(b.W, a.W, rtol=1e-12, atol=1e-12)
-    D = np.random.default_rng(2).uniform(0.05, 1.0, 9 * st.nc + 3 * st.npt)
+    D = np.random.default_rng(2).uniform(0.05, 1.0, st.C * st.nc + st.P * st.npt)
     want, _ = dense_solution(st, r, jc, jp, D)
     kw = dict(eta=-np.inf, r_tolerance=1e-13, max_iterations=1000) if method == "iterative_schur" else {}
     got = b.solve(D, method, **kw)

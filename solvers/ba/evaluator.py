@@ -66,8 +66,10 @@ class Evaluator:
             self.device_observations = None
             self.model = model
             self.permute = self.order
-        # Parameters per camera and per point: the model's (9 and 3 for BAL).
+        # Parameters per camera and per point, residuals per observation: the model's (9, 3 and 2
+        # for BAL's; a model= instance that does not say is taken as BAL's).
         self.C, self.P = getattr(self.model, "sizes", (9, 3))
+        self.R = getattr(self.model, "num_residuals", 2)
         self.num_residual_evaluations = 0
         self.num_jacobian_evaluations = 0
         self.residual_time = 0.0

@@ -16,7 +16,7 @@ from ..linalg.cg import norm
 from ..linalg.linear_solver import linear_solver
 from ..loop.step import LoopState, StepSolution
 
-from .schur import NormalEquations, Structure, j_x
+from .schur import NormalEquations, Structure, j_x, row_squares
 
 
 class HostState(LoopState):
@@ -27,7 +27,10 @@ class HostState(LoopState):
 
     def __init__(self, evaluator, options, x0, runtime=None):
         self.ev, self.o = evaluator, options
-        self.st = Structure(evaluator.cam, evaluator.pt, evaluator.nc, evaluator.npt)
+        # The blocks' sizes are the evaluator's: BAL's 9 and 3, a COLMAP camera model's, a general
+        # problem's (what the model returns per observation).
+        self.st = Structure(evaluator.cam, evaluator.pt, evaluator.nc, evaluator.npt,
+                            evaluator.C, evaluator.P, evaluator.R)
         self.cl_structure = None
         if runtime is not None:
             from .schur_device import ClStructure
@@ -48,8 +51,8 @@ class HostState(LoopState):
         st = self.st
         if first:
             if self.o.jacobi_scaling:
-                col2 = np.concatenate([st.camera_sum(jc[:, 0] ** 2 + jc[:, 1] ** 2).ravel(),
-                                       st.point_sum(jp[:, 0] ** 2 + jp[:, 1] ** 2).ravel()])
+                col2 = np.concatenate([st.camera_sum(row_squares(jc)).ravel(),
+                                       st.point_sum(row_squares(jp)).ravel()])
                 self.scale = 1.0 / (1.0 + np.sqrt(col2))
             else:
                 self.scale = np.ones(self.x.size)
@@ -93,9 +96,10 @@ class HostState(LoopState):
         return StepSolution(True, sol.iterations, sol.message, mcc)
 
     def _model_residuals(self, delta):
-        """``J delta`` per observation (n, 2)."""
-        st, nc9 = self.st, 9 * self.ev.nc
-        sc, sp = delta[:nc9].reshape(-1, 9), delta[nc9:].reshape(-1, 3)
+        """``J delta`` per observation (n, R)."""
+        st = self.st
+        ncC = st.C * st.nc
+        sc, sp = delta[:ncC].reshape(-1, st.C), delta[ncC:].reshape(-1, st.P)
         return j_x(self.neq.Jc, sc[st.cam]) + j_x(self.neq.Jp, sp[st.pt])
 
     def evaluate_candidate(self):
@@ -135,6 +139,6 @@ class HostState(LoopState):
         if entry.iterative:
             return ""
         from ..linalg import factorisation_limits as limits
-        n = 9 * self.ev.nc
+        n = self.st.C * self.ev.nc
         how = "dense Cholesky (LAPACK)" if limits.host_dense(n, forced=entry.dense) else "sparse LDL^T (SuperLU)"
         return f"Reduced camera matrix: {n} x {n}, {how} on the host"

@@ -1,18 +1,18 @@
 """Linear solvers for the Levenberg-Marquardt step of bundle adjustment, by the Schur complement.
 
 The step solves ``(J^T J + D^2) y = J^T f`` for a Jacobian ``J = [F E]`` whose rows are observations,
-``F`` the camera blocks (2x9 per observation) and ``E`` the point blocks (2x3). With
-``B = F^T F + Dc^2`` (block diagonal 9x9 per camera), ``V = E^T E + Dp^2`` (block diagonal 3x3 per
-point) and ``W = F^T E`` (a 9x3 block per observation), eliminating the points gives the reduced
+``F`` the camera blocks (R x C per observation: 2x9 in BAL) and ``E`` the point blocks (R x P: 2x3).
+With ``B = F^T F + Dc^2`` (block diagonal C x C per camera), ``V = E^T E + Dp^2`` (block diagonal
+P x P per point) and ``W = F^T E`` (a C x P block per observation), eliminating the points gives the reduced
 camera system ``S yc = gc - W V^-1 gp`` with ``S = B - W V^-1 W^T``; then ``yp = V^-1 (gp - W^T yc)``.
 
-- ``sparse_schur``: ``S`` is assembled explicitly: one 9x9 product per pair of observations of the
+- ``sparse_schur``: ``S`` is assembled explicitly: one C x C product per pair of observations of the
   same point (pairs enumerated once per solve, sorted by their block of ``S``, summed with
   ``numpy.add.reduceat``), the block matrix built on a fixed pattern, then factorised by Cholesky
   (dense LAPACK while ``S`` is small, SuperLU on a symmetric ordering otherwise).
 - ``iterative_schur``: preconditioned conjugate gradients on ``S`` applied implicitly
   (``S x = F^T (F x - E V^-1 E^T F x) + Dc^2 x`` with sparse matrix-vector products), with the
-  Schur-Jacobi preconditioner (the inverse of the 9x9 diagonal blocks of ``S``); Ceres' CG with its
+  Schur-Jacobi preconditioner (the inverse of the C x C diagonal blocks of ``S``); Ceres' CG with its
   Nash-Sofer quadratic-model termination.
 
 Every block operation is batched over observations, points or pairs: no Python loop per point or
@@ -64,7 +64,9 @@ class Structure:
     """What depends only on which camera and point each observation involves: computed once per
     solve. Observations must be sorted by point."""
 
-    def __init__(self, cam_idx, pt_idx, num_cameras, num_points):
+    def __init__(self, cam_idx, pt_idx, num_cameras, num_points, C=9, P=3, R=2):
+        """``C`` parameters per camera, ``P`` per point and ``R`` residuals per observation: BAL's
+        9, 3 and 2 by default; any sizes work (a COLMAP camera model's, a general problem's)."""
         import scipy.sparse as sp
         cam = np.ascontiguousarray(cam_idx, dtype=np.int64)
         pt = np.ascontiguousarray(pt_idx, dtype=np.int64)
@@ -72,6 +74,7 @@ class Structure:
             raise ValueError("observations must be sorted by point index")
         n, nc, npt = cam.size, int(num_cameras), int(num_points)
         self.cam, self.pt, self.n, self.nc, self.npt = cam, pt, n, nc, npt
+        self.C, self.P, self.R = C, P, R
         # Sums over the observations of each camera: a sparse (nc x n) matrix of ones.
         self.cam_sum = sp.csr_matrix((np.ones(n), (cam, np.arange(n))), shape=(nc, n))
         # Sums over the observations of each point: reduceat over the observed points' segments.
@@ -82,11 +85,11 @@ class Structure:
         self.all_points_observed = self.observed_pts.size == npt
         self._pairs = None
         self._diag_pairs = None
-        # Fixed CSR patterns of F (2n x 9nc) and E (2n x 3npt): row (o, k) holds its 9 (3) entries.
-        self.F_indices = (np.repeat(cam * 9, 18).reshape(n, 2, 9) + np.arange(9)).ravel().astype(np.int32 if 9 * nc < 2**31 else np.int64)
-        self.F_indptr = np.arange(0, 18 * n + 1, 9, dtype=np.int64)
-        self.E_indices = (np.repeat(pt * 3, 6).reshape(n, 2, 3) + np.arange(3)).ravel().astype(np.int32 if 3 * npt < 2**31 else np.int64)
-        self.E_indptr = np.arange(0, 6 * n + 1, 3, dtype=np.int64)
+        # Fixed CSR patterns of F (R n x C nc) and E (R n x P npt): row (o, k) holds its C (P) entries.
+        self.F_indices = (np.repeat(cam * C, R * C).reshape(n, R, C) + np.arange(C)).ravel().astype(np.int32 if C * nc < 2**31 else np.int64)
+        self.F_indptr = np.arange(0, R * C * n + 1, C, dtype=np.int64)
+        self.E_indices = (np.repeat(pt * P, R * P).reshape(n, R, P) + np.arange(P)).ravel().astype(np.int32 if P * npt < 2**31 else np.int64)
+        self.E_indptr = np.arange(0, R * P * n + 1, P, dtype=np.int64)
 
     def point_sum(self, x):
         """Sum of per-observation rows ``x`` (n, ...) over each point's observations -> (npt, ...)."""
@@ -105,7 +108,7 @@ class Structure:
         return np.asarray(self.cam_sum @ flat).reshape((self.nc,) + x.shape[1:])
 
     def pairs(self):
-        """Pairs (o1, o2) of observations of the same point whose 9x9 product lands in the upper
+        """Pairs (o1, o2) of observations of the same point whose C x C product lands in the upper
         block triangle of S (camera o1 <= camera o2; both orders when the cameras are equal),
         sorted by block; with the blocks' (row, col) cameras and each block's first pair."""
         if self._pairs is None:
@@ -126,6 +129,7 @@ class Pairs:
     block_row: np.ndarray   # camera of each block's rows
     block_col: np.ndarray   # camera of each block's columns
     chunks: list            # (start, stop, local segment starts, block ids) per chunk of pairs
+    pattern: Optional["_Pattern"] = None    # the reduced matrix's CSC pattern, made at first use
 
 
 def enumerate_pairs(cam, pt, counts, nc, diagonal_only):
@@ -178,18 +182,42 @@ def spd_block_inverses(blocks):
             return np.linalg.pinv(blocks, hermitian=True)
 
 
-def _gram2(A, B):
-    """``A[n]^T B[n]`` for 2-row blocks A (n, 2, a), B (n, 2, b) -> (n, a, b)."""
+def _gram(A, B):
+    """``A[n]^T B[n]`` for R-row blocks A (n, R, a), B (n, R, b) -> (n, a, b)."""
     return np.matmul(A.transpose(0, 2, 1), B)
 
 
+def inv_sym(m):
+    """Inverses of symmetric blocks (n, k, k): by cofactors for 3x3 (:func:`inv3_sym`), by LU
+    otherwise; a singular block gives inf/NaN, which the caller detects as a failed step."""
+    if m.shape[1:] == (3, 3):
+        return inv3_sym(m)
+    with np.errstate(all="ignore"):
+        try:
+            return np.linalg.inv(m)
+        except np.linalg.LinAlgError:   # numpy refuses the whole batch: fail the step
+            return np.full_like(m, np.nan)
+
+
 def jt_r(J, r):
-    """``J[n]^T r[n]`` for 2-row blocks J (n, 2, k) and r (n, 2) -> (n, k)."""
-    return J[:, 0, :] * r[:, 0, None] + J[:, 1, :] * r[:, 1, None]
+    """``J[n]^T r[n]`` for R-row blocks J (n, R, k) and r (n, R) -> (n, k)."""
+    out = J[:, 0, :] * r[:, 0, None]
+    for i in range(1, J.shape[1]):      # unrolled over the few rows: faster than einsum here
+        out += J[:, i, :] * r[:, i, None]
+    return out
+
+
+def row_squares(J):
+    """``sum over the rows of J[n] ** 2`` for J (n, R, k) -> (n, k): the squared column norms of
+    each observation's block (the Jacobi scaling's sums)."""
+    out = J[:, 0] ** 2
+    for i in range(1, J.shape[1]):
+        out += J[:, i] ** 2
+    return out
 
 
 def j_x(J, x):
-    """``J[n] x[n]`` for J (n, 2, k) and x (n, k) -> (n, 2)."""
+    """``J[n] x[n]`` for J (n, R, k) and x (n, k) -> (n, R)."""
     return np.einsum("nij,nj->ni", J, x)   # 3x faster than matmul for these shapes
 
 
@@ -200,11 +228,12 @@ class NormalEquations:
     def __init__(self, st: Structure, r, Jc, Jp):
         self.st, self.r, self.Jc, self.Jp = st, r, Jc, Jp
         # Batched matmul: numpy's einsum is slower for these small shapes.
-        self.B = st.camera_sum(_gram2(Jc, Jc))                              # (nc, 9, 9)
-        self.V = st.point_sum(_gram2(Jp, Jp))                               # (npt, 3, 3)
-        self.W = _gram2(Jc, Jp)                                             # (n, 9, 3) = Jc^T Jp
-        self.gc = st.camera_sum(jt_r(Jc, r))                                # (nc, 9)
-        self.gp = st.point_sum(jt_r(Jp, r))                                 # (npt, 3)
+        self.B = st.camera_sum(_gram(Jc, Jc))                               # (nc, C, C)
+        self.V = st.point_sum(_gram(Jp, Jp))                                # (npt, P, P)
+        self.W = _gram(Jc, Jp)                                              # (n, C, P) = Jc^T Jp
+        self.gc = st.camera_sum(jt_r(Jc, r))                                # (nc, C)
+        self.gp = st.point_sum(jt_r(Jp, r))                                 # (npt, P)
+        self._z_cache = self._z_for = None
 
     def column_norms2(self):
         """Squared column norms of J: the diagonal of J^T J, cameras then points."""
@@ -212,8 +241,9 @@ class NormalEquations:
 
     def v_inverse(self, Dp2):
         Vd = self.V.copy()
-        Vd[:, [0, 1, 2], [0, 1, 2]] += Dp2
-        return inv3_sym(Vd)
+        k = np.arange(self.st.P)
+        Vd[:, k, k] += Dp2
+        return inv_sym(Vd)
 
     def back_substitute(self, Vinv, yc):
         t = self.gp - self._wty(yc)
@@ -221,29 +251,32 @@ class NormalEquations:
 
     # The three products a solve needs; numpy here, OpenCL in solvers.ba.schur_device.
     def _z(self, Vinv):
-        """``Z = W V^-1`` per observation (n, 9, 3), kept for the solve using this ``Vinv``."""
-        if getattr(self, "_z_for", None) is not Vinv:
+        """``Z = W V^-1`` per observation (n, C, P), kept for the solve using this ``Vinv``."""
+        if self._z_for is not Vinv:
             self._z_cache, self._z_for = np.matmul(self.W, Vinv[self.st.pt]), Vinv
         return self._z_cache
 
     def _pair_sums(self, which, Vinv):
-        """``sum over the pairs of each block of Z[o1] W[o2]^T`` -> (num_blocks, 9, 9), for the
+        """``sum over the pairs of each block of Z[o1] W[o2]^T`` -> (num_blocks, C, C), for the
         pairs of all blocks (``which="all"``, :meth:`Structure.pairs`) or of the diagonal ones
         (``"diag"``, :meth:`Structure.diag_pairs`)."""
         pairs = self.st.pairs() if which == "all" else self.st.diag_pairs()
         return sum_pair_products(pairs, self._z(Vinv), self.W)
 
     def _rhs(self, Vinv):
-        """Reduced right-hand side ``gc - W V^-1 gp`` (nc, 9)."""
+        """Reduced right-hand side ``gc - W V^-1 gp`` (nc, C)."""
         Z, g = self._z(Vinv), self.gp[self.st.pt]
-        Zg = Z[:, :, 0] * g[:, 0, None] + Z[:, :, 1] * g[:, 1, None] + Z[:, :, 2] * g[:, 2, None]
+        Zg = Z[:, :, 0] * g[:, 0, None]
+        for i in range(1, Z.shape[2]):      # unrolled over the point's parameters
+            Zg += Z[:, :, i] * g[:, i, None]
         return self.gc - self.st.camera_sum(Zg)
 
     def _wty(self, yc):
-        """``W^T yc`` summed per point (npt, 3)."""
+        """``W^T yc`` summed per point (npt, P)."""
         y = yc[self.st.cam]
-        Wty = self.W[:, 0, :] * y[:, 0, None]        # unrolled over the 9 camera parameters
-        for i in range(1, 9):
+        W = self.W
+        Wty = W[:, 0, :] * y[:, 0, None]             # unrolled over the camera's parameters
+        for i in range(1, W.shape[1]):
             Wty += self.W[:, i, :] * y[:, i, None]
         return self.st.point_sum(Wty)
 
@@ -253,7 +286,8 @@ class NormalEquations:
         step uses Ceres' choice: ``eta``, no residual test)."""
         st = self.st
         D2 = np.asarray(D, dtype=np.float64) ** 2
-        Dc2, Dp2 = D2[:9 * st.nc].reshape(st.nc, 9), D2[9 * st.nc:].reshape(st.npt, 3)
+        C, P = st.C, st.P
+        Dc2, Dp2 = D2[:C * st.nc].reshape(st.nc, C), D2[C * st.nc:].reshape(st.npt, P)
         Vinv = self.v_inverse(Dp2)
         entry = linear_solver(method)
         yc, ok, its, msg = entry.host.solve(self, entry, Vinv, Dc2, eta, max_iterations, r_tolerance)
@@ -268,14 +302,15 @@ class NormalEquations:
     # ------------------------------------------------------------------ sparse_schur
     def reduced_camera_system(self, Vinv, Dc2):
         """sparse_schur's reduced camera system in parts: ``(blocks, diag, rhs)``, the pairs' blocks
-        of S (``-sum Z W^T`` per block of :meth:`Structure.pairs`), ``B + Dc^2`` (nc, 9, 9) and
-        ``gc - W V^-1 gp`` (nc * 9); :meth:`dense_reduced_matrix` puts S together."""
+        of S (``-sum Z W^T`` per block of :meth:`Structure.pairs`), ``B + Dc^2`` (nc, C, C) and
+        ``gc - W V^-1 gp`` (nc * C); :meth:`dense_reduced_matrix` puts S together."""
         diag = self.B.copy()
-        diag[:, np.arange(9), np.arange(9)] += Dc2
+        k = np.arange(self.st.C)
+        diag[:, k, k] += Dc2
         return -self._pair_sums("all", Vinv), diag, self._rhs(Vinv).ravel()
 
     def dense_reduced_matrix(self, blocks, diag):
-        """S (9 nc x 9 nc) from :meth:`reduced_camera_system`'s blocks and diagonal."""
+        """S (C nc x C nc) from :meth:`reduced_camera_system`'s blocks and diagonal."""
         return dense_reduced_matrix(self.st.pairs(), self.st.nc, blocks, diag)
 
     def solve_explicit(self, Vinv, Dc2, dense: bool = False):
@@ -289,10 +324,11 @@ class NormalEquations:
         import scipy.sparse as sp
         st = self.st
         n = st.n
-        F = sp.csr_matrix((self.Jc.ravel(), st.F_indices, st.F_indptr), shape=(2 * n, 9 * st.nc))
-        E = sp.csr_matrix((self.Jp.ravel(), st.E_indices, st.E_indptr), shape=(2 * n, 3 * st.npt))
+        C, P, R = st.C, st.P, st.R
+        F = sp.csr_matrix((self.Jc.ravel(), st.F_indices, st.F_indptr), shape=(R * n, C * st.nc))
+        E = sp.csr_matrix((self.Jp.ravel(), st.E_indices, st.E_indptr), shape=(R * n, P * st.npt))
         Ft, Et = F.T, E.T  # CSC views: transposed products without a conversion
-        Vi = sp.bsr_matrix((Vinv, np.arange(st.npt), np.arange(st.npt + 1)), shape=(3 * st.npt, 3 * st.npt))
+        Vi = sp.bsr_matrix((Vinv, np.arange(st.npt), np.arange(st.npt + 1)), shape=(P * st.npt, P * st.npt))
         Vi = Vi.tocsr()
         dc2 = Dc2.ravel()
 
@@ -305,15 +341,16 @@ class NormalEquations:
         return apply_S, Ft @ (f - E @ (Vi @ (Et @ f)))
 
     def diagonal_pair_sums(self, Vinv):
-        """The pairs' sums of S's diagonal blocks (nc, 9, 9); zero for unobserved cameras."""
-        out = np.zeros((self.st.nc, 9, 9))
+        """The pairs' sums of S's diagonal blocks (nc, C, C); zero for unobserved cameras."""
+        out = np.zeros((self.st.nc, self.st.C, self.st.C))
         out[self.st.diag_pairs().block_row] = self._pair_sums("diag", Vinv)
         return out
 
     def _schur_jacobi(self, Vinv, Dc2):
-        """The Schur-Jacobi preconditioner: inverses of the diagonal 9x9 blocks of S (nc, 9, 9)."""
+        """The Schur-Jacobi preconditioner: inverses of the diagonal C x C blocks of S (nc, C, C)."""
         Sd = self.B - self.diagonal_pair_sums(Vinv)
-        Sd[:, np.arange(9), np.arange(9)] += Dc2
+        k = np.arange(self.st.C)
+        Sd[:, k, k] += Dc2
         return spd_block_inverses(Sd)
 
     def solve_pcg(self, Vinv, Dc2, eta, max_iterations, r_tolerance):
@@ -322,27 +359,29 @@ class NormalEquations:
         st = self.st
         apply_S, b = self.pcg_operator(Vinv, Dc2)
         Pinv = self._schur_jacobi(Vinv, Dc2)
-        P = sp.bsr_matrix((Pinv, np.arange(st.nc), np.arange(st.nc + 1)), shape=(9 * st.nc, 9 * st.nc)).tocsr()
+        C = st.C
+        P = sp.bsr_matrix((Pinv, np.arange(st.nc), np.arange(st.nc + 1)), shape=(C * st.nc, C * st.nc)).tocsr()
         x, ok, its, msg = conjugate_gradients(apply_S, b, lambda v: P @ v, q_tolerance=eta,
                                               r_tolerance=r_tolerance, max_iterations=max_iterations)
-        return (x.reshape(st.nc, 9) if x is not None else None), ok, its, msg
+        return (x.reshape(st.nc, C) if x is not None else None), ok, its, msg
 
 
 def dense_reduced_matrix(pairs: Pairs, nc: int, blocks, diag):
-    """S (9 nc x 9 nc) from the upper-triangle pair blocks (``pairs``' block rows and columns)
-    and the diagonal blocks ``diag`` (nc, 9, 9)."""
-    S = np.zeros((nc, 9, nc, 9))
+    """S (C nc x C nc) from the upper-triangle pair blocks (``pairs``' block rows and columns)
+    and the diagonal blocks ``diag`` (nc, C, C)."""
+    C = diag.shape[1]
+    S = np.zeros((nc, C, nc, C))
     ci = np.arange(nc)
     S[ci, :, ci, :] = diag
     off = pairs.block_row != pairs.block_col
     S[pairs.block_row, :, pairs.block_col, :] += blocks
     S[pairs.block_col[off], :, pairs.block_row[off], :] += blocks[off].transpose(0, 2, 1)
-    return S.reshape(9 * nc, 9 * nc)
+    return S.reshape(C * nc, C * nc)
 
 
 def solve_reduced(pairs: Pairs, nc: int, blocks, diag, rhs, dense: bool = False):
     """Solve the reduced camera system ``S yc = rhs`` (S from ``pairs``' blocks and ``diag``,
-    as :func:`dense_reduced_matrix`) -> ``(yc (nc, 9), ok, iterations, message)``: dense
+    as :func:`dense_reduced_matrix`) -> ``(yc (nc, C), ok, iterations, message)``: dense
     Cholesky (LAPACK) where factorisation_limits.host_dense says (``dense``: always), else
     SuperLU's LDL^T with a symmetric ordering."""
     import scipy.linalg
@@ -350,7 +389,8 @@ def solve_reduced(pairs: Pairs, nc: int, blocks, diag, rhs, dense: bool = False)
     import scipy.sparse.linalg as spla
     if not np.all(np.isfinite(blocks)) or not np.all(np.isfinite(diag)) or not np.all(np.isfinite(rhs)):
         return None, False, 1, "Linear solver failure: non-finite reduced camera matrix."
-    if limits.host_dense(9 * nc, forced=dense):
+    C = diag.shape[1]
+    if limits.host_dense(C * nc, forced=dense):
         S = dense_reduced_matrix(pairs, nc, blocks, diag)
         try:
             with single_threaded_blas():
@@ -358,12 +398,12 @@ def solve_reduced(pairs: Pairs, nc: int, blocks, diag, rhs, dense: bool = False)
                 y = scipy.linalg.cho_solve(factor, rhs, check_finite=False)
         except np.linalg.LinAlgError:
             return None, False, 1, "Linear solver failure: the reduced camera matrix is not positive definite."
-        return y.reshape(nc, 9), True, 1, "Success."
-    pat = _reduced_pattern(pairs, nc)
+        return y.reshape(nc, C), True, 1, "Success."
+    pat = _reduced_pattern(pairs, nc, C)
     blk = blocks.copy()
     blk[pat.diag_blocks] += diag[pat.diag_cams]
     full = np.concatenate([blk, diag[pat.lonely_cams], blk[pat.off].transpose(0, 2, 1)])
-    S = sp.csc_matrix((full.ravel()[pat.perm], pat.indices, pat.indptr), shape=(9 * nc, 9 * nc))
+    S = sp.csc_matrix((full.ravel()[pat.perm], pat.indices, pat.indptr), shape=(C * nc, C * nc))
     try:
         lu = spla.splu(S, permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.0,
                        options={"SymmetricMode": True})
@@ -373,7 +413,7 @@ def solve_reduced(pairs: Pairs, nc: int, blocks, diag, rhs, dense: bool = False)
     # factorisation: all positive iff S is positive definite (what a Cholesky would check).
     if not np.all(lu.U.diagonal() > 0):
         return None, False, 1, "Linear solver failure: the reduced camera matrix is not positive definite."
-    return lu.solve(rhs).reshape(nc, 9), True, 1, "Success."
+    return lu.solve(rhs).reshape(nc, C), True, 1, "Success."
 
 
 @dataclasses.dataclass
@@ -387,10 +427,10 @@ class _Pattern:
     indptr: np.ndarray
 
 
-def _reduced_pattern(pairs: Pairs, nc: int) -> _Pattern:
+def _reduced_pattern(pairs: Pairs, nc: int, C: int) -> _Pattern:
     """The CSC pattern of the reduced camera matrix, computed once per solve (cached on ``pairs``):
     afterwards every assembly is one gather of the blocks' entries."""
-    pat = getattr(pairs, "_pattern", None)
+    pat = pairs.pattern
     if pat is None:
         is_diag = pairs.block_row == pairs.block_col
         diag_blocks = np.flatnonzero(is_diag)
@@ -399,12 +439,12 @@ def _reduced_pattern(pairs: Pairs, nc: int) -> _Pattern:
         off = np.flatnonzero(~is_diag)
         rows = np.concatenate([pairs.block_row, lonely, pairs.block_col[off]])
         cols = np.concatenate([pairs.block_col, lonely, pairs.block_row[off]])
-        r = (rows[:, None, None] * 9 + np.arange(9)[None, :, None]).repeat(9, axis=2).ravel()
-        c = (cols[:, None, None] * 9 + np.arange(9)[None, None, :]).repeat(9, axis=1).ravel()
+        r = (rows[:, None, None] * C + np.arange(C)[None, :, None]).repeat(C, axis=2).ravel()
+        c = (cols[:, None, None] * C + np.arange(C)[None, None, :]).repeat(C, axis=1).ravel()
         order = np.lexsort((r, c))                     # column-major: CSC order
-        indptr = np.concatenate(([0], np.cumsum(np.bincount(c, minlength=9 * nc))))
+        indptr = np.concatenate(([0], np.cumsum(np.bincount(c, minlength=C * nc))))
         pat = _Pattern(diag_blocks, diag_cams, lonely, off, order, r[order].astype(np.int32), indptr.astype(np.int32))
-        pairs._pattern = pat
+        pairs.pattern = pat
     return pat
 
 

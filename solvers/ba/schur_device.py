@@ -94,7 +94,8 @@ class ClStructure:
     def device_pcg(self):
         if self._pcg is None:
             from ..linalg.schur_pcg_device import DevicePCG
-            self._pcg = DevicePCG(self.rt, self.st.cam, self.st.pt, self.st.nc, self.st.npt)
+            st = self.st
+            self._pcg = DevicePCG(self.rt, st.cam, st.pt, st.nc, st.npt, st.C, st.P, st.R)
         return self._pcg
 
     def pairs(self, which):
@@ -123,23 +124,27 @@ class NormalEquationsCL(NormalEquations):
     def __init__(self, st: Structure, r, Jc, Jp, cl_structure: ClStructure):
         self.st, self.r, self.Jc, self.Jp = st, r, Jc, Jp
         self.cs = cs = cl_structure
-        # The Jacobian blocks go over as the model returns them, (n, 2, 9) and (n, 2, 3): the
-        # kernel reads them as transposed (9, 2) and (3, 2) blocks.
+        # The Jacobian blocks go over as the model returns them, (n, R, C) and (n, R, P): the
+        # kernel reads them as transposed (C, R) and (P, R) blocks.
         # Everything is enqueued before the first wait: uploads, products, reads.
         uploads = []
         self.Jc_dev = _upload(cs.rt, Jc, uploads)
         self.Jp_dev = _upload(cs.rt, Jp, uploads)
-        self.r_dev = r_dev = _upload(cs.rt, np.reshape(r, (-1, 1, 2)), uploads)
-        B = cs.cameras.start(self.Jc_dev, self.Jc_dev, True, True)              # (nc, 9, 9)
-        gc = cs.cameras.start(self.Jc_dev, r_dev, True, False)                  # (nc, 9, 1)
-        V = cs.points.start(self.Jp_dev, self.Jp_dev, True, True)               # (npt, 3, 3)
-        gp = cs.points.start(self.Jp_dev, r_dev, True, False)                   # (npt, 3, 1)
+        self.r_dev = r_dev = _upload(cs.rt, np.reshape(r, (-1, 1, st.R)), uploads)
+        B = cs.cameras.start(self.Jc_dev, self.Jc_dev, True, True)              # (nc, C, C)
+        gc = cs.cameras.start(self.Jc_dev, r_dev, True, False)                  # (nc, C, 1)
+        V = cs.points.start(self.Jp_dev, self.Jp_dev, True, True)               # (npt, P, P)
+        gp = cs.points.start(self.Jp_dev, r_dev, True, False)                   # (npt, P, 1)
         self.B, self.gc, self.V, self.gp = B(), gc()[:, :, 0], V(), gp()[:, :, 0]
         self._W_dev = None
+        self._zd = self._zd_for = None
+        self._z_cache = self._z_for = None
+        # iterative_schur back-substitutes on the device (solve() sets it per solve).
+        self._device_back_substitution = False
 
     @property
     def W_dev(self):
-        """``W = Jc^T Jp`` per observation (n, 9, 3) on the device, made when first needed:
+        """``W = Jc^T Jp`` per observation (n, C, P) on the device, made when first needed:
         sparse_schur's products use it, the device CG's never do."""
         if self._W_dev is None:
             self._W_dev = segment_products(self.cs.per_obs, self.Jc_dev, self.Jp_dev, True, True)
@@ -150,7 +155,7 @@ class NormalEquationsCL(NormalEquations):
         return self.W_dev.get()
 
     def _z_dev(self, Vinv):
-        if getattr(self, "_zd_for", None) is not Vinv:
+        if self._zd_for is not Vinv:
             self._vinv_upload = []   # a pending upload, done by the time anything reads Z
             vinv = _upload(self.cs.rt, Vinv, self._vinv_upload)
             self._zd, self._zd_for = segment_products(self.cs.per_obs_pt, self.W_dev, vinv), Vinv
@@ -183,7 +188,7 @@ class NormalEquationsCL(NormalEquations):
         Pinv = self._schur_jacobi(Vinv, Dc2)
         x, ok, its, msg = self._device_pcg().solve(Vinv, Dc2, Pinv, q_tolerance=eta,
                                                    r_tolerance=r_tolerance, max_iterations=max_iterations)
-        return (x.reshape(self.st.nc, 9) if x is not None else None), ok, its, msg
+        return (x.reshape(self.st.nc, self.st.C) if x is not None else None), ok, its, msg
 
     def solve(self, D, method="sparse_schur", **kw):
         # sparse_schur has W on the device anyway; iterative_schur back-substitutes without it.
@@ -191,7 +196,7 @@ class NormalEquationsCL(NormalEquations):
         return NormalEquations.solve(self, D, method, **kw)
 
     def back_substitute(self, Vinv, yc):
-        if getattr(self, "_device_back_substitution", False):
+        if self._device_back_substitution:
             return self._device_pcg().back_substitute(Vinv, self.gp, yc)
         return NormalEquations.back_substitute(self, Vinv, yc)
 

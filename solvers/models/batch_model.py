@@ -38,6 +38,7 @@ class BatchModel:
         self.function = function
         self.dtype = np.dtype(function.dtype)
         self.sizes = tuple(function.group_sizes)
+        self.num_residuals = int(function.n_outputs)
         if inputs is not None:
             if function.backend == "numpy":
                 raise ValueError("device inputs need a BatchFunction that runs on an OpenCL device, "

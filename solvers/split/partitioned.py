@@ -39,7 +39,8 @@ from ..linalg.cg import conjugate_gradients
 from ..linalg.linear_solver import linear_solver
 from ..loop.step import LoopState, StepSolution
 from .parts import LocalParts, MPIParts, describe_split, part_evaluators, point_ranges, rank_runtime
-from ..ba.schur import NormalEquations, Pairs, Structure, j_x, solve_reduced, spd_block_inverses
+from ..ba.schur import (NormalEquations, Pairs, Structure, j_x, row_squares, solve_reduced,
+                        spd_block_inverses)
 
 
 class Part:
@@ -47,7 +48,8 @@ class Part:
 
     def __init__(self, evaluator, runtime, lo: int, hi: int):
         self.ev, self.runtime, self.lo, self.hi = evaluator, runtime, lo, hi
-        self.st = Structure(evaluator.cam, evaluator.pt, evaluator.nc, evaluator.npt)
+        self.st = Structure(evaluator.cam, evaluator.pt, evaluator.nc, evaluator.npt,
+                            evaluator.C, evaluator.P, evaluator.R)
         self.cl_structure = None
         if runtime is not None and runtime.info.fp64:
             from ..ba.schur_device import ClStructure
@@ -74,11 +76,13 @@ class PartitionedState(LoopState):
 
     def __init__(self, evaluator, options, x0, parts: Sequence[Part], comm):
         self.ev, self.o, self.parts, self.comm = evaluator, options, list(parts), comm
-        self.nc9 = 9 * evaluator.nc
+        # Parameters per camera and per point: the evaluator's (BAL's 9 and 3, or any others).
+        self.C, self.P = C, P = evaluator.C, evaluator.P
+        self.ncC = ncC = C * evaluator.nc
         x0 = np.asarray(x0, dtype=np.float64)
-        self.cams = x0[:self.nc9].copy()
+        self.cams = x0[:ncC].copy()
         for p in self.parts:
-            p.pts = x0[self.nc9 + 3 * p.lo:self.nc9 + 3 * p.hi].copy()
+            p.pts = x0[ncC + P * p.lo:ncC + P * p.hi].copy()
         self.best_cams = self.cams.copy()
         self.best_pts = [p.pts.copy() for p in self.parts]
         self.linear_solver_time = 0.0
@@ -114,13 +118,13 @@ class PartitionedState(LoopState):
         cost, = self._scalars(sum(res[0] for res in results))
         if first:
             if self.o.jacobi_scaling:
-                col2_c = self._sum(sum(p.st.camera_sum(res[2][:, 0] ** 2 + res[2][:, 1] ** 2).ravel()
+                col2_c = self._sum(sum(p.st.camera_sum(row_squares(res[2])).ravel()
                                        for p, res in zip(self.parts, results)))
                 self.scale_c = 1.0 / (1.0 + np.sqrt(col2_c))
                 for p, res in zip(self.parts, results):
-                    p.scale = 1.0 / (1.0 + np.sqrt(p.st.point_sum(res[3][:, 0] ** 2 + res[3][:, 1] ** 2).ravel()))
+                    p.scale = 1.0 / (1.0 + np.sqrt(p.st.point_sum(row_squares(res[3])).ravel()))
             else:
-                self.scale_c = np.ones(self.nc9)
+                self.scale_c = np.ones(self.ncC)
                 for p in self.parts:
                     p.scale = np.ones(p.pts.size)
         self.gc = self._sum(sum(p.neq.gc for p in self.parts)).ravel()
@@ -146,9 +150,9 @@ class PartitionedState(LoopState):
         Dc2 = (np.sqrt(self.diagonal / radius) / self.scale_c) ** 2
         for p in self.parts:
             Dp2 = (np.sqrt(p.diagonal / radius) / p.scale) ** 2
-            p.Vinv = p.neq.v_inverse(Dp2.reshape(-1, 3))
+            p.Vinv = p.neq.v_inverse(Dp2.reshape(-1, self.P))
         nc = self.ev.nc
-        Dc2 = Dc2.reshape(nc, 9)
+        Dc2 = Dc2.reshape(nc, self.C)
         if not linear_solver(o.linear_solver).iterative:
             yc, ok, its, msg = self._solve_explicit(Dc2)
         else:
@@ -166,7 +170,8 @@ class PartitionedState(LoopState):
         mcc_local = 0.0
         for p, yp in zip(self.parts, yps):
             p.delta = (-(yp / p.scale)) * p.scale
-            m = j_x(p.neq.Jc, self.delta_c.reshape(-1, 9)[p.st.cam]) + j_x(p.neq.Jp, p.delta.reshape(-1, 3)[p.st.pt])
+            m = j_x(p.neq.Jc, self.delta_c.reshape(-1, self.C)[p.st.cam]) + \
+                j_x(p.neq.Jp, p.delta.reshape(-1, self.P)[p.st.pt])
             mcc_local += float(-np.sum(m * (p.neq.r + m / 2.0)))
         mcc, = self._scalars(mcc_local)
         return StepSolution(True, its, msg, mcc)
@@ -186,26 +191,27 @@ class PartitionedState(LoopState):
     def _solve_explicit(self, Dc2):
         pairs = self._pairs()
         nb = pairs.block_row.size
-        nc = self.ev.nc
+        nc, C = self.ev.nc, self.C
+        CC = C * C
 
         def share(p):
             # The part's reduced system with no damping (Dc^2 is added once, to the sum below).
             part_blocks, B, rhs = p.neq.reduced_camera_system(p.Vinv, np.zeros(p.neq.B.shape[:2]))
-            blocks = np.zeros((nb, 9, 9))
+            blocks = np.zeros((nb, C, C))
             blocks[p.block_positions] = part_blocks   # a part's blocks are distinct
             return blocks, B, rhs
         shares = self.comm.map(share, self.parts)
         # One reduction for the three: blocks, B, rhs.
         flat = self._sum(sum(np.concatenate([b.ravel(), B.ravel(), r]) for b, B, r in shares))
-        blocks = flat[:nb * 81].reshape(nb, 9, 9)
-        diag = flat[nb * 81:nb * 81 + nc * 81].reshape(nc, 9, 9).copy()
-        rhs = flat[nb * 81 + nc * 81:]
-        diag[:, np.arange(9), np.arange(9)] += Dc2
+        blocks = flat[:nb * CC].reshape(nb, C, C)
+        diag = flat[nb * CC:nb * CC + nc * CC].reshape(nc, C, C).copy()
+        rhs = flat[nb * CC + nc * CC:]
+        diag[:, np.arange(C), np.arange(C)] += Dc2
         return solve_reduced(pairs, nc, blocks, diag, rhs, dense=linear_solver(self.o.linear_solver).dense)
 
     def _solve_pcg(self, Dc2):
-        nc = self.ev.nc
-        zero = np.zeros((nc, 9))
+        nc, C = self.ev.nc, self.C
+        zero = np.zeros((nc, C))
         ops = self.comm.map(lambda p: p.neq.pcg_operator(p.Vinv, zero), self.parts)
         dc2 = Dc2.ravel()
 
@@ -213,14 +219,14 @@ class PartitionedState(LoopState):
             return self._sum(sum(op(x) for op, _ in ops)) + dc2 * x
         b = self._sum(sum(rhs for _, rhs in ops))
         Sd = self._sum(sum(p.neq.B - p.neq.diagonal_pair_sums(p.Vinv) for p in self.parts))
-        Sd[:, np.arange(9), np.arange(9)] += Dc2
+        Sd[:, np.arange(C), np.arange(C)] += Dc2
         Pinv = spd_block_inverses(Sd)
 
         def precondition(v):
-            return np.einsum("cij,cj->ci", Pinv, v.reshape(nc, 9)).ravel()
+            return np.einsum("cij,cj->ci", Pinv, v.reshape(nc, C)).ravel()
         x, ok, its, msg = conjugate_gradients(apply_S, b, precondition, q_tolerance=self.o.eta,
                                               r_tolerance=-1.0, max_iterations=self.o.max_linear_solver_iterations)
-        return (x.reshape(nc, 9) if x is not None else None), ok, its, msg
+        return (x.reshape(nc, C) if x is not None else None), ok, its, msg
 
     def evaluate_candidate(self):
         t0 = time.perf_counter()
@@ -298,7 +304,7 @@ def partitioned_state(ev, options, x0, observations, make_evaluator, host_path: 
     (:class:`solvers.split.partitioned_device.PartitionedDeviceState`) wherever ``device_split_reason``
     finds nothing against it on any part (every rank agrees) and ``device_resident`` is not False;
     otherwise they run the host reference (:class:`PartitionedState`), where ``host_path`` allows
-    it (BAL's cameras and points, nothing held constant). ``camera_blocks`` and ``held`` (``(free
+    it (nothing held constant). ``camera_blocks`` and ``held`` (``(free
     camera entries (nc, C), free point entries (npt, P), the squared norm |x| leaves out)``): a
     merge's (solvers.general.merged_groups), for the device parts."""
     if options.comm is not None:
