@@ -130,11 +130,6 @@ def bundle_adjust(problem: BALProblem, linear_solver: str = "sparse_schur", loss
     """
     if not isinstance(problem, BALProblem):
         raise TypeError(f"problem must be a solvers.BALProblem (read_bal or synthetic_problem), got {type(problem).__name__}")
-    if isinstance(device, str):
-        # A device named but not found is an error (DeviceNotFoundError, with the device list)
-        # whatever the backends: silently solving on the host would hide the typo.
-        from clkernels import select_device
-        select_device(device)
     if resume is not None:
         ck = resume if isinstance(resume, (Checkpoint, ProblemCheckpoint)) else load_checkpoint(resume)
         ck.check_problem(problem)

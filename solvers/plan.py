@@ -1,6 +1,7 @@
 """The planning step of a solve: which core runs it, with which linear solver, on which state.
 
-It runs once per :func:`solvers.solve`, before the minimizer starts, and hands the minimizer a
+It runs once per :func:`solvers.solve`, before the minimizer starts. It resolves the device once
+(:func:`resolve_device`): the cores, models, evaluators and states get that runtime. It hands the minimizer a
 core whose ``make_state`` builds the loop state (the minimizer imports no concrete state). What
 it chose, and why, goes into the log and the report (``notes``, ``linear_solver_detail``).
 
@@ -10,8 +11,8 @@ Two cores run the iterations, chosen by the problem's shape:
   :mod:`solvers.ba.lm_device` or :mod:`solvers.ba.host_state`): one residual kind over two
   groups, one of them eliminated, nothing constant; or groups that one kind always uses together
   merged into one camera group (:mod:`solvers.general.merged_groups`), constant entries held on
-  the device. Every iteration stays on the OpenCL device where it can, for any block sizes; the
-  host reference path takes 9-parameter cameras and 3-parameter points (BAL's).
+  the device. Every iteration stays on the OpenCL device where it can; the host reference
+  (:mod:`solvers.ba.host_state`) runs the rest. Both take any block sizes.
   :func:`solvers.bundle_adjust` is this case. Split over devices or MPI ranks:
   :mod:`solvers.split`.
 - **the general core** (:class:`GeneralCore`: :mod:`solvers.general.sparse_state`, scipy on the
@@ -45,16 +46,37 @@ def choose_linear_solver(problem, linear_solver: str, eliminate):
     return eliminated, linear_solver, notes
 
 
-def choose_core(problem, eliminated: Optional[str], opts, model=None, resuming: bool = False):
+def resolve_device(problem, opts):
+    """The solve's OpenCL device as a ``clkernels.Runtime``, resolved once here (the problem's
+    ``device``: a name, a device, a runtime, or None for ``PYCLAD_DEVICE`` / the first device); the
+    cores, evaluators, models and states get this runtime, not the name. A name that matches no
+    device is an error at once (``DeviceNotFoundError`` with the list), whatever the backends.
+    None where nothing needs OpenCL (numpy evaluation and Schur products, no device named) or
+    where there is no OpenCL platform and nothing asks for one."""
+    if problem.device is None and problem.backend == "numpy" and opts.schur_backend == "numpy":
+        return None
+    from clkernels import NoPlatformError, get_runtime
+    try:
+        return get_runtime(problem.device)
+    except NoPlatformError:
+        if problem.device is not None or opts.schur_backend == "opencl" or problem.backend not in ("auto", "numpy"):
+            raise
+        return None         # numpy evaluation and the numpy Schur complement still work
+
+
+def choose_core(problem, eliminated: Optional[str], opts, model=None, resuming: bool = False, runtime=None):
     """The core that runs the solve (the module docstring): the bundle-adjustment core where the
     problem has its shape and it can run, else the general core. ``model``: a camera model in
     place of pyclad (the bundle-adjustment core only); ``resuming``: from a checkpoint (a merge of
-    groups does not resume). ValueError where the options ask what no core can give."""
+    groups does not resume); ``runtime``: :func:`resolve_device`'s answer (None: resolved here).
+    ValueError where the options ask what no core can give."""
+    if runtime is None:
+        runtime = resolve_device(problem, opts)
     linear_solver = opts.linear_solver
     shape = core_shape(problem, eliminated) if linear_solver in SCHUR_METHODS else None
     core = None
     if shape is not None:
-        core = BACore(problem, shape, opts, model)
+        core = BACore(problem, shape, opts, model, runtime=runtime)
         if not core.runs(opts):
             core = None
     elif (linear_solver in SCHUR_METHODS and model is None and not resuming and opts.checkpoint is None
@@ -66,7 +88,7 @@ def choose_core(problem, eliminated: Optional[str], opts, model=None, resuming: 
         merged = merge_groups(problem, eliminated, shared=not method(linear_solver).iterative)
         if merged is not None:
             core = BACore(merged.problem, core_shape(merged.problem, eliminated, constants=True),
-                          opts, None, merged=merged, original=problem)
+                          opts, None, merged=merged, original=problem, runtime=runtime)
             # (A split keeps the merge: its parts' states are device-resident or it is refused.)
             if not (opts.split or core.runs(opts)):
                 core = None
@@ -74,7 +96,7 @@ def choose_core(problem, eliminated: Optional[str], opts, model=None, resuming: 
         if model is not None:
             raise ValueError("model= is for a problem of one residual kind over a camera group and an "
                              "eliminated group with nothing constant; this problem is evaluated with pyclad")
-        core = GeneralCore(problem, eliminated, opts)
+        core = GeneralCore(problem, eliminated, opts, runtime)
     if opts.split and not isinstance(core, BACore):
         raise ValueError("devices= / comm= split a bundle-adjustment problem (one residual kind over a camera "
                          "group and an eliminated point group, or a COLMAP reconstruction with a camera per "
@@ -159,8 +181,13 @@ class BACore:
     """The bundle-adjustment core (:mod:`solvers.plan`'s docstring)."""
     name = "bundle-adjustment"
 
-    def __init__(self, problem, shape, opts, model, merged=None, original=None):
+    def __init__(self, problem, shape, opts, model, merged=None, original=None, runtime=None):
+        """``runtime``: the solve's device (:func:`resolve_device`; None: resolved here)."""
         self.problem, self.opts = problem, opts
+        if runtime is None:
+            runtime = resolve_device(problem, opts)
+        # What the functions, models and evaluators get: the runtime, or (no OpenCL) the problem's None.
+        device = runtime if runtime is not None else problem.device
         # A merge (solvers.general.merged_groups) of ``original``'s groups, whose constant entries the
         # device holds: reports and results are of the original problem.
         self.merged, self.original = merged, original
@@ -175,30 +202,22 @@ class BACore:
             from .general.problem_evaluator import batch_function
             f = batch_function(_camera_first(block.fn) if swapped else block.fn, (cam.size, pt.size),
                                0 if block.data is None else block.data.shape[1], problem.dtype,
-                               problem.backend, problem.device)
+                               problem.backend, device)
 
             def model(c, p, obs, dtype=None, device=None, backend=None, inputs=None):
                 return BatchModel(f, c, p, obs, device=device, inputs=inputs)
             model.takes_device_inputs = f.backend != "numpy"
         self._model, self._loss = model, block.loss
-        self.evaluator = self._evaluator(self.checkpoint_problem, problem.device)
+        self.evaluator = self._evaluator(self.checkpoint_problem, device)
         self.model_name = type(self.evaluator.model).__name__
         if merged is not None:          # the report names the problem's residual kind
             self.model_name = ", ".join(r.name for r in original.residuals)
         # Residuals per block: the model function's (a model= of another kind: BAL's 2).
         self.num_residuals = block.num_residuals = self.evaluator.R
-        self.runtime = None
-        if opts.schur_backend != "numpy":
-            self.runtime = getattr(self.evaluator.model, "runtime", None)
-            if self.runtime is None:
-                from clkernels import NoPlatformError, get_runtime
-                try:
-                    self.runtime = get_runtime(problem.device)
-                except NoPlatformError:   # no OpenCL at all: the numpy Schur complement still works
-                    if opts.schur_backend == "opencl" or problem.device is not None:
-                        raise
-        dev = getattr(getattr(self.evaluator.model, "runtime", None), "info", None)
-        self.device_name = dev.name if dev is not None else "host"
+        # The Schur complement's products run on the solve's device unless told to stay on the host.
+        self.runtime = runtime if opts.schur_backend != "numpy" else None
+        evaluates_on = getattr(self.evaluator.model, "runtime", None)    # (a model= may have none)
+        self.device_name = evaluates_on.info.name if evaluates_on is not None else "host"
 
     def runs(self, opts) -> bool:
         """Whether this core can run the solve: on the device, or by its host reference (any block
@@ -253,15 +272,12 @@ class BACore:
         model that takes device inputs."""
         o, p = self.opts, self.problem
         if (o.device_setup is False or o.split or camera_order is not None or o.device_resident is False
-                or o.schur_backend == "numpy" or p.backend == "numpy"
+                or o.schur_backend == "numpy" or p.backend == "numpy" or device is None
                 or not _takes_device_inputs(self._model)):
             return None
-        from clkernels import NoPlatformError, get_runtime
+        from clkernels import get_runtime
         from .ba import observations_device as dobs
-        try:
-            rt = get_runtime(device)
-        except NoPlatformError:
-            return None
+        rt = get_runtime(device)        # (the solve's runtime: resolved already)
         if not dobs.wanted(rt, observations.num_observations, o.device_setup):
             return None
         return dobs.DeviceObservations(rt, observations.camera_index, observations.point_index,
@@ -345,18 +361,20 @@ class GeneralCore:
     name = "general"
     runtime = None
 
-    def __init__(self, problem, eliminated, opts):
+    def __init__(self, problem, eliminated, opts, runtime=None):
+        """``runtime``: the solve's device (:func:`resolve_device`; None: resolved here)."""
         from .general.problem_evaluator import Layout, ProblemEvaluator
+        if runtime is None:
+            runtime = resolve_device(problem, opts)
         self.problem = problem
         self.layout = Layout(problem, eliminated)
-        self.evaluator = ProblemEvaluator(problem, self.layout)
+        self.evaluator = ProblemEvaluator(problem, self.layout, runtime if runtime is not None else problem.device)
         self.loss_name = ", ".join(sorted({_loss_name(r.loss) for r in problem.residuals}))
         self.model_name = ", ".join(r.name for r in problem.residuals)
         if all(f.backend == "numpy" for f in self.evaluator.functions):
             self.device_name = "host"
         else:
-            from clkernels import get_runtime
-            rt = get_runtime(problem.device)
+            rt = runtime
             self.device_name = rt.info.name
             # The Schur reduction of dense reduced matrices runs there (solvers.general.pair_schur_device).
             if opts.schur_backend != "numpy":

@@ -15,7 +15,7 @@ import numpy as np
 
 from .loop.checkpoint import Checkpoint, ProblemCheckpoint, load_checkpoint
 from .loop.lm import Options, StopFlag, minimize
-from .plan import choose_core, choose_linear_solver
+from .plan import choose_core, choose_linear_solver, resolve_device
 from .loop.summary import LOG_HEADER, IterationSummary, full_report
 
 @dataclasses.dataclass
@@ -119,9 +119,6 @@ def solve(problem, linear_solver: str = "sparse_schur", eliminate="auto", max_it
     if unknown:
         raise TypeError(f"unknown option(s) {sorted(unknown)}; see solvers.Options")
     problem.check()
-    if isinstance(problem.device, str):
-        from clkernels import select_device
-        select_device(problem.device)     # a device named but not found is an error at once
     out = out or sys.stdout
     eliminated, linear_solver, notes = choose_linear_solver(problem, linear_solver, eliminate)
     ck = None
@@ -132,12 +129,14 @@ def solve(problem, linear_solver: str = "sparse_schur", eliminate="auto", max_it
                    gradient_tolerance=gradient_tolerance, parameter_tolerance=parameter_tolerance,
                    linear_solver=linear_solver, **options)
     opts.check()
+    # The device, once: everything after gets this runtime (a name not found fails here, at once).
+    runtime = resolve_device(problem, opts)
     if opts.comm is not None:
         # Before anything is set up or split: ranks holding different problems (or starting
         # points) would sum numbers of different problems, or fail inside a reduction.
         from .split.rank_consistency import check_same_problem
         check_same_problem(opts.comm, problem, ck)
-    core = choose_core(problem, eliminated, opts, model, resuming=ck is not None)
+    core = choose_core(problem, eliminated, opts, model, resuming=ck is not None, runtime=runtime)
     if ck is not None:
         ck.check_problem(core.checkpoint_problem)
 

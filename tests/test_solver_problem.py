@@ -391,3 +391,32 @@ def test_pair_reduction_equals_scipy_products(device, monkeypatch, dense):
     assert len(a.history) == len(b.history)
     for x, y in zip(a.history, b.history):
         assert x.cost == pytest.approx(y.cost, rel=1e-10)
+
+
+def test_the_device_is_resolved_once_per_solve(monkeypatch):
+    """The planning step resolves the device (clkernels.get_runtime of the problem's name or
+    None) once; every model, evaluator, core and state after it gets that runtime. Counted at the
+    only place a resolution by name happens: the lookup of get_runtime's cache."""
+    import clkernels.runtime as runtime
+
+    class Counting(dict):
+        lookups = 0
+
+        def get(self, key, default=None):
+            Counting.lookups += 1
+            return super().get(key, default)
+    monkeypatch.setattr(runtime, "_selected", Counting(runtime._selected))
+    p = solvers.synthetic_problem(6, 60, 3, seed=1)
+    s = scene(seed=2)
+    solves = {
+        "bundle_adjust": lambda: solvers.bundle_adjust(p, max_iterations=2, verbose=False),
+        "host reference": lambda: solvers.bundle_adjust(p, max_iterations=2, verbose=False, device_resident=False),
+        "iterative_schur": lambda: solvers.bundle_adjust(p, max_iterations=2, verbose=False,
+                                                         linear_solver="iterative_schur"),
+        "general core": lambda: solvers.solve(three_group_problem(s), max_iterations=2, handle_sigint=False),
+    }
+    for name, run in solves.items():
+        Counting.lookups = 0
+        result = run()
+        assert result.num_successful_steps >= 1, name
+        assert Counting.lookups == 1, f"{name}: the device was looked up {Counting.lookups} times"

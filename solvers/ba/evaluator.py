@@ -29,6 +29,11 @@ def default_model_class():
 class Evaluator:
     """Evaluates the problem at a state vector; counts and times the evaluations."""
 
+    layout = None           # (the general core's evaluator has one: its checkpoints' tables)
+    # The reduced matrix's block pattern where the plan made it already (solvers.plan's merge
+    # check), for the device's sparse_schur to take instead of making it again.
+    reduced_pattern = None
+
     def __init__(self, problem, loss: Loss, model=None, dtype=np.float64, device=None, backend=None,
                  camera_order=None, device_observations=None):
         """``camera_order``: :meth:`camera_order`'s answer when the caller knows it already (a part

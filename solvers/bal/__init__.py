@@ -67,6 +67,10 @@ class BALProblem:
     point_index: np.ndarray
     observations: np.ndarray
     name: str = "problem"
+    # Parameters per camera and per point (what a checkpoint's tables are checked against), as
+    # solvers.ba.observation_index.ObservationIndex says them for other block sizes.
+    camera_size = 9
+    point_size = 3
 
     def __post_init__(self):
         self.cameras = np.ascontiguousarray(self.cameras, dtype=np.float64)

@@ -28,7 +28,7 @@ from clkernels.templates import get_program
 
 from ..ba import ordering
 from . import pair_schur_device
-from .pair_schur import observation_keys, sum_copies, unique_inverse
+from .pair_schur import PairReduction, observation_keys, sum_copies, unique_inverse
 from ..linalg.schur_pcg_device import DevicePCG
 
 
@@ -36,7 +36,7 @@ class NoImplicitSchur(ValueError):
     """The device product does not serve this problem (the message says why)."""
 
 
-class DeviceImplicitSchur:
+class DeviceImplicitSchur(PairReduction):
     """``S y`` (the kind's part, without ``D_F^2``), the reduced right-hand side and the
     back-substitution for one residual kind ``kind`` (a :class:`solvers.general.sparse_state._Kind` with
     an eliminated slot) on ``runtime``'s device, and the Schur-Jacobi blocks of ``S``.
@@ -46,6 +46,7 @@ class DeviceImplicitSchur:
     (:meth:`solvers.general.sparse_state.SparseState._block_of_column`)."""
 
     implicit = True
+    covers_rows = True
 
     def __init__(self, kind, block, nf: int, ne_rows: int, runtime, blocks, blk, pos):
         self.rt = rt = runtime

@@ -30,7 +30,21 @@ class TooLarge(MemoryError):
     """The pairs' blocks would need more index memory than :data:`MAX_BLOCK_ENTRIES` allows."""
 
 
-class PairSchur:
+class PairReduction:
+    """What :class:`solvers.general.sparse_state.SparseState` asks of every Schur reduction of one
+    residual kind (:class:`PairSchur` on the host, ``DevicePairSchur`` and ``DeviceImplicitSchur``
+    on the device), with the host's answers; a device reduction declares its own."""
+
+    implicit = False        # S is applied, never formed (the state's CG calls apply())
+    factors = False         # S is factorised where it is reduced (factor_solve())
+    covers_rows = False     # it holds F^T F of its kind's rows (covered_rows() names them)
+    description = ""        # for the report: where the reduction runs
+
+    def close(self):
+        """The solve is over: device resources go back (nothing to give back on the host)."""
+
+
+class PairSchur(PairReduction):
     """``W V^-1 W^T``, ``W V^-1 g_E`` and ``W^T y`` for one residual kind ``kind``
     (a :class:`solvers.general.sparse_state._Kind` with an eliminated slot)."""
 

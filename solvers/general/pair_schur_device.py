@@ -26,7 +26,7 @@ from clkernels.templates import get_program
 from ..linalg import factorisation_limits as limits
 from ..linalg.host_cholesky import MSG_NOT_FINITE, MSG_NOT_PD
 from .key_copies_device import KeyCopies
-from .pair_schur import observation_keys, sum_copies
+from .pair_schur import PairReduction, observation_keys, sum_copies
 from ..linalg.schur_reduced_device import MAX_RUN_CPU, MAX_RUN_GPU, ReducedCameraSystem, ReducedPattern
 
 TEMPLATE = "solvers/general/pair_schur_device.cl.mako"
@@ -44,7 +44,7 @@ class NoDevicePairSchur(ValueError):
     (:class:`solvers.general.pair_schur.PairSchur`) does."""
 
 
-class DevicePairSchur:
+class DevicePairSchur(PairReduction):
     """``W V^-1 W^T``, ``W V^-1 g_E`` and ``W^T y`` for one residual kind ``kind`` (a
     :class:`solvers.general.sparse_state._Kind` with an eliminated slot) on ``runtime``'s device.
     Raises :class:`NoDevicePairSchur` where :class:`PairSchur` should serve."""
@@ -103,6 +103,7 @@ class DevicePairSchur:
         self.covered = self.obs
         self.ls = arrays.work_group_size(rt, self.k["compress_rows"].kernel, 64 if rt.info.is_cpu else 256)
         self.description = f"keys' {nv} x {nv} matrix on {rt.info.name}"
+        self.covers_rows = True
         self.factors = factors_on_device(rt)
         self.cholesky = None
 

@@ -98,6 +98,7 @@ class ResidualBlock:
     data: Optional[np.ndarray]   # (n, d) float64, or None
     loss: Loss
     num_residuals: int = 0       # per block; found when the function is traced
+    _index: Optional[np.ndarray] = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def num_blocks(self) -> int:
@@ -106,7 +107,7 @@ class ResidualBlock:
     @property
     def index(self) -> np.ndarray:
         """(n, len(groups)) int32: what the kind's BatchFunction takes (made once)."""
-        if getattr(self, "_index", None) is None:
+        if self._index is None:
             from ..ba import ordering
             self._index = ordering.columns(self.columns, np.int32)
         return self._index

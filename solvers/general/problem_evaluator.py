@@ -118,9 +118,11 @@ class ProblemEvaluator:
     """Cost, and corrected residuals and Jacobians, of every residual kind at a state ``x``;
     counts and times the evaluations as :class:`solvers.ba.evaluator.Evaluator` does."""
 
-    def __init__(self, problem, layout: Layout):
+    def __init__(self, problem, layout: Layout, device=None):
+        """``device``: the solve's runtime (solvers.plan.resolve_device), else the problem's."""
         self.problem, self.layout = problem, layout
-        self.functions = [residual_function(r, problem.dtype, problem.backend, problem.device)
+        device = problem.device if device is None else device
+        self.functions = [residual_function(r, problem.dtype, problem.backend, device)
                           for r in problem.residuals]
         for r, f in zip(problem.residuals, self.functions):
             r.num_residuals = f.n_outputs

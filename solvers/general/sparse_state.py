@@ -136,6 +136,7 @@ class SparseState(LoopState):
         # on the host (solvers.general.pair_schur) while its index fits in memory, else scipy's sparse
         # products.
         self.pair = None
+        self._blocks = None         # _block_of_column's answer, made at its first use
         with_e = [i for i, k in enumerate(self.kinds) if self.ne and k.e_slot is not None]
         if len(with_e) == 1 and self.kinds[with_e[0]].f_slots:
             from .pair_schur import PairSchur, TooLarge
@@ -160,10 +161,10 @@ class SparseState(LoopState):
                 except TooLarge:
                     pass
             self.pair_kind = i
-        self.implicit = getattr(self.pair, "implicit", False)
+        self.implicit = self.pair is not None and self.pair.implicit
         # The device reduction holds F^T F of its kind's rows: the host's is of the others.
         self.rest_rows = None
-        if hasattr(self.pair, "covered_rows"):
+        if self.pair is not None and self.pair.covers_rows:
             offset = sum(k.n * k.R for k in self.kinds[:self.pair_kind])
             keep = np.ones(self.m, bool)
             keep[self.pair.covered_rows(offset)] = False
@@ -284,7 +285,7 @@ class SparseState(LoopState):
         if self.implicit:
             return self._solve_implicit(d2, Vinv)
         iterative = linear_solver(self.o.linear_solver).iterative
-        if self.pair is not None and getattr(self.pair, "factors", False) and not iterative:
+        if self.pair is not None and self.pair.factors and not iterative:
             # S assembled, factorised and solved on the device (solvers.general.pair_schur_device).
             self.pair.enqueue_keys(Vinv)
             b = self.gf - self.pair.w_times(None, self.ge.reshape(-1, ke))
@@ -442,7 +443,7 @@ class SparseState(LoopState):
     def _block_of_column(self):
         """For every F column: its diagonal block (one per active row of each group, numbered
         over the groups in turn, :meth:`_group_blocks`) and its entry's position in the row."""
-        if getattr(self, "_blocks", None) is None:
+        if self._blocks is None:
             blk, pos = np.zeros(self.nf, np.int64), np.zeros(self.nf, np.int64)
             for T, base in self._group_blocks():
                 rr, jj = np.nonzero(T >= 0)
@@ -478,16 +479,15 @@ class SparseState(LoopState):
     def close(self):
         """The solve is over (the Minimizer calls this last): the device reduction's kernel
         objects go back to their pools."""
-        close = getattr(self.pair, "close", None)
-        if close is not None:
-            close()
+        if self.pair is not None:
+            self.pair.close()
 
     @property
     def linear_solver_detail(self) -> str:
         n = self.nf
         what = "Reduced matrix" if self.ne else "Normal equations"
         reduced_on = f"; W V^-1 W^T from the {self.pair.description}" \
-            if getattr(self.pair, "description", None) else ""
+            if self.pair is not None and self.pair.description else ""
         if self.implicit:
             return f"{what}: {n} x {n}, not formed: CG with Schur-Jacobi preconditioner on the host, S y from the {self.pair.description}"
         if linear_solver(self.o.linear_solver).iterative:

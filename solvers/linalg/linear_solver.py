@@ -129,7 +129,7 @@ class DeviceExplicitSchur:
         self.system = DeviceSparseSchur(st.rt, st.ev.cam, st.ev.pt, st.nc, st.npt, st.C, st.P, st.R,
                                         other_bytes=st.bytes_needed, events=st.events,
                                         camera_order=st.ev.camera_order(), copies=st.copies,
-                                        pattern=getattr(st.ev, "reduced_pattern", None), dense=entry.dense)
+                                        pattern=st.ev.reduced_pattern, dense=entry.dense)
         self.description = self.system.description
 
     @property

@@ -97,7 +97,7 @@ class Checkpoint:
         if hasattr(problem, "groups"):
             raise CheckpointError(f"{where} is a bundle adjustment's ({self.problem_name!r}); this "
                                   "problem runs the general core: resume from a checkpoint of this problem")
-        widths = (getattr(problem, "camera_size", 9), getattr(problem, "point_size", 3))
+        widths = (problem.camera_size, problem.point_size)
         if (self.cameras.shape[1], self.points.shape[1]) != widths:
             raise CheckpointError(f"{where} holds cameras of {self.cameras.shape[1]} and points of "
                                   f"{self.points.shape[1]} parameters; this problem's have {widths[0]} and "
@@ -300,7 +300,7 @@ class CheckpointWriter:
         self.general = (problem, layout) if layout is not None else None
         if self.general is None:
             self.shape = (problem.num_cameras, problem.num_points, problem.num_observations)
-            self.camera_size = getattr(problem, "camera_size", 9)
+            self.camera_size = problem.camera_size
             self.fingerprint = problem_fingerprint(problem)
         else:
             self.fingerprint = structure_fingerprint(problem)

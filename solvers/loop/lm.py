@@ -192,6 +192,7 @@ class Minimizer:
     def __init__(self, evaluator, options: Options, make_state, callback=None, stop: Optional[StopFlag] = None,
                  runtime=None, iteration_offset: int = 0):
         self.ev, self.o, self.callback = evaluator, options, callback
+        self.state = None           # made in run(); None where making it failed
         self.make_state = make_state
         self.stop = stop or StopFlag()
         self.runtime = runtime
@@ -200,10 +201,9 @@ class Minimizer:
         self.num_linear_solves = 0
         self.checkpoints = None
         if options.checkpoint is not None:
-            # A general problem's evaluator has its Layout; a bundle adjustment's has none.
+            # A general problem's evaluator has its Layout; a bundle adjustment's has None.
             self.checkpoints = CheckpointWriter(options.checkpoint, options.checkpoint_every,
-                                                evaluator.problem, iteration_offset,
-                                                layout=getattr(evaluator, "layout", None))
+                                                evaluator.problem, iteration_offset, layout=evaluator.layout)
 
     # ------------------------------------------------------------------ evaluation
     def _evaluate_gradient_and_jacobian(self, it: IterationSummary) -> bool:
@@ -221,9 +221,8 @@ class Minimizer:
         try:
             return self._run(x0)
         finally:
-            state = getattr(self, "state", None)      # None where making it failed
-            if state is not None:
-                state.close()
+            if self.state is not None:
+                self.state.close()
 
     def _run(self, x0):
         o, s = self.o, self.summary

@@ -102,12 +102,12 @@ def full_report(result) -> str:
     lines.append("")
     row("Minimizer", "TRUST_REGION")
     row("Iterations run on", r.state)
-    if getattr(r, "resumed_from", ""):
+    if r.resumed_from:
         lines.append(f"{'Resumed from':<{w}}{r.resumed_from} (iteration {r.resumed_iteration})")
-    if getattr(o, "checkpoint", None) is not None:
+    if o.checkpoint is not None:
         lines.append(f"{'Checkpoint':<{w}}{o.checkpoint} (every {o.checkpoint_every})")
     lines.append("")
-    detail = getattr(r, "linear_solver_detail", "")
+    detail = r.linear_solver_detail
     row("Sparse linear algebra library", "SUITE_SPARSE" if "CHOLMOD" in detail or "cholespy" in detail else "SCIPY")
     row("Trust region strategy", "LEVENBERG_MARQUARDT")
     lines.append("")
