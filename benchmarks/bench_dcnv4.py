@@ -54,7 +54,7 @@ import clkernels  # noqa: E402  (harness put the checkout on sys.path)
 import cuda_peers  # noqa: E402
 
 dcnv4_module = importlib.import_module("clkernels.dcnv4")
-Options, KernelConfig, LADDER = dcnv4_module.Options, dcnv4_module.KernelConfig, dcnv4_module.LADDER
+DCNv4Options, DCNv4Config, LADDER = dcnv4_module.DCNv4Options, dcnv4_module.DCNv4Config, dcnv4_module.LADDER
 
 PAPER_MS = [1.45, 1.53, 1.51, 0.606]  # A100, float32 rungs; float16 vectorised: 0.404
 PAPER_HALF_MS = 0.404
@@ -81,7 +81,7 @@ def forward_bytes(x, om):
 
 # ---------------------------------------------------------------- independent torch peer
 
-def torch_dcnv4(torch, x, om, o: Options):
+def torch_dcnv4(torch, x, om, o: DCNv4Options):
     """DCNv4 from torch ops: one grid_sample per tap (align_corners=True maps pixel centres,
     zeros outside: the operator's bilinear rule), masks multiplied, taps summed."""
     n, H, W, _ = x.shape
@@ -111,7 +111,7 @@ def torch_dcnv4(torch, x, om, o: Options):
 
 def check(report, rt, torch):
     """Every kernel variant on a small awkward problem against the torch peer in float64."""
-    o = Options(kernel_h=3, kernel_w=3, stride_h=2, stride_w=1, pad_h=2, pad_w=1, dilation_h=2,
+    o = DCNv4Options(kernel_h=3, kernel_w=3, stride_h=2, stride_w=1, pad_h=2, pad_w=1, dilation_h=2,
                 dilation_w=1, group=4, group_channels=16, offset_scale=0.5, remove_center=True)
     rng = np.random.default_rng(1)
     ho, wo = o.out_size(9, 11)
@@ -133,9 +133,9 @@ def check(report, rt, torch):
             report.add(case="check forward", variant=name, dtype=np.dtype(dtype).name, rel_err=err)
             if not err < tol:
                 failures.append(f"forward {name} {np.dtype(dtype).name}: {err:.2e}")
-        for name, cfg in [("device default", None), ("atomic 1/work-item", KernelConfig(1, 1, scatter="atomic")),
-                          ("atomic 4/work-item", KernelConfig(4, 4, scatter="atomic")),
-                          ("owner 8/work-item", KernelConfig(8, 8, scatter="owner"))]:
+        for name, cfg in [("device default", None), ("atomic 1/work-item", DCNv4Config(1, 1, scatter="atomic")),
+                          ("atomic 4/work-item", DCNv4Config(4, 4, scatter="atomic")),
+                          ("owner 8/work-item", DCNv4Config(8, 8, scatter="owner"))]:
             g_in, g_om = dcnv4_module.dcnv4_backward(gos, xs, oms, **dataclasses.asdict(o), device=rt,
                                                      config=cfg)
             errs = (harness.rel_err(g_in, tx.grad.numpy()), harness.rel_err(g_om, tom.grad.numpy()))
@@ -172,7 +172,7 @@ def time_peer(torch, tdev, args, x, om, o):
 
 
 def ladder(report, rt, args, n):
-    o = Options(group=4, group_channels=32)
+    o = DCNv4Options(group=4, group_channels=32)
     first = {}
     for dtype in DTYPES:
         x, om = make_problem(rt, n, 56, 56, 4, 32, dtype)
@@ -201,7 +201,7 @@ def shapes(report, rt, args, quick, torch, tdev, official):
     n64 = 2 if quick else 64
     for (n, h, w) in [(n64, 56, 56), (n64, 28, 28), (n64, 14, 14), (n64, 7, 7), (1, 200, 320), (1, 100, 160)]:
         for c in (16, 32, 64):
-            o = Options(group=4, group_channels=c)
+            o = DCNv4Options(group=4, group_channels=c)
             for dtype in DTYPES:
                 x, om = make_problem(rt, n, h, w, 4, c, dtype)
                 t = time_forward(rt, args, x, om, o, None)
@@ -219,11 +219,11 @@ def shapes(report, rt, args, quick, torch, tdev, official):
 def tuning(report, rt, args, n):
     """Work-group size and channels per work-item around the default, forward, at the paper's
     shape and DCNv4's other as-called shapes; the backward's configurations at the paper's."""
-    o = Options(group=4, group_channels=32)
+    o = DCNv4Options(group=4, group_channels=32)
     shapes = [(n, 56, 56, 32), (n, 28, 28, 64), (1, 200, 320, 16)]
     for dtype in DTYPES:
         for N, H, W, C in shapes:
-            oc = Options(group=4, group_channels=C)
+            oc = DCNv4Options(group=4, group_channels=C)
             xc, omc = make_problem(rt, N, H, W, 4, C, dtype)
             for cpw, vw in ((2, 2), (4, 4), (8, 4), (8, 8), (16, 8), (16, 16), (32, 8)):
                 if C % cpw:
@@ -232,19 +232,19 @@ def tuning(report, rt, args, n):
                     if wg > rt.info.max_work_group_size:
                         continue
                     try:
-                        t = time_forward(rt, args, xc, omc, oc, KernelConfig(cpw, vw, True, wg))
+                        t = time_forward(rt, args, xc, omc, oc, DCNv4Config(cpw, vw, True, wg))
                     except ValueError as exc:  # more work-items than this variant's registers allow
                         print(f"  skipped cpw={cpw} vw={vw} wg={wg}: {exc}", flush=True)
                         continue
                     report.add(case=f"tune forward N={N} {H}x{W} G=4 C={C}", variant=f"cpw={cpw} vw={vw} wg={wg}",
                                dtype=np.dtype(dtype).name, timing=t, bytes_moved=forward_bytes(xc, omc))
         x, om = make_problem(rt, n, 56, 56, 4, 32, dtype)
-        configs = [("default", None), ("owner cpw=8", KernelConfig(8, 8, scatter="owner")),
-                   ("atomic cpw=1", KernelConfig(1, 1, scatter="atomic"))]
+        configs = [("default", None), ("owner cpw=8", DCNv4Config(8, 8, scatter="owner")),
+                   ("atomic cpw=1", DCNv4Config(1, 1, scatter="atomic"))]
         if not rt.info.is_cpu:  # CAS atomics on a CPU: one is enough to show their cost
-            configs += [("atomic cpw=2", KernelConfig(2, 2, scatter="atomic")),
-                        ("atomic cpw=4", KernelConfig(4, 4, scatter="atomic")),
-                        ("atomic cpw=8", KernelConfig(8, 8, scatter="atomic"))]
+            configs += [("atomic cpw=2", DCNv4Config(2, 2, scatter="atomic")),
+                        ("atomic cpw=4", DCNv4Config(4, 4, scatter="atomic")),
+                        ("atomic cpw=8", DCNv4Config(8, 8, scatter="atomic"))]
         for name, cfg in configs:
             t = time_backward(rt, args, x, om, o, cfg)
             report.add(case=f"backward N={n} 56x56 G=4 C=32", variant=name, dtype=np.dtype(dtype).name,
@@ -256,7 +256,7 @@ def as_called(report, rt, args, official, failures):
     n64 = 2 if args.quick else 64
     for n, h, w, c in AS_CALLED_SHAPES:
         n = n64 if n == 64 else n
-        o = Options(group=4, group_channels=c)
+        o = DCNv4Options(group=4, group_channels=c)
         opts = dataclasses.asdict(o)
         for dtype in DTYPES:
             x, om = make_problem(rt, n, h, w, 4, c, dtype)

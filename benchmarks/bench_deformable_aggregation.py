@@ -61,14 +61,14 @@ CEILING_GBPS = harness.H200_COPY_BYTES_PER_S / 1e9
 SECTIONS = ("kernels", "as-called")
 TOLERANCE = {"forward": 1e-5, "backward": 1e-4}  # ours vs the CUDA op, float32, relative to its max
 GPU_SWEEP = {  # besides the default configuration
-    "forward": [da.KernelConfig(cpt=2, vec=2), da.KernelConfig(cpt=8, vec=4), da.KernelConfig(cpt=4, vec=4, split=2),
-                da.KernelConfig(cpt=2, vec=1, interleave=True)],
-    "backward": [da.KernelConfig(cpt=2, vec=1, interleave=True), da.KernelConfig(cpt=8, vec=1, interleave=True),
-                 da.KernelConfig(cpt=4, vec=4),
-                 da.KernelConfig(cpt=4, vec=4, feature_grad="gather", index_size=64),
-                 da.KernelConfig(cpt=2, vec=1, interleave=True, feature_grad="gather", index_size=128, groups_per_item=2)],
+    "forward": [da.AggregationConfig(cpt=2, vec=2), da.AggregationConfig(cpt=8, vec=4), da.AggregationConfig(cpt=4, vec=4, split=2),
+                da.AggregationConfig(cpt=2, vec=1, interleave=True)],
+    "backward": [da.AggregationConfig(cpt=2, vec=1, interleave=True), da.AggregationConfig(cpt=8, vec=1, interleave=True),
+                 da.AggregationConfig(cpt=4, vec=4),
+                 da.AggregationConfig(cpt=4, vec=4, feature_grad="gather", index_size=64),
+                 da.AggregationConfig(cpt=2, vec=1, interleave=True, feature_grad="gather", index_size=128, groups_per_item=2)],
 }
-CPU_SWEEP = {"forward": [], "backward": [da.KernelConfig(cpt=32, vec=8, local_size=64, feature_grad="scatter")]}
+CPU_SWEEP = {"forward": [], "backward": [da.AggregationConfig(cpt=32, vec=8, local_size=64, feature_grad="scatter")]}
 
 
 def make_problem(rng, bs, anchors, dtype):

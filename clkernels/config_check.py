@@ -1,5 +1,5 @@
-"""Field checks for the kernels' configuration dataclasses (``dcnv4.KernelConfig``,
-``deformable_aggregation.KernelConfig``), run when one is made: a wrong value then names its
+"""Field checks for the kernels' configuration dataclasses (``dcnv4.DCNv4Config``,
+``deformable_aggregation.AggregationConfig``), run when one is made: a wrong value then names its
 field and what it may be, instead of surfacing later as a driver or pyopencl error (a negative
 work-group size reached pyopencl as ``std::bad_cast``)."""
 from __future__ import annotations

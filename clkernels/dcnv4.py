@@ -23,7 +23,7 @@ batch size::
 
 The kernel's speed switches are those of the paper's ablation (its Table 10): channels per
 work-item, bilinear coefficients reused across them, vector width, storage type. They are
-chosen from the device unless a :class:`KernelConfig` is given; :data:`LADDER` lists the
+chosen from the device unless a :class:`DCNv4Config` is given; :data:`LADDER` lists the
 paper's rungs for ``benchmarks/bench_dcnv4.py``. :func:`torch_dcnv4` is an autograd wrapper
 for CPU torch tensors (torch is imported only when it is used).
 """
@@ -41,7 +41,7 @@ from . import arrays, config_check, launch, multi_device, torch_autograd
 from .launch import In, Out, Tmp
 from .templates import BuildError, Storage
 
-__all__ = ["dcnv4", "dcnv4_backward", "Options", "KernelConfig", "LADDER", "offset_mask_channels",
+__all__ = ["dcnv4", "dcnv4_backward", "DCNv4Options", "DCNv4Config", "LADDER", "offset_mask_channels",
            "forward_config", "backward_config", "enqueue_forward", "enqueue_backward", "used_ptx",
            "torch_dcnv4"]
 
@@ -51,7 +51,7 @@ _INT_LIMIT = 2 ** 31 - 1  # kernels index with int
 
 
 @dataclasses.dataclass(frozen=True)
-class Options:
+class DCNv4Options:
     """The operator's geometry (the official operator's arguments, softmax off)."""
     kernel_h: int = 3
     kernel_w: int = 3
@@ -105,7 +105,7 @@ def offset_mask_channels(group: int, kernel_h: int = 3, kernel_w: int = 3,
 
 
 @dataclasses.dataclass(frozen=True)
-class KernelConfig:
+class DCNv4Config:
     """The speed switches of the paper's ablation. ``work_group_size`` 0: from the device.
     ``scatter`` (backward only): "atomic" (GPUs), "owner" (CPUs), "" from the device."""
     channels_per_item: int
@@ -117,7 +117,7 @@ class KernelConfig:
     def __post_init__(self):
         # What depends on the call (channels dividing group_channels, the device's limits) is
         # checked when a plan is made; what no call could accept, here.
-        name = "KernelConfig"
+        name = "DCNv4Config"
         config_check.integer(name, "channels_per_item", self.channels_per_item)
         config_check.integer(name, "vector_width", self.vector_width, allowed=(1, 2, 4, 8, 16))
         config_check.boolean(name, "reuse", self.reuse)
@@ -129,10 +129,10 @@ class KernelConfig:
 # The paper's Table 10 rungs, in order (A100, N=64, 56x56, 128 channels, G=4: 1.45, 1.53,
 # 1.51, 0.606 ms; then the last rung with float16 storage: 0.404 ms).
 LADDER = (
-    ("DCNv3-style (1 channel per work-item)", KernelConfig(1, 1, reuse=False)),
-    ("8 channels per work-item", KernelConfig(8, 1, reuse=False)),
-    ("+ bilinear coefficients reused", KernelConfig(8, 1, reuse=True)),
-    ("+ vector loads and stores", KernelConfig(8, 8, reuse=True)),
+    ("DCNv3-style (1 channel per work-item)", DCNv4Config(1, 1, reuse=False)),
+    ("8 channels per work-item", DCNv4Config(8, 1, reuse=False)),
+    ("+ bilinear coefficients reused", DCNv4Config(8, 1, reuse=True)),
+    ("+ vector loads and stores", DCNv4Config(8, 8, reuse=True)),
 )
 
 
@@ -145,7 +145,7 @@ def _largest_divisor(c: int, candidates) -> int:
 _FEW_ITEMS_PER_CU = 4 * 2048
 
 
-def forward_config(info, group_channels: int, dtype, pixel_groups: int = 0) -> KernelConfig:
+def forward_config(info, group_channels: int, dtype, pixel_groups: int = 0) -> DCNv4Config:
     """Channels per work-item from the device: GPUs take 8 (one 32- or 16-byte vector load
     per corner, the official choice); CPUs a whole group's channels in vectors of 8, so
     each work-item amortises its coefficients over more loads (measured faster on PoCL).
@@ -154,39 +154,39 @@ def forward_config(info, group_channels: int, dtype, pixel_groups: int = 0) -> K
     work-item instead, for more work-items in flight."""
     vw = _largest_divisor(group_channels, (8, 4, 2, 1))
     if info.is_cpu:
-        return KernelConfig(group_channels if group_channels <= 64 else vw, vw, True, 0)
+        return DCNv4Config(group_channels if group_channels <= 64 else vw, vw, True, 0)
     if np.dtype(dtype) == np.float16 and group_channels % 16 == 0:
         # Half storage: 16 channels (two 16-byte loads per corner) per work-item measured
         # 1.35x faster than 8 on an H200 at the paper's shape, and fastest at N=1 200x320 too.
-        return KernelConfig(16, 8, True, 0)
+        return DCNv4Config(16, 8, True, 0)
     if vw == 8 and group_channels <= 16 and pixel_groups and \
             pixel_groups * group_channels // 8 < _FEW_ITEMS_PER_CU * info.compute_units:
         # H200, N=1 200x320, G=4, C=16 (512k work-items at 8 channels, under two waves):
         # 4 channels per work-item took 57.6 us against 70.2 us; from N=64 28x28 up, 8 stays
         # fastest (benchmarks/bench_dcnv4.py, tuning).
-        return KernelConfig(4, 4, True, 0)
-    return KernelConfig(vw, vw, True, 0)
+        return DCNv4Config(4, 4, True, 0)
+    return DCNv4Config(vw, vw, True, 0)
 
 
-def backward_config(info, group_channels: int, dtype, batch: int = 1, group: int = 1) -> KernelConfig:
+def backward_config(info, group_channels: int, dtype, batch: int = 1, group: int = 1) -> DCNv4Config:
     """GPUs: the official 1 or 2 channels per work-item, so a group's channels spread over
     lanes and the scatter's atomics run in parallel. CPUs: the atomic-free "owner" scatter
     with channel runs as wide as still gives every core two work-items."""
     if not info.is_cpu:
         # 2 channels per work-item: 1.5x faster than 1 on an H200 at the paper's shape.
         cpw = 2 if group_channels % 2 == 0 else 1
-        return KernelConfig(cpw, cpw, True, 0, "atomic")
+        return DCNv4Config(cpw, cpw, True, 0, "atomic")
     vw = _largest_divisor(group_channels, (8, 4, 2, 1))
     runs = [d for d in range(group_channels, 0, -vw) if group_channels % d == 0]
     cpw = next((d for d in runs if batch * group * (group_channels // d) >= 2 * info.compute_units),
                runs[-1])
-    return KernelConfig(cpw, vw, True, 0, "owner")
+    return DCNv4Config(cpw, vw, True, 0, "owner")
 
 
 _ptx_refused: dict = {}  # device -> the build log, when its compiler refused inline PTX
 
 
-def _program(rt, info, direction, dtype, opts: Options, cfg: KernelConfig, slots_p2=1):
+def _program(rt, info, direction, dtype, opts: DCNv4Options, cfg: DCNv4Config, slots_p2=1):
     """Render + build; on NVIDIA try the inline-PTX variant first, and fall back to the
     portable one (remembered per device) if the driver refuses it."""
     params = dict(direction=direction, info=info, st=Storage(dtype),
@@ -210,7 +210,7 @@ def used_ptx(runtime) -> bool:
     return runtime.info.vendor == "nvidia" and runtime.device.int_ptr not in _ptx_refused
 
 
-def _check_config(cfg: KernelConfig, opts: Options, dtype, runtime) -> KernelConfig:
+def _check_config(cfg: DCNv4Config, opts: DCNv4Options, dtype, runtime) -> DCNv4Config:
     c, cpw, vw = opts.group_channels, cfg.channels_per_item, cfg.vector_width
     if cpw < 1 or c % cpw:
         raise ValueError(f"config.channels_per_item={cpw} must divide group_channels={c}")
@@ -229,7 +229,7 @@ def _check_config(cfg: KernelConfig, opts: Options, dtype, runtime) -> KernelCon
     return cfg
 
 
-def _geometry(input, offset_mask, opts: Options, grad_out=None):
+def _geometry(input, offset_mask, opts: DCNv4Options, grad_out=None):
     """Check the arrays' shapes against the options (their dtypes are checked already);
     returns (N, H, W, H_out, W_out, P)."""
     n, h, w, ch = (int(s) for s in input.shape)
@@ -260,14 +260,14 @@ def _geometry(input, offset_mask, opts: Options, grad_out=None):
     return n, h, w, ho, wo, p
 
 
-def _geometry_args(opts: Options, h, w, ho, wo, p):
+def _geometry_args(opts: DCNv4Options, h, w, ho, wo, p):
     i32 = np.int32
     return (i32(h), i32(w), i32(ho), i32(wo), i32(p), i32(opts.stride_h), i32(opts.stride_w),
             i32(opts.pad_h), i32(opts.pad_w), i32(opts.dilation_h), i32(opts.dilation_w),
             np.float32(opts.offset_scale))
 
 
-def _work_group(rt, kernel, cfg: KernelConfig, wanted: int) -> int:
+def _work_group(rt, kernel, cfg: DCNv4Config, wanted: int) -> int:
     """The config's work-group size, checked against this kernel on this device (registers
     bound it below the device's maximum), or one from the device."""
     limit = kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, rt.device)
@@ -279,18 +279,18 @@ def _work_group(rt, kernel, cfg: KernelConfig, wanted: int) -> int:
 
 
 def _split_options(options):
-    """Plan options: the Options, or (Options, DeviceInfo) when a test pretends a vendor."""
-    return (options, None) if isinstance(options, Options) else options
+    """Plan options: the DCNv4Options, or (DCNv4Options, DeviceInfo) when a test pretends a vendor."""
+    return (options, None) if isinstance(options, DCNv4Options) else options
 
 
-def _forward_plan(rt, args, options, config) -> launch.Plan:
+def _forward_plan(rt, args, options, config) -> launch.LaunchPlan:
     opts, info = _split_options(options)
     info = info or rt.info
     input, offset_mask = args
     n, h, w, ho, wo, p = _geometry(input, offset_mask, opts)
     out = launch.Buffer("out", (n, ho, wo, input.shape[3]), input.dtype)
     if out.size == 0:
-        return launch.Plan([out])
+        return launch.LaunchPlan([out])
     cfg = _check_config(config or forward_config(info, opts.group_channels, input.dtype,
                                                   n * ho * wo * opts.group),
                         opts, input.dtype, rt)
@@ -299,14 +299,14 @@ def _forward_plan(rt, args, options, config) -> launch.Plan:
     wg = _work_group(rt, kernel, cfg, 64 if info.is_cpu else 256)
     step = launch.step(kernel, (arrays.round_up(items, wg),), (wg,),
                        [In(0), In(1), Out(0), np.int32(items), *_geometry_args(opts, h, w, ho, wo, p)])
-    return launch.Plan([out], [step])
+    return launch.LaunchPlan([out], [step])
 
 
 # The backward's inputs, in its Op's parameter order.
 GRAD_OUT, INPUT_, OFFSET_MASK = In(0), In(1), In(2)
 
 
-def _backward_plan(rt, args, options, config) -> launch.Plan:
+def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
     opts, info = _split_options(options)
     info = info or rt.info
     grad_out, input, offset_mask = args
@@ -316,7 +316,7 @@ def _backward_plan(rt, args, options, config) -> launch.Plan:
     cfg = _check_config(config or backward_config(info, opts.group_channels, input.dtype, n, opts.group),
                         opts, input.dtype, rt)
     if n == 0:
-        return launch.Plan(outputs)
+        return launch.LaunchPlan(outputs)
     scatter = cfg.scatter or ("owner" if info.is_cpu else "atomic")
     if scatter == "owner":
         return _backward_owner_plan(rt, info, outputs, input, offset_mask, opts, cfg)
@@ -347,10 +347,10 @@ def _backward_plan(rt, args, options, config) -> launch.Plan:
                              [INPUT_, OFFSET_MASK, GRAD_OUT, acc, Out(1), np.int32(pix_groups),
                               *_geometry_args(opts, h, w, ho, wo, p), *local]))
     steps += [to_half] if to_half is not None else []
-    return launch.Plan(outputs, steps, temps)
+    return launch.LaunchPlan(outputs, steps, temps)
 
 
-def _backward_owner_plan(rt, info, outputs, input, offset_mask, opts: Options, cfg: KernelConfig):
+def _backward_owner_plan(rt, info, outputs, input, offset_mask, opts: DCNv4Options, cfg: DCNv4Config):
     n, h, w, ho, wo, p = (int(s) for s in (*input.shape[:3], *offset_mask.shape[1:]))
     slots = opts.group_channels // cfg.channels_per_item
     program = _program(rt, info, "backward_owner", input.dtype, opts, cfg)
@@ -373,18 +373,18 @@ def _backward_owner_plan(rt, info, outputs, input, offset_mask, opts: Options, c
         steps.append(launch.step(reduce, (arrays.round_up(size, wg),), (wg,),
                                  [Tmp(len(temps) - 1), OFFSET_MASK, Out(1), np.int32(n * ho * wo),
                                   np.int32(p), np.float32(opts.offset_scale)]))
-    return launch.Plan(outputs, steps, temps)
+    return launch.LaunchPlan(outputs, steps, temps)
 
 
-FORWARD = launch.Op("dcnv4", [launch.Param("input", DTYPES, 4), launch.Param("offset_mask", like="input", ndim=4)],
+FORWARD = launch.LaunchOp("dcnv4", [launch.Param("input", DTYPES, 4), launch.Param("offset_mask", like="input", ndim=4)],
                     _forward_plan)
-BACKWARD = launch.Op("dcnv4_backward", [launch.Param("grad_out", like="input", ndim=4),
+BACKWARD = launch.LaunchOp("dcnv4_backward", [launch.Param("grad_out", like="input", ndim=4),
                                         launch.Param("input", DTYPES, 4),
                                         launch.Param("offset_mask", like="input", ndim=4)],
                      _backward_plan, output_names=("g_input", "g_offset_mask"))
 
 
-def enqueue_forward(rt, input, offset_mask, opts: Options, config: Optional[KernelConfig] = None,
+def enqueue_forward(rt, input, offset_mask, opts: DCNv4Options, config: Optional[DCNv4Config] = None,
                     out=None, info=None):
     """Enqueue the forward on device arrays; returns ``(output, events)``. ``info`` pretends
     another device's capabilities (tests of vendor paths)."""
@@ -393,8 +393,8 @@ def enqueue_forward(rt, input, offset_mask, opts: Options, config: Optional[Kern
     return output, events
 
 
-def enqueue_backward(rt, grad_out, input, offset_mask, opts: Options,
-                     config: Optional[KernelConfig] = None, out=None, info=None):
+def enqueue_backward(rt, grad_out, input, offset_mask, opts: DCNv4Options,
+                     config: Optional[DCNv4Config] = None, out=None, info=None):
     """Enqueue the backward on device arrays. Returns ``((g_input, g_offset_mask), events)``;
     the events span all of its work (fills, kernels, conversion to float16), as the official
     operator's time does."""
@@ -405,17 +405,17 @@ def enqueue_backward(rt, grad_out, input, offset_mask, opts: Options,
 _checked_options: dict = {}
 
 
-def _options(*values) -> Options:
-    """The Options of these arguments, checked once per distinct set (the checks cost more
+def _options(*values) -> DCNv4Options:
+    """The DCNv4Options of these arguments, checked once per distinct set (the checks cost more
     than a launch; a process uses a handful of geometries)."""
     key = (values, tuple(map(type, values)))   # 3 and 3.0 are equal keys but not equal input
     try:
         return _checked_options[key]
     except KeyError:
         pass
-    except TypeError:   # an unhashable argument: Options reports what is wrong with it
-        return Options(*values[:-1], bool(values[-1]))
-    opts = Options(*values[:-1], bool(values[-1]))
+    except TypeError:   # an unhashable argument: DCNv4Options reports what is wrong with it
+        return DCNv4Options(*values[:-1], bool(values[-1]))
+    opts = DCNv4Options(*values[:-1], bool(values[-1]))
     if len(_checked_options) < 1024:
         _checked_options[key] = opts
     return opts
@@ -424,7 +424,7 @@ def _options(*values) -> Options:
 def dcnv4(input, offset_mask, kernel_h=3, kernel_w=3, stride_h=1, stride_w=1, pad_h=1, pad_w=1,
           dilation_h=1, dilation_w=1, group=4, group_channels=32, offset_scale=1.0,
           remove_center=False, *, out=None, device=None, queue=None,
-          config: Optional[KernelConfig] = None, devices=None):
+          config: Optional[DCNv4Config] = None, devices=None):
     """DCNv4 forward: ``[N, H_out, W_out, group*group_channels]`` in the input's dtype.
 
     numpy in, numpy out; ``pyopencl.array.Array`` in (on any context and queue), device array
@@ -445,7 +445,7 @@ def dcnv4(input, offset_mask, kernel_h=3, kernel_w=3, stride_h=1, stride_w=1, pa
 def dcnv4_backward(grad_out, input, offset_mask, kernel_h=3, kernel_w=3, stride_h=1, stride_w=1,
                    pad_h=1, pad_w=1, dilation_h=1, dilation_w=1, group=4, group_channels=32,
                    offset_scale=1.0, remove_center=False, *, out=None, device=None, queue=None,
-                   config: Optional[KernelConfig] = None, devices=None):
+                   config: Optional[DCNv4Config] = None, devices=None):
     """Gradients of sum(grad_out * dcnv4(input, offset_mask, ...)): ``(g_input,
     g_offset_mask)`` shaped and typed like ``input`` and ``offset_mask`` (zero in the
     padding tail of offset_mask's last axis). ``out``: a tuple of two arrays (or None).
@@ -469,5 +469,5 @@ def _torch_function():
 def torch_dcnv4(input, offset_mask, *, device=None, **options):
     """:func:`dcnv4` on CPU torch tensors, differentiable with respect to both (autograd)."""
     torch_autograd.check_cpu((input, offset_mask), ("input", "offset_mask"), "torch_dcnv4")
-    opts = dataclasses.asdict(Options(**options))  # checks the options now, not in backward
+    opts = dataclasses.asdict(DCNv4Options(**options))  # checks the options now, not in backward
     return _torch_function().apply(input, offset_mask, dict(opts, device=device))

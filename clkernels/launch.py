@@ -1,7 +1,7 @@
 """The launch layer every op is built on: calls that cost little more than their kernels.
 
 An op declares its array parameters (:class:`Param`) and writes one function that makes a
-:class:`Plan` for a call signature; :class:`Op` does the rest, written once here:
+:class:`LaunchPlan` for a call signature; :class:`LaunchOp` does the rest, written once here:
 
 - the runtime comes from the inputs (arrays on a caller's own context and queue work as they
   are), or from ``queue=`` / ``device=``;
@@ -30,7 +30,7 @@ from . import arrays, memory, simulator
 from .runtime import Runtime, get_runtime, runtime_for_context, runtime_for_queue
 from .templates import build, get_program
 
-__all__ = ["Param", "Op", "Plan", "Step", "Buffer", "kernel_for_plan", "runtime_for",
+__all__ = ["Param", "LaunchOp", "LaunchPlan", "Step", "Buffer", "kernel_for_plan", "runtime_for",
            "device_array", "check_host_out", "pooled_array", "accumulator", "ZeroStep", "Slot", "In", "Out", "Tmp", "step", "scratch_steps", "program", "convert_step", "INPUT", "OUTPUT", "TEMP"]
 
 INPUT, OUTPUT, TEMP = 0, 1, 2   # where a kernel argument's buffer comes from, per call
@@ -239,10 +239,10 @@ def kernel_for_plan(program: cl.Program, name: str) -> cl.Kernel:
     return cl.Kernel(program, name)
 
 
-HELD_TEMP_BYTES = 16 << 20   # temporaries up to this size stay with their plan (Plan.temp_buffers)
+HELD_TEMP_BYTES = 16 << 20   # temporaries up to this size stay with their plan (LaunchPlan.temp_buffers)
 
 
-class Plan:
+class LaunchPlan:
     """What a call with one signature needs: outputs, temporaries, kernel launches, and
     constant buffers the launches read (kept alive with the plan)."""
 
@@ -347,8 +347,8 @@ def _check_out(rt: Runtime, out, spec: Buffer, name: str, on_device: bool):
         check_host_out(out, spec.shape, spec.dtype, name)
 
 
-class Op:
-    """An op: array parameters, and ``make_plan(rt, arrays, options, config) -> Plan``.
+class LaunchOp:
+    """An op: array parameters, and ``make_plan(rt, arrays, options, config) -> LaunchPlan``.
 
     ``make_plan`` runs on a call signature's first call. It may look only at the arrays'
     shapes and dtypes (the plan serves every call with the same ones), at ``options`` (a
@@ -356,15 +356,15 @@ class Op:
     kernel configuration or None). The dtype and ndim checks of :class:`Param` run before it.
     """
 
-    def __init__(self, name: str, params: Sequence[Param], make_plan: Callable[..., Plan],
+    def __init__(self, name: str, params: Sequence[Param], make_plan: Callable[..., LaunchPlan],
                  output_names: Sequence[str] = ("out",)):
         self.name, self.params, self.make_plan = name, tuple(params), make_plan
         self.output_names = tuple(output_names)
 
     def __repr__(self):
-        return f"<Op {self.name}>"
+        return f"<LaunchOp {self.name}>"
 
-    def plan(self, rt: Runtime, args, options=(), config=None) -> Plan:
+    def plan(self, rt: Runtime, args, options=(), config=None) -> LaunchPlan:
         """The cached plan of this call signature on ``rt`` (made on a miss)."""
         key = (self, tuple((a.shape, a.dtype) for a in args), options, config)
         plan = rt.plans.get(key)
@@ -420,7 +420,7 @@ class Op:
         return results, events
 
     # -- pieces of a call --------------------------------------------------------------------
-    def _outputs(self, rt: Runtime, plan: Plan, out, on_device: bool) -> list:
+    def _outputs(self, rt: Runtime, plan: LaunchPlan, out, on_device: bool) -> list:
         """Device arrays for the outputs: the caller's (``out=``, checked) or pooled ones. For
         numpy results the device array is pooled and ``out`` is filled afterwards."""
         pool = rt.pool
@@ -438,7 +438,7 @@ class Op:
             arrays.append(wrap(rt, spec, pool.allocate(spec.nbytes) if spec.nbytes else None))
         return arrays
 
-    def _download(self, rt: Runtime, plan: Plan, outs, out, events):
+    def _download(self, rt: Runtime, plan: LaunchPlan, outs, out, events):
         given = _out_tuple(out, len(plan.outputs), self.output_names)
         results = []
         for i, (spec, dev, o) in enumerate(zip(plan.outputs, outs, given)):
@@ -454,7 +454,7 @@ class Op:
 _ARRAY_TYPES = (np.ndarray, cla.Array)
 
 
-def _check_plan_memory(rt: Runtime, plan: Plan, args, name: str) -> None:
+def _check_plan_memory(rt: Runtime, plan: LaunchPlan, args, name: str) -> None:
     """Once per plan (never on a repeat call): its outputs, temporaries and the uploads of host
     inputs must fit on the device, and on a CPU device in the host (clkernels.memory), or the
     driver would abort the process when the call allocates them."""

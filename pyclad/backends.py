@@ -117,15 +117,15 @@ class Tape(Backend):
         if config is not None and not isinstance(config, tape.TapeConfig):
             raise TypeError(f"config must be a pyclad.TapeConfig for the tape backend, not {type(config).__name__}")
         super().__init__(traced, dtype, config)
-        self._tables = {}          # TapeConfig.tables_key() -> Tables
+        self._tables = {}          # TapeConfig.tables_key() -> TapeTables
         self._configs = {}         # device -> its TapeConfig
         self._device_tables = {}   # (context, tables key, joint) -> the tables as kernel arguments
         self._launches = {}        # queue -> (config, the kernel's table and scratch arguments)
 
-    def tables(self, key=(True, True, True, True)) -> tape.Tables:
+    def tables(self, key=(True, True, True, True)) -> tape.TapeTables:
         """The tables of ``key`` = (liveness, fused, library, preload) (TapeConfig.tables_key)."""
         if key not in self._tables:
-            self._tables[key] = tape.Tables(self.traced, self.dtype, *key)
+            self._tables[key] = tape.TapeTables(self.traced, self.dtype, *key)
         return self._tables[key]
 
     def config_for(self, runtime) -> tape.TapeConfig:

@@ -85,7 +85,7 @@ class BatchFunction:
         self.name = getattr(fn, "__name__", "function")
         self._sources = {}
         self._plans = {}          # (context, device, jacobians) -> _Plan: what a launch needs, found once
-        self._device_op = None    # the launch-layer Op of device calls, made on first use
+        self._device_op = None    # the launch-layer LaunchOp of device calls, made on first use
         # Per device, for devices= splits; a share under MIN_TIMED_TUPLES tuples is too short to time.
         self._throughputs = md.Throughputs(min_timed=MIN_TIMED_TUPLES)
 
@@ -260,7 +260,7 @@ class BatchFunction:
 
     # -- device arrays in, device arrays out: through the launch layer -------------------------
     def _run_op(self, params, index, data, jacobians, device, index_checked):
-        """The kernel on device arrays as a :class:`clkernels.launch.Op`: a repeat call
+        """The kernel on device arrays as a :class:`clkernels.launch.LaunchOp`: a repeat call
         with the same shapes checks the arrays' kinds, takes its outputs from the pool and
         enqueues (the shape checks and the plan are made once per signature)."""
         op = self._op()
@@ -274,18 +274,18 @@ class BatchFunction:
         outs, _ = op.run(args, jacobians, queue=runtime.queue)
         return outs[0], list(outs[1:])
 
-    def _op(self) -> launch.Op:
+    def _op(self) -> launch.LaunchOp:
         if self._device_op is None:
             G = len(self.traced.group_sizes)
             params = [launch.Param(f"params[{g}]", [self.dtype], 2) for g in range(G)]
             params.append(launch.Param("index", [np.int32], 2))
             if self.traced.data_size:
                 params.append(launch.Param("data", [self.dtype], 2))
-            self._device_op = launch.Op(f"BatchFunction {self.name}", params, self._op_plan,
+            self._device_op = launch.LaunchOp(f"BatchFunction {self.name}", params, self._op_plan,
                                         output_names=("values", *(f"jacobians[{g}]" for g in range(G))))
         return self._device_op
 
-    def _op_plan(self, runtime, args, jacobians, config) -> launch.Plan:
+    def _op_plan(self, runtime, args, jacobians, config) -> launch.LaunchPlan:
         t = self.traced
         G = len(t.group_sizes)
         params, index = args[:G], args[G]
@@ -308,7 +308,7 @@ class BatchFunction:
         if jacobians:
             outputs += [launch.Buffer(f"jacobians[{g}]", s, self.dtype) for g, s in enumerate(jac_shapes)]
         if n == 0:
-            return launch.Plan(outputs)
+            return launch.LaunchPlan(outputs)
         shared = self._plan(runtime, jacobians)             # the program and its geometry
         kernel = launch.kernel_for_plan(shared.kernel.program, self._impl.kernel_name_for(runtime))
         ins = [launch.In(i) for i in range(len(args))]
@@ -316,7 +316,7 @@ class BatchFunction:
         # On the simulator, outputs are zeroed from the host first (solvers write them in place).
         steps = launch.scratch_steps(runtime, list(zip(outs, outputs)))
         steps.append(self._impl.launch_step(runtime, kernel, shared, [*ins, *outs], n))
-        return launch.Plan(outputs, steps)
+        return launch.LaunchPlan(outputs, steps)
 
     def _plan(self, runtime, jacobians) -> "_Plan":
         """The kernel and launch geometry for a device, worked out on the first call only (the

@@ -20,7 +20,7 @@ show what each bought):
   (``layout="item"``: a work-item's slots contiguous, for CPUs; ``"node"``: slot-major across
   work-items, coalesced, for GPUs; ``"local"``: in local memory, for GPUs; it runs anywhere,
   but on a CPU local memory is ordinary memory).
-- **Tables in constant memory** (``tables="constant"``), where the device caches them for
+- **TapeTables in constant memory** (``tables="constant"``), where the device caches them for
   uniform reads.
 """
 from __future__ import annotations
@@ -106,7 +106,7 @@ class TapeConfig:
         return repr(dataclasses.astuple(self))
 
     def tables_key(self):
-        """The Tables switches (liveness, fused, library, preload) of this config, defaults
+        """The TapeTables switches (liveness, fused, library, preload) of this config, defaults
         resolved."""
         return (self.slots is not False, self.fuse is not False,
                 self.library is not False and self.cases != "all", self.preload is not False)
@@ -116,7 +116,7 @@ CPU_SCRATCH_BYTES = 24 << 10   # a CPU work-item's slots: within a core's L1 dat
 MAX_JOINT_OUTPUTS = 31   # a joint sweep's instructions carry a bit per output in an int
 
 
-def default_config(info, real: str, tables: "Tables", n_outputs: int,
+def default_config(info, real: str, tables: "TapeTables", n_outputs: int,
                    config: Optional[TapeConfig] = None) -> TapeConfig:
     """The device's variant, with ``config``'s fields where given.
 
@@ -247,7 +247,7 @@ def reverse_cases(real: str, joint_outputs: int = 0, labels=None, table: str = "
 def render(group_sizes, data_size: int, n_outputs: int, real: str, jacobians: bool,
            config: TapeConfig, local_slots=(0, 0), instructions=None) -> str:
     """The interpreter kernel for a parameter layout and variant. It depends on a graph only
-    through ``instructions`` (``Tables.instructions``: the forward op codes and reverse labels
+    through ``instructions`` (``TapeTables.instructions``: the forward op codes and reverse labels
     to compile cases for; None: every case of the op table, for any graph, at several times the
     build time) and ``local_slots`` (the value and adjoint slot counts the "local" layout sizes
     its arrays by)."""
@@ -343,7 +343,7 @@ def fuse(traced: Traced, products: bool = True, library: bool = True):
     return [n for n in order if n not in absorbed], ops, args, produces
 
 
-class Tables:
+class TapeTables:
     """The instruction tables of a traced graph.
 
     forward (rows, 8) int32: (op, dst value slot, operand value slots a, b, c, constant index);

@@ -9,7 +9,7 @@ import pytest
 
 import clkernels
 from clkernels import arrays
-from clkernels.dcnv4 import (LADDER, KernelConfig, Options, dcnv4, dcnv4_backward,
+from clkernels.dcnv4 import (LADDER, DCNv4Config, DCNv4Options, dcnv4, dcnv4_backward,
                              offset_mask_channels)
 
 dcnv4_module = importlib.import_module("clkernels.dcnv4")
@@ -38,7 +38,7 @@ def _keep_buffers_alive_on_oclgrind(request, monkeypatch):
 
 # ---------------------------------------------------------------- reference (from the definition)
 
-def reference(x, om, o: Options):
+def reference(x, om, o: DCNv4Options):
     """Output [N, H_out, W_out, G*C] in float64, written from the semantics: tap (i along the
     width outer, j along the height inner, centre skipped under remove_center) samples
     w = x*stride_w - pad_w + half_w + (i*dil_w - half_w + dx)*offset_scale (likewise h),
@@ -75,7 +75,7 @@ def reference(x, om, o: Options):
     return out.reshape(n, ho, wo, G * C)
 
 
-def central_differences(x, om, grad_out, o: Options, eps=1e-6):
+def central_differences(x, om, grad_out, o: DCNv4Options, eps=1e-6):
     """d sum(grad_out * reference) / d(x, om), float64. Each output channel depends on its
     input channel only, and each output pixel on its own offset_mask row only, so one
     perturbation covers all channels of an input pixel, or one entry of every row."""
@@ -96,7 +96,7 @@ def central_differences(x, om, grad_out, o: Options, eps=1e-6):
     return g_x, g_om
 
 
-def make_inputs(o: Options, n, H, W, dtype=np.float32, spread=2.0, extra_p=0, seed=0):
+def make_inputs(o: DCNv4Options, n, H, W, dtype=np.float32, spread=2.0, extra_p=0, seed=0):
     rng = np.random.default_rng(seed)
     ho, wo = o.out_size(H, W)
     p = offset_mask_channels(o.group, o.kernel_h, o.kernel_w, o.remove_center) + extra_p
@@ -106,7 +106,7 @@ def make_inputs(o: Options, n, H, W, dtype=np.float32, spread=2.0, extra_p=0, se
     return x, om
 
 
-def call_opts(o: Options):
+def call_opts(o: DCNv4Options):
     return dataclasses.asdict(o)
 
 
@@ -122,15 +122,15 @@ def assert_close(actual, expected, rtol, what=""):
 # ---------------------------------------------------------------- forward
 
 GEOMETRIES = {
-    "3x3 official": (Options(group=2, group_channels=8), 2, 6, 7),
+    "3x3 official": (DCNv4Options(group=2, group_channels=8), 2, 6, 7),
     "5x3 stride dilation remove_center scale": (
-        Options(kernel_h=5, kernel_w=3, stride_h=2, stride_w=1, pad_h=2, pad_w=0, dilation_h=1,
+        DCNv4Options(kernel_h=5, kernel_w=3, stride_h=2, stride_w=1, pad_h=2, pad_w=0, dilation_h=1,
                 dilation_w=2, group=3, group_channels=6, offset_scale=0.5, remove_center=True), 1, 9, 8),
     "2x4 even kernel stride 3 dilation 2": (
-        Options(kernel_h=2, kernel_w=4, stride_h=3, stride_w=2, pad_h=3, pad_w=1, dilation_h=2,
+        DCNv4Options(kernel_h=2, kernel_w=4, stride_h=3, stride_w=2, pad_h=3, pad_w=1, dilation_h=2,
                 dilation_w=2, group=1, group_channels=12, offset_scale=2.0, remove_center=True), 3, 7, 10),
-    "7x7 odd batch": (Options(kernel_h=7, kernel_w=7, pad_h=3, pad_w=3, group=2, group_channels=4), 3, 5, 6),
-    "1x1 many groups": (Options(kernel_h=1, kernel_w=1, pad_h=0, pad_w=0, group=5, group_channels=3), 2, 4, 5),
+    "7x7 odd batch": (DCNv4Options(kernel_h=7, kernel_w=7, pad_h=3, pad_w=3, group=2, group_channels=4), 3, 5, 6),
+    "1x1 many groups": (DCNv4Options(kernel_h=1, kernel_w=1, pad_h=0, pad_w=0, group=5, group_channels=3), 2, 4, 5),
 }
 
 
@@ -144,17 +144,17 @@ def test_forward_matches_reference(device, name):
 
 
 CONFIGS = [cfg for _, cfg in LADDER] + [
-    KernelConfig(16, 16), KernelConfig(16, 4), KernelConfig(4, 2, reuse=False), KernelConfig(2, 1),
-    KernelConfig(16, 8, work_group_size=1), KernelConfig(8, 8, work_group_size=64)]
+    DCNv4Config(16, 16), DCNv4Config(16, 4), DCNv4Config(4, 2, reuse=False), DCNv4Config(2, 1),
+    DCNv4Config(16, 8, work_group_size=1), DCNv4Config(8, 8, work_group_size=64)]
 
 
 def test_cpu_vectors_wider_than_the_compiler_takes_are_refused(device):
     if (device.info.widest_vector("float") or 16) >= 16:
         pytest.skip("needs a CPU device whose compiler takes fewer than 16 floats per vector")
-    o = Options(group=2, group_channels=16)
+    o = DCNv4Options(group=2, group_channels=16)
     x, om = make_inputs(o, 1, 5, 5)
     with pytest.raises(ValueError, match="config.vector_width=16: this CPU device compiles vectors of at most"):
-        dcnv4(x, om, **call_opts(o), device=device, config=KernelConfig(16, 16))
+        dcnv4(x, om, **call_opts(o), device=device, config=DCNv4Config(16, 16))
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
@@ -164,7 +164,7 @@ def test_every_kernel_variant_matches_reference(device, cfg, dtype):
     if widest is not None and cfg.vector_width > widest:
         # the widest vectors this CPU's compiler takes (wider ones are refused: test below)
         cfg = dataclasses.replace(cfg, vector_width=widest)
-    o = Options(kernel_h=3, kernel_w=3, stride_h=2, stride_w=1, dilation_h=2, group=2,
+    o = DCNv4Options(kernel_h=3, kernel_w=3, stride_h=2, stride_w=1, dilation_h=2, group=2,
                 group_channels=16, offset_scale=0.75)
     x, om = make_inputs(o, 2, 7, 9, dtype=dtype)
     out = dcnv4(x, om, **call_opts(o), device=device, config=cfg)
@@ -174,7 +174,7 @@ def test_every_kernel_variant_matches_reference(device, cfg, dtype):
 
 
 def test_far_nan_and_infinite_offsets_count_as_outside(device):
-    o = Options(group=2, group_channels=4)
+    o = DCNv4Options(group=2, group_channels=4)
     x, om = make_inputs(o, 1, 5, 6)
     rng = np.random.default_rng(3)
     bad = rng.random(om.shape) < 0.3
@@ -189,7 +189,7 @@ def test_far_nan_and_infinite_offsets_count_as_outside(device):
 
 
 def test_zero_batch_and_device_arrays(device):
-    o = Options(group=2, group_channels=8)
+    o = DCNv4Options(group=2, group_channels=8)
     x, om = make_inputs(o, 0, 4, 4)
     assert dcnv4(x, om, **call_opts(o), device=device).shape == (0, 4, 4, 16)
     g_in, g_om = dcnv4_backward(x, x, om, **call_opts(o), device=device)
@@ -206,20 +206,20 @@ def test_zero_batch_and_device_arrays(device):
 # ---------------------------------------------------------------- backward
 
 BACKWARD_CASES = {
-    "owner, whole group per work-item": (KernelConfig(6, 2, scatter="owner"), np.float32),
-    "owner, channel runs + partial sums": (KernelConfig(2, 2, scatter="owner"), np.float32),
-    "atomic, one slot": (KernelConfig(6, 2, scatter="atomic"), np.float32),
-    "atomic, 3 slots padded to 4, local reduction": (KernelConfig(2, 2, scatter="atomic"), np.float32),
-    "atomic, 6 slots": (KernelConfig(1, 1, scatter="atomic", work_group_size=8), np.float32),
+    "owner, whole group per work-item": (DCNv4Config(6, 2, scatter="owner"), np.float32),
+    "owner, channel runs + partial sums": (DCNv4Config(2, 2, scatter="owner"), np.float32),
+    "atomic, one slot": (DCNv4Config(6, 2, scatter="atomic"), np.float32),
+    "atomic, 3 slots padded to 4, local reduction": (DCNv4Config(2, 2, scatter="atomic"), np.float32),
+    "atomic, 6 slots": (DCNv4Config(1, 1, scatter="atomic", work_group_size=8), np.float32),
     "device default": (None, np.float32),
-    "half, owner": (KernelConfig(3, 1, scatter="owner"), np.float16),
-    "half, atomic": (KernelConfig(2, 2, scatter="atomic"), np.float16),
+    "half, owner": (DCNv4Config(3, 1, scatter="owner"), np.float16),
+    "half, atomic": (DCNv4Config(2, 2, scatter="atomic"), np.float16),
 }
 
 
 @pytest.fixture(scope="module")
 def backward_problem():
-    o = Options(kernel_h=3, kernel_w=2, stride_h=2, stride_w=1, pad_h=1, pad_w=1, dilation_h=1,
+    o = DCNv4Options(kernel_h=3, kernel_w=2, stride_h=2, stride_w=1, pad_h=1, pad_w=1, dilation_h=1,
                 dilation_w=2, group=2, group_channels=6, offset_scale=0.7, remove_center=True)
     x, om = make_inputs(o, 2, 5, 6, spread=1.5, extra_p=3, seed=7)
     rng = np.random.default_rng(8)
@@ -248,7 +248,7 @@ def test_deterministic_gradients(device, backward_problem):
     """Offset/mask gradients are reduced in a fixed order on both paths; the owner path's
     input gradient too. (The atomic path's input gradient may differ in its last bits.)"""
     o, x, om, go, _ = backward_problem
-    for cfg in (KernelConfig(2, 2, scatter="owner"), KernelConfig(1, 1, scatter="atomic")):
+    for cfg in (DCNv4Config(2, 2, scatter="owner"), DCNv4Config(1, 1, scatter="atomic")):
         runs = [dcnv4_backward(go, x, om, **call_opts(o), device=device, config=cfg) for _ in range(3)]
         for g_in, g_om in runs[1:]:
             np.testing.assert_array_equal(g_om, runs[0][1])
@@ -259,7 +259,7 @@ def test_deterministic_gradients(device, backward_problem):
 # ---------------------------------------------------------------- bad input
 
 def test_bad_input_names_the_argument():
-    o = Options(group=2, group_channels=8)
+    o = DCNv4Options(group=2, group_channels=8)
     x, om = make_inputs(o, 1, 5, 5)
     kw = call_opts(o)
     with pytest.raises(ValueError, match="offset_mask has 40 channels, too few .* 54"):
@@ -277,7 +277,7 @@ def test_bad_input_names_the_argument():
     with pytest.raises(ValueError, match="stride_h must be >= 1"):
         dcnv4(x, om, **{**kw, "stride_h": 0})
     with pytest.raises(ValueError, match="channels_per_item=3 must divide"):
-        dcnv4(x, om, **kw, config=KernelConfig(3, 1))
+        dcnv4(x, om, **kw, config=DCNv4Config(3, 1))
     with pytest.raises(ValueError, match="grad_out has shape"):
         dcnv4_backward(x[:, :4], x, om, **kw)
     with pytest.raises(ValueError, match="remove_center=True with a 1x1 kernel"):
@@ -289,12 +289,12 @@ def test_bad_input_names_the_argument():
 @pytest.mark.oclgrind
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_tiny_forward_variants(device, dtype):
-    o = Options(group=2, group_channels=8, offset_scale=1.5)
+    o = DCNv4Options(group=2, group_channels=8, offset_scale=1.5)
     x, om = make_inputs(o, 1, 3, 4, dtype=dtype, spread=2.5)
     om[0, 1, 2, 0] = np.nan
     om[0, 0, 0, 3] = np.inf
     expected = reference(x, om, o)
-    for cfg in [cfg for _, cfg in LADDER] + [None, KernelConfig(8, 4), KernelConfig(2, 2)]:
+    for cfg in [cfg for _, cfg in LADDER] + [None, DCNv4Config(8, 4), DCNv4Config(2, 2)]:
         out = dcnv4(x, om, **call_opts(o), device=device, config=cfg)
         assert_close(out, expected, 1e-5 if dtype == np.float32 else 1e-3, str(cfg))
 
@@ -302,15 +302,15 @@ def test_tiny_forward_variants(device, dtype):
 @pytest.mark.oclgrind
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_tiny_backward_variants(device, dtype):
-    o = Options(group=2, group_channels=4, offset_scale=0.8, stride_w=2)
+    o = DCNv4Options(group=2, group_channels=4, offset_scale=0.8, stride_w=2)
     x, om = make_inputs(o, 1, 3, 4, dtype=dtype, spread=1.2, extra_p=2, seed=5)
     om[0, 1, 0, 2] = np.nan
     go = np.random.default_rng(6).standard_normal((1, *o.out_size(3, 4), 8)).astype(dtype)
     g_x, g_om = central_differences(x, om, go, o)
     g_om = np.nan_to_num(g_om)  # the NaN tap counts as outside: its gradients are zero
     rtol = 1e-4 if dtype == np.float32 else 2e-3
-    for cfg in (KernelConfig(4, 4, scatter="owner"), KernelConfig(2, 2, scatter="owner"),
-                KernelConfig(4, 2, scatter="atomic"), KernelConfig(1, 1, scatter="atomic")):
+    for cfg in (DCNv4Config(4, 4, scatter="owner"), DCNv4Config(2, 2, scatter="owner"),
+                DCNv4Config(4, 2, scatter="atomic"), DCNv4Config(1, 1, scatter="atomic")):
         g_in, g_offset_mask = dcnv4_backward(go, x, om, **call_opts(o), device=device, config=cfg)
         assert_close(g_in, g_x, rtol, f"input gradient {cfg}")
         assert_close(g_offset_mask, g_om, rtol, f"offset gradient {cfg}")
@@ -324,14 +324,14 @@ def test_nvidia_inline_ptx_falls_back_where_refused(device):
     if device.info.vendor == "nvidia" or device.info.is_simulator:
         pytest.skip("needs a non-NVIDIA compiler to refuse the PTX")
     fake = dataclasses.replace(device.info, vendor="nvidia")
-    o = Options(group=1, group_channels=8)
+    o = DCNv4Options(group=1, group_channels=8)
     x, om = make_inputs(o, 1, 4, 4, dtype=np.float16)
     dx, dom = cla.to_device(device.queue, x), cla.to_device(device.queue, om)
     out = cla.empty(device.queue, x.shape, np.float16)
     saved = dict(dcnv4_module._ptx_refused)
     try:
         with pytest.warns(UserWarning, match="refused inline PTX"):
-            dcnv4_module.enqueue_forward(device, dx, dom, o, KernelConfig(8, 8), out=out, info=fake)
+            dcnv4_module.enqueue_forward(device, dx, dom, o, DCNv4Config(8, 8), out=out, info=fake)
         assert_close(out.get(), reference(x, om, o), 1e-3)
     finally:
         dcnv4_module._ptx_refused.clear()
@@ -345,7 +345,7 @@ def test_package_attribute_stays_the_function():
 
 def test_torch_autograd_wrapper(device):
     torch = pytest.importorskip("torch")
-    o = Options(group=2, group_channels=4, offset_scale=0.5)
+    o = DCNv4Options(group=2, group_channels=4, offset_scale=0.5)
     x, om = make_inputs(o, 1, 4, 5, seed=11)
     go = np.random.default_rng(12).standard_normal((1, 4, 5, 8)).astype(np.float32)
     tx = torch.tensor(x, requires_grad=True)

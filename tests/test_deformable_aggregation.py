@@ -6,7 +6,7 @@ import pyopencl.array as cla
 import pytest
 
 import clkernels
-from clkernels.deformable_aggregation import KernelConfig
+from clkernels.deformable_aggregation import AggregationConfig
 
 SPECIAL = np.array([0.0, 1.0, 2.0**-24, 1.0 - 2.0**-24, 0.5, -0.05, 1.05, np.nan, np.inf, -np.inf],
                    dtype=np.float32)
@@ -101,8 +101,8 @@ def tolerance(ref, rel):
     return dict(rtol=rel, atol=rel * max(1.0, float(np.abs(ref).max())))
 
 
-CONFIGS = [None, KernelConfig(cpt=1, vec=1), KernelConfig(cpt=4, vec=2), KernelConfig(cpt=2, vec=1, interleave=True),
-           KernelConfig(cpt=2, vec=2, split=4, local_size=64)]
+CONFIGS = [None, AggregationConfig(cpt=1, vec=1), AggregationConfig(cpt=4, vec=2), AggregationConfig(cpt=2, vec=1, interleave=True),
+           AggregationConfig(cpt=2, vec=2, split=4, local_size=64)]
 
 
 # ----------------------------------------------------------------------------- forward
@@ -218,7 +218,7 @@ def _backward_problem(seed, dtype=np.float32, **kw):
 
 
 @pytest.mark.oclgrind
-@pytest.mark.parametrize("variant,config", [("optimized", None), ("optimized", KernelConfig(cpt=2, interleave=True)),
+@pytest.mark.parametrize("variant,config", [("optimized", None), ("optimized", AggregationConfig(cpt=2, interleave=True)),
                                             ("original", None)])
 def test_backward_tiny(device, variant, config):
     args, go = _backward_problem(7, bs=1, A=2, P=1, cams=2, C=4, G=2, maps=((3, 3), (1, 2)))
@@ -229,10 +229,10 @@ def test_backward_tiny(device, variant, config):
 
 BACKWARD_CONFIGS = [
     ("optimized", None),
-    ("optimized", KernelConfig(cpt=1, vec=1, feature_grad="scatter")),
-    ("optimized", KernelConfig(cpt=2, interleave=True, local_size=32, feature_grad="scatter")),
-    ("optimized", KernelConfig(cpt=4, vec=2, feature_grad="gather", index_size=4, groups_per_item=2)),
-    ("optimized", KernelConfig(cpt=2, interleave=True, feature_grad="gather", index_size=1)),
+    ("optimized", AggregationConfig(cpt=1, vec=1, feature_grad="scatter")),
+    ("optimized", AggregationConfig(cpt=2, interleave=True, local_size=32, feature_grad="scatter")),
+    ("optimized", AggregationConfig(cpt=4, vec=2, feature_grad="gather", index_size=4, groups_per_item=2)),
+    ("optimized", AggregationConfig(cpt=2, interleave=True, feature_grad="gather", index_size=1)),
     ("original", None)]
 
 
@@ -268,7 +268,7 @@ def test_blocks_may_overlap_or_leave_gaps(device, feature_grad):
     ref = reference(*args)
     np.testing.assert_allclose(clkernels.deformable_aggregation(*args, device=device), ref, **tolerance(ref, 1e-5))
     go = rng.standard_normal(ref.shape).astype(np.float32)
-    g_feat, _, _ = _check_backward(device, args, go, "optimized", KernelConfig(cpt=2, vec=2, feature_grad=feature_grad), 1e-5)
+    g_feat, _, _ = _check_backward(device, args, go, "optimized", AggregationConfig(cpt=2, vec=2, feature_grad=feature_grad), 1e-5)
     np.testing.assert_array_equal(g_feat[:, list(range(2)) + list(range(14, 20)) + list(range(26, 30))], 0)
 
 
@@ -277,8 +277,8 @@ def test_backward_half_storage(device):
     """float16 features, weights and grad_out: half results within their rounding (2**-10
     relative), float32 location gradients within float accumulation."""
     args, go = _backward_problem(9, dtype=np.float16, bs=1, A=3, P=2, cams=2, C=8, G=2)
-    for variant, config in (("optimized", KernelConfig(cpt=2, vec=2, feature_grad="gather")),
-                            ("optimized", KernelConfig(cpt=2, vec=2, feature_grad="scatter")), ("original", None)):
+    for variant, config in (("optimized", AggregationConfig(cpt=2, vec=2, feature_grad="gather")),
+                            ("optimized", AggregationConfig(cpt=2, vec=2, feature_grad="scatter")), ("original", None)):
         g = _check_backward(device, args, go, variant, config, 2.0**-10)
         assert g[0].dtype == np.float16 and g[1].dtype == np.float32 and g[2].dtype == np.float16
 
@@ -368,7 +368,7 @@ def test_bad_input_names_the_tensor(device):
                       (dict(feature_grad="atomic"), "feature_grad"), (dict(groups_per_item=3), "groups_per_item")):
         with pytest.raises(ValueError, match=word):
             clkernels.deformable_aggregation_backward(np.zeros((2, 3, 8), np.float32), feat, shape, start, loc,
-                                                      weights, device=device, config=KernelConfig(**bad))
+                                                      weights, device=device, config=AggregationConfig(**bad))
     with pytest.raises(ValueError, match="variant"):
         clkernels.deformable_aggregation(feat, shape, start, loc, weights, device=device, variant="fast")
     with pytest.raises(ValueError, match="levels\\[1\\]"):

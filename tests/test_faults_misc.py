@@ -10,8 +10,8 @@ import textwrap
 import pytest
 
 import clkernels
-from clkernels.dcnv4 import LADDER, KernelConfig as DCNv4Config
-from clkernels.deformable_aggregation import KernelConfig as AggregationConfig
+from clkernels.dcnv4 import LADDER, DCNv4Config
+from clkernels.deformable_aggregation import AggregationConfig
 
 from pocl_pair import ROOT
 
@@ -47,27 +47,27 @@ def test_a_bad_devices_spec_is_an_error_line_naming_it_and_what_is_allowed(spec,
     assert run.stdout == ""                               # refused before anything was read or solved
 
 
-# ---------------------------------------------------------------------------- KernelConfig
+# ---------------------------------------------------------------------------- kernel configurations
 
 @pytest.mark.parametrize("make, error, says", [
     (lambda: DCNv4Config(8, 8, work_group_size=-1), ValueError,
-     "KernelConfig.work_group_size must be an integer >= 0 (0: chosen from the device), got -1"),
+     "DCNv4Config.work_group_size must be an integer >= 0 (0: chosen from the device), got -1"),
     (lambda: DCNv4Config(8, 8, work_group_size=64.0), TypeError,
-     "KernelConfig.work_group_size must be an integer, got float"),
-    (lambda: DCNv4Config(0, 1), ValueError, "KernelConfig.channels_per_item must be an integer >= 1"),
-    (lambda: DCNv4Config(8, 3), ValueError, "KernelConfig.vector_width must be one of 1, 2, 4, 8, 16"),
-    (lambda: DCNv4Config(8, 8, reuse="yes"), TypeError, "KernelConfig.reuse must be True or False"),
+     "DCNv4Config.work_group_size must be an integer, got float"),
+    (lambda: DCNv4Config(0, 1), ValueError, "DCNv4Config.channels_per_item must be an integer >= 1"),
+    (lambda: DCNv4Config(8, 3), ValueError, "DCNv4Config.vector_width must be one of 1, 2, 4, 8, 16"),
+    (lambda: DCNv4Config(8, 8, reuse="yes"), TypeError, "DCNv4Config.reuse must be True or False"),
     (lambda: DCNv4Config(8, 8, scatter="gather"), ValueError,
-     "KernelConfig.scatter must be one of '', 'atomic', 'owner'"),
+     "DCNv4Config.scatter must be one of '', 'atomic', 'owner'"),
     (lambda: AggregationConfig(local_size=-1), ValueError,
-     "KernelConfig.local_size must be an integer >= 1"),
-    (lambda: AggregationConfig(split=3), ValueError, "KernelConfig.split must be a power of two"),
+     "AggregationConfig.local_size must be an integer >= 1"),
+    (lambda: AggregationConfig(split=3), ValueError, "AggregationConfig.split must be a power of two"),
     (lambda: AggregationConfig(cpt=4, vec=5), ValueError,
-     "KernelConfig.vec must be one of 1, 2, 3, 4, 8, 16"),
+     "AggregationConfig.vec must be one of 1, 2, 3, 4, 8, 16"),
     (lambda: AggregationConfig(feature_grad="atomic"), ValueError,
-     "KernelConfig.feature_grad must be one of 'scatter', 'gather'"),
+     "AggregationConfig.feature_grad must be one of 'scatter', 'gather'"),
     (lambda: AggregationConfig(index_size=True), TypeError,
-     "KernelConfig.index_size must be an integer"),
+     "AggregationConfig.index_size must be an integer"),
 ])
 def test_a_kernel_config_no_call_can_take_is_refused_naming_the_field(make, error, says):
     with pytest.raises(error) as e:

@@ -11,12 +11,12 @@ import clkernels
 import pyclad as pc
 import solvers
 from clkernels import launch, templates
-from clkernels.dcnv4 import Options
+from clkernels.dcnv4 import DCNv4Options
 
 from test_dcnv4 import assert_close, call_opts, make_inputs, reference as dcnv4_reference
 from test_deformable_aggregation import problem as da_problem, reference as da_reference
 
-DCN = Options(group=2, group_channels=4, offset_scale=0.5)
+DCN = DCNv4Options(group=2, group_channels=4, offset_scale=0.5)
 
 
 @pytest.fixture

@@ -9,12 +9,12 @@ import pyopencl.array as cla
 import pytest
 
 import clkernels
-from clkernels.dcnv4 import Options
+from clkernels.dcnv4 import DCNv4Options
 
 from test_dcnv4 import call_opts, make_inputs
 from test_deformable_aggregation import problem as da_problem
 from pocl_pair import run_on_two_devices
-DCN = Options(group=2, group_channels=4)
+DCN = DCNv4Options(group=2, group_channels=4)
 
 
 def test_a_list_of_one_device_gives_that_devices_results(device):
@@ -54,13 +54,13 @@ def test_devices_errors_name_the_fix(device):
 TWO_DEVICES = textwrap.dedent("""
     import json, sys, numpy as np, clkernels
     sys.path.insert(0, "tests")
-    from clkernels.dcnv4 import Options
+    from clkernels.dcnv4 import DCNv4Options
     from test_dcnv4 import call_opts, make_inputs
     from test_deformable_aggregation import problem as da_problem
     one, two = pair
     out = {}
-    o = call_opts(Options(group=2, group_channels=8))
-    x, om = make_inputs(Options(group=2, group_channels=8), 5, 12, 10, seed=2)
+    o = call_opts(DCNv4Options(group=2, group_channels=8))
+    x, om = make_inputs(DCNv4Options(group=2, group_channels=8), 5, 12, 10, seed=2)
     for k in range(2):       # equal shares, then from the measured throughputs
         out.setdefault("dcnv4", []).append(bool(np.array_equal(
             clkernels.dcnv4(x, om, **o, devices=pair), clkernels.dcnv4(x, om, **o, device=one))))

@@ -72,7 +72,7 @@ def test_the_snavely_tables_shrink():
     """The rotation is 46 nodes of the Snavely camera: the tables lose most of their rows."""
     from solvers.models.snavely import snavely_residual
     t = pc.trace(snavely_residual, (9, 3), 2)
-    with_, without = tape.Tables(t, np.float64), tape.Tables(t, np.float64, library=False)
+    with_, without = tape.TapeTables(t, np.float64), tape.TapeTables(t, np.float64, library=False)
     assert with_.n_library == 1 and without.n_library == 0
     assert len(with_.forward) < len(without.forward) // 2
     assert len(with_.reverse[False]) < len(without.reverse[False]) // 3

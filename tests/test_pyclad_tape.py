@@ -112,7 +112,7 @@ def test_a_product_with_two_uses_or_an_output_is_not_fused():
     def fn(x):
         p = x[0] * x[1]
         return [p + x[2], p - x[2], x[1] * x[2]]     # p has two uses; the last product is an output
-    tb = tape.Tables(pc.trace(fn, (3,)), np.float64)
+    tb = tape.TapeTables(pc.trace(fn, (3,)), np.float64)
     names = {op.code: op.name for op in (*OPS.values(), *FUSED.values())}
     ops = [names.get(c) for c in tb.forward[:, 0]]
     assert ops.count("mul") == 2 and not any(o in FUSED for o in ops)
@@ -121,12 +121,12 @@ def test_a_product_with_two_uses_or_an_output_is_not_fused():
 def test_slots_by_liveness_are_fewer_than_nodes():
     t = pc.trace(snavely_residual, (9, 3), 2)
     # (nodes as instructions: no library superinstructions, inputs as instructions)
-    live = tape.Tables(t, np.float64, library=False, preload=False)
-    flat = tape.Tables(t, np.float64, liveness=False, library=False, preload=False)
+    live = tape.TapeTables(t, np.float64, library=False, preload=False)
+    flat = tape.TapeTables(t, np.float64, liveness=False, library=False, preload=False)
     assert live.value_slots < live.n_nodes // 2 and live.adjoint_slots[False] < live.n_nodes // 2
     assert flat.value_slots == flat.n_nodes
     # the superinstructions removed nodes: fewer instructions than the graph's nodes
-    assert live.n_nodes < tape.Tables(t, np.float64, fused=False, library=False, preload=False).n_nodes
+    assert live.n_nodes < tape.TapeTables(t, np.float64, fused=False, library=False, preload=False).n_nodes
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

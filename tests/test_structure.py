@@ -145,3 +145,22 @@ def test_the_checks_find_a_cycle_and_a_private_import(tmp_path, monkeypatch):
     assert cycles(edges) == [["made_up.a", "made_up.b"]]
     assert private == ["made_up.b imports made_up.a._hidden"]
     assert private_reaches(["made_up"]) == ["made_up.c:2 reaches state._step"]
+
+
+def public_classes(packages):
+    """{class name: [module, ...]} of every public class (a name without a leading underscore)
+    defined at module level in the packages."""
+    found = {}
+    for p in packages:
+        for name, path in modules(p).items():
+            for node in ast.parse(path.read_text(), str(path)).body:
+                if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                    found.setdefault(node.name, []).append(name)
+    return found
+
+
+def test_no_two_public_classes_share_a_name():
+    """One name, one class across clkernels, pyclad and solvers (a reader of ``Options`` or
+    ``Problem`` knows which is meant)."""
+    twice = {k: v for k, v in public_classes(PACKAGES).items() if len(v) > 1}
+    assert not twice, f"public classes defined more than once: {twice}"

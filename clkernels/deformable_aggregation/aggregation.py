@@ -28,7 +28,7 @@ from ..runtime import DeviceInfo, Runtime
 from ..templates import Storage, storage
 
 __all__ = ["deformable_aggregation", "deformable_aggregation_backward",
-           "KernelConfig", "default_config", "enqueue_forward", "enqueue_backward",
+           "AggregationConfig", "default_config", "enqueue_forward", "enqueue_backward",
            "deformable_aggregation_torch"]
 
 TEMPLATE = "clkernels/deformable_aggregation/deformable_aggregation.cl.mako"
@@ -39,7 +39,7 @@ VARIANTS = ("optimized", "original")
 
 
 @dataclasses.dataclass(frozen=True)
-class KernelConfig:
+class AggregationConfig:
     """Kernel shape. ``cpt`` channels of one group per work-item; ``vec`` load width for the
     contiguous layout; ``interleave`` gives a work-item channels i, i + C/G/cpt, ... instead
     of cpt adjacent ones; ``split`` (forward) work-items sharing one output; ``local_size``
@@ -59,7 +59,7 @@ class KernelConfig:
     def __post_init__(self):
         # What depends on the call (cpt dividing a group's channels, the device's limits) is
         # checked when a plan is made; what no call could accept, here.
-        name = "KernelConfig"
+        name = "AggregationConfig"
         config_check.integer(name, "cpt", self.cpt)
         config_check.boolean(name, "interleave", self.interleave)
         # (An interleaved work-item loads channel by channel: vec is not used there.)
@@ -80,7 +80,7 @@ def _pow2_divisor(n: int, cap: int) -> int:
     return d
 
 
-def default_config(info: DeviceInfo, channels: int, groups: int, direction: str = "forward") -> KernelConfig:
+def default_config(info: DeviceInfo, channels: int, groups: int, direction: str = "forward") -> AggregationConfig:
     """The configuration used when none is given: CPUs (and the simulator) like many channels
     per work-item in vector loads; GPUs like more work-items, and for the backward's
     atomics, neighbouring channels on neighbouring work-items."""
@@ -90,20 +90,20 @@ def default_config(info: DeviceInfo, channels: int, groups: int, direction: str 
         # and 8 at the Sparse4D shapes); compare-and-swap float adds are slow (8x slower at the
         # inference shapes), so the backward gathers, 4 groups per work-item (1.4x faster than 1).
         cpt = _pow2_divisor(cpg, 32)
-        return KernelConfig(cpt=cpt, vec=min(cpt, 8), local_size=64, feature_grad="gather", index_size=8,
+        return AggregationConfig(cpt=cpt, vec=min(cpt, 8), local_size=64, feature_grad="gather", index_size=8,
                       groups_per_item=_pow2_divisor(max(groups, 1), 4))
     # GPUs, from the sweep on an H200 (Sparse4Dv3 inference and training shapes): the forward
     # is fastest with 4 channels in float4 loads and two work-items per output (split=2,
     # 1.7x over split=1); the backward with 2 interleaved channels per work-item (1.1x over 4).
     if direction == "backward":
-        return KernelConfig(cpt=_pow2_divisor(cpg, 2), vec=1, interleave=True, local_size=256)
+        return AggregationConfig(cpt=_pow2_divisor(cpg, 2), vec=1, interleave=True, local_size=256)
     cpt = _pow2_divisor(cpg, 4)
-    return KernelConfig(cpt=cpt, vec=cpt, split=2 if cpg >= 2 * cpt else 1, local_size=256)
+    return AggregationConfig(cpt=cpt, vec=cpt, split=2 if cpg >= 2 * cpt else 1, local_size=256)
 
 
 # ----------------------------------------------------------------------------- plans
 
-class Tables:
+class AggregationTables:
     """The two small index tables, read on the host (every block is checked against the
     features before a launch). Hashable by content, the hash computed once: they are part of
     a plan's key. Their shapes are checked against the tensors when a plan is made."""
@@ -118,12 +118,12 @@ class Tables:
         return self._hash
 
     def __eq__(self, other):
-        return self is other or (isinstance(other, Tables) and
+        return self is other or (isinstance(other, AggregationTables) and
                                  (self.shape_dims, self.hw, self.start_dims, self.start) ==
                                  (other.shape_dims, other.hw, other.start_dims, other.start))
 
     @classmethod
-    def of(cls, spatial_shape, scale_start_index) -> "Tables":
+    def of(cls, spatial_shape, scale_start_index) -> "AggregationTables":
         shape = _host_table(spatial_shape, "spatial_shape", None)
         start = _host_table(scale_start_index, "scale_start_index", None)
         return cls(shape.shape, tuple(shape.ravel().tolist()), start.shape, tuple(start.ravel().tolist()))
@@ -146,19 +146,19 @@ def _host_table(a, name: str, shape) -> np.ndarray:
 _table_cache: dict = {}
 
 
-def _tables(spatial_shape, scale_start_index) -> Tables:
-    """Tables of these host arrays, by their bytes: a repeat call converts nothing."""
+def _tables(spatial_shape, scale_start_index) -> AggregationTables:
+    """AggregationTables of these host arrays, by their bytes: a repeat call converts nothing."""
     if type(spatial_shape) is np.ndarray and type(scale_start_index) is np.ndarray:
         key = (spatial_shape.dtype.str, spatial_shape.shape, spatial_shape.tobytes(),
                scale_start_index.dtype.str, scale_start_index.shape, scale_start_index.tobytes())
         t = _table_cache.get(key)
         if t is None:
-            t = Tables.of(spatial_shape, scale_start_index)
+            t = AggregationTables.of(spatial_shape, scale_start_index)
             if len(_table_cache) > 64:
                 _table_cache.clear()
             _table_cache[key] = t
         return t
-    return Tables.of(spatial_shape, scale_start_index)
+    return AggregationTables.of(spatial_shape, scale_start_index)
 
 
 def _check_blocks(shape: np.ndarray, start: np.ndarray, num_feat: int):
@@ -194,7 +194,7 @@ class AggregationCall:
     ws: Storage
 
 
-def _problem(rt: Runtime, feat, loc, weights, tables: Tables) -> AggregationCall:
+def _problem(rt: Runtime, feat, loc, weights, tables: AggregationTables) -> AggregationCall:
     """Every shape check (errors name the tensor) and every block, then the tables on the
     device (kept by the plan)."""
     bs, num_feat, C = (int(v) for v in feat.shape)
@@ -220,7 +220,7 @@ def _problem(rt: Runtime, feat, loc, weights, tables: Tables) -> AggregationCall
                    storage(feat.dtype, rt), storage(weights.dtype, rt))
 
 
-def _check_config(cfg: KernelConfig, prob: AggregationCall) -> KernelConfig:
+def _check_config(cfg: AggregationConfig, prob: AggregationCall) -> AggregationConfig:
     cpg = prob.C // prob.G
     if cfg.cpt < 1 or cpg % cfg.cpt:
         raise ValueError(f"config.cpt = {cfg.cpt} must divide the {cpg} channels of a group")
@@ -235,7 +235,7 @@ def _check_config(cfg: KernelConfig, prob: AggregationCall) -> KernelConfig:
     return cfg
 
 
-def _kernel(prob: AggregationCall, cfg: KernelConfig, name: str) -> cl.Kernel:
+def _kernel(prob: AggregationCall, cfg: AggregationConfig, name: str) -> cl.Kernel:
     program = launch.program(
         prob.rt, TEMPLATE, KIND="aggregate", st=prob.st, ws=prob.ws, info=prob.rt.info,
         C=prob.C, G=prob.G, S=prob.S, CPT=cfg.cpt, VEC=1 if cfg.interleave else cfg.vec,
@@ -267,7 +267,7 @@ def _step_1d(prob: AggregationCall, k: cl.Kernel, n: int, args, wanted=256) -> l
 FEAT, LOC, W, GRAD = In(0), In(1), In(2), In(3)
 
 
-def _forward_plan(rt, args, options, config) -> launch.Plan:
+def _forward_plan(rt, args, options, config) -> launch.LaunchPlan:
     tables, variant = options
     feat, loc, weights = args
     prob = _problem(rt, feat, loc, weights, tables)
@@ -284,12 +284,12 @@ def _forward_plan(rt, args, options, config) -> launch.Plan:
             steps.append(_step_1d(prob, _kernel(prob, cfg, "da_forward_original"), n,
                                   head + [acc, *_sizes(prob), np.int32(n)]))
         steps += [convert] if convert else []
-        return launch.Plan([out], steps, temps, keep)
+        return launch.LaunchPlan([out], steps, temps, keep)
     if variant != "optimized":
         raise ValueError(f"variant must be one of {VARIANTS}, not {variant!r}")
     n_tasks = prob.bs * prob.A * (prob.C // cfg.cpt)
     if n_tasks == 0:
-        return launch.Plan([out])
+        return launch.LaunchPlan([out])
     k = _kernel(prob, cfg, "da_forward")
     lsize = arrays.work_group_size(rt, k, cfg.local_size)
     args = head + [Out(0), *_sizes(prob), np.int32(n_tasks)]
@@ -301,10 +301,10 @@ def _forward_plan(rt, args, options, config) -> launch.Plan:
         global_size = -(-n_tasks // tpw) * lsize
     else:
         global_size = arrays.round_up(n_tasks, lsize)
-    return launch.Plan([out], [launch.step(k, (global_size,), (lsize,), args)], (), keep)
+    return launch.LaunchPlan([out], [launch.step(k, (global_size,), (lsize,), args)], (), keep)
 
 
-def _backward_plan(rt, args, options, config) -> launch.Plan:
+def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
     tables, variant = options
     feat, loc, weights, grad_out = args
     prob = _problem(rt, feat, loc, weights, tables)
@@ -329,11 +329,11 @@ def _backward_plan(rt, args, options, config) -> launch.Plan:
             steps.append(_step_1d(prob, _kernel(prob, cfg, "da_backward_original"), n,
                                   head + [g_feat, g_loc, g_w, *_sizes(prob), np.int32(n)]))
         steps += [s for s in (to_half_feat, to_half_w) if s is not None]
-        return launch.Plan(outputs, steps, temps, keep)
+        return launch.LaunchPlan(outputs, steps, temps, keep)
     if variant != "optimized":
         raise ValueError(f"variant must be one of {VARIANTS}, not {variant!r}")
     if not (n_qc and prob.C):  # nothing is sampled: every gradient is zero (zero bits in any type)
-        return launch.Plan(outputs, [launch.ZeroStep(rt, OUTPUT, i, o) for i, o in enumerate(outputs)
+        return launch.LaunchPlan(outputs, [launch.ZeroStep(rt, OUTPUT, i, o) for i, o in enumerate(outputs)
                                      if o.nbytes])
     gather = cfg.feature_grad == "gather"
     to_half = None
@@ -357,10 +357,10 @@ def _backward_plan(rt, args, options, config) -> launch.Plan:
         Out(1), Out(2), *_sizes(prob), np.int32(n_qc), cl.LocalMemory(4 * (prob.S + 2) * lsize),
         cl.LocalMemory(4 * qpw * 2 * prob.G)]))
     steps += [to_half] if to_half is not None else []
-    return launch.Plan(outputs, steps, temps, keep)
+    return launch.LaunchPlan(outputs, steps, temps, keep)
 
 
-def _gather_feature_grad(prob: AggregationCall, cfg: KernelConfig, temps: list, keep: list) -> list:
+def _gather_feature_grad(prob: AggregationCall, cfg: AggregationConfig, temps: list, keep: list) -> list:
     """Steps: an inverse index of samples per bilinear cell, then the feature gradient row by
     row, written straight into output 0 (every row, zeros where nothing samples it)."""
     rt = prob.rt
@@ -393,14 +393,14 @@ def _gather_feature_grad(prob: AggregationCall, cfg: KernelConfig, temps: list, 
 
 _PARAMS = [launch.Param("mc_ms_feat", FEAT_DTYPES, 3), launch.Param("sampling_location", (np.float32,), 5),
            launch.Param("weights", FEAT_DTYPES, 6)]
-FORWARD = launch.Op("deformable_aggregation", _PARAMS, _forward_plan)
-BACKWARD = launch.Op("deformable_aggregation_backward",
+FORWARD = launch.LaunchOp("deformable_aggregation", _PARAMS, _forward_plan)
+BACKWARD = launch.LaunchOp("deformable_aggregation_backward",
                      _PARAMS + [launch.Param("grad_out", like="mc_ms_feat", ndim=3)], _backward_plan,
                      output_names=("g_feat", "g_loc", "g_w"))
 
 
 def enqueue_forward(rt: Runtime, mc_ms_feat, spatial_shape, scale_start_index, sampling_location,
-                    weights, variant: str = "optimized", config: Optional[KernelConfig] = None, out=None):
+                    weights, variant: str = "optimized", config: Optional[AggregationConfig] = None, out=None):
     """Enqueue the forward on device arrays; returns ``(out, events)``."""
     (result,), events = FORWARD.run((mc_ms_feat, sampling_location, weights),
                                     (_tables(spatial_shape, scale_start_index), variant), config,
@@ -410,7 +410,7 @@ def enqueue_forward(rt: Runtime, mc_ms_feat, spatial_shape, scale_start_index, s
 
 def enqueue_backward(rt: Runtime, grad_out, mc_ms_feat, spatial_shape, scale_start_index,
                      sampling_location, weights, variant: str = "optimized",
-                     config: Optional[KernelConfig] = None, out=None):
+                     config: Optional[AggregationConfig] = None, out=None):
     """Enqueue the backward on device arrays; returns ``((g_feat, g_loc, g_w), events)``, the
     events spanning all of its work (fills, index building, half conversions)."""
     return BACKWARD.run((mc_ms_feat, sampling_location, weights, grad_out),
@@ -420,7 +420,7 @@ def enqueue_backward(rt: Runtime, grad_out, mc_ms_feat, spatial_shape, scale_sta
 
 def deformable_aggregation(mc_ms_feat, spatial_shape, scale_start_index, sampling_location,
                            weights, *, out=None, device=None, queue=None, variant: str = "optimized",
-                           config: Optional[KernelConfig] = None, devices=None):
+                           config: Optional[AggregationConfig] = None, devices=None):
     """Sparse4D deformable aggregation: ``[bs, num_anchors, C]`` in the features' dtype.
 
     ``mc_ms_feat`` [bs, num_feat, C] (float32/float16), ``spatial_shape`` [num_cams,
@@ -446,7 +446,7 @@ def deformable_aggregation(mc_ms_feat, spatial_shape, scale_start_index, samplin
 
 def deformable_aggregation_backward(grad_out, mc_ms_feat, spatial_shape, scale_start_index,
                                     sampling_location, weights, *, out=None, device=None, queue=None,
-                                    variant: str = "optimized", config: Optional[KernelConfig] = None,
+                                    variant: str = "optimized", config: Optional[AggregationConfig] = None,
                                     devices=None):
     """Gradients ``(g_feat, g_loc, g_w)`` of ``sum(grad_out * deformable_aggregation(...))``
     with respect to ``mc_ms_feat``, ``sampling_location`` and ``weights``. ``grad_out`` has the

@@ -17,7 +17,7 @@ from .aggregation import FEAT_DTYPES, INT32_MAX, TEMPLATE
 __all__ = ["feature_maps_format"]
 
 
-def _format_plan(rt, levels, options, config) -> launch.Plan:
+def _format_plan(rt, levels, options, config) -> launch.LaunchPlan:
     """One copy kernel for every level into the packed [bs, num_feat, C] layout (the levels'
     shapes are checked by feature_maps_format)."""
     bs, cams, C = (int(v) for v in levels[0].shape[:3])
@@ -31,13 +31,13 @@ def _format_plan(rt, levels, options, config) -> launch.Plan:
             table.append((size, row, first, n))
         row, first = row + size, first + n
     if not first:
-        return launch.Plan([out])
+        return launch.LaunchPlan([out])
     elem = "ushort" if levels[0].dtype == np.float16 else "uint"
     k = launch.kernel_for_plan(launch.program(rt, TEMPLATE, KIND="format", E=elem, LEVELS=tuple(table)),
                                "da_format_levels")
     lsize = arrays.work_group_size(rt, k, 256)
     used = [i for i, size in enumerate(sizes) if bs * cams * C * size]   # levels with elements
-    return launch.Plan([out], [launch.step(k, (arrays.round_up(first, lsize),), (lsize,), [
+    return launch.LaunchPlan([out], [launch.step(k, (arrays.round_up(first, lsize),), (lsize,), [
         *(In(i) for i in used), Out(0), np.int32(cams), np.int32(C), np.int32(cams * per_cam),
         np.int32(per_cam)])])
 
@@ -45,10 +45,10 @@ def _format_plan(rt, levels, options, config) -> launch.Plan:
 _format_ops: dict = {}
 
 
-def _format_op(n_levels: int) -> launch.Op:
+def _format_op(n_levels: int) -> launch.LaunchOp:
     """The copy op for this many levels (its parameters are the levels)."""
     if n_levels not in _format_ops:
-        _format_ops[n_levels] = launch.Op(
+        _format_ops[n_levels] = launch.LaunchOp(
             "feature_maps_format", [launch.Param(f"levels[{i}]", FEAT_DTYPES, 5) for i in range(n_levels)],
             _format_plan)
     return _format_ops[n_levels]

@@ -2,7 +2,7 @@
 packed (:mod:`.images`), the plan of the call's signature found or made (:mod:`.plan`), buffers
 set, and the launch enqueued.
 
-Built on :mod:`clkernels.launch`: the images' lists of mixed sizes do not fit an ``Op``'s
+Built on :mod:`clkernels.launch`: the images' lists of mixed sizes do not fit an ``LaunchOp``'s
 fixed parameters, so this module uses its pieces. The runtime comes from the images (or
 ``device=`` / ``queue=``); a plan is cached per call signature (images' geometry, options,
 output size, kernel mapping) in ``runtime.plans`` and holds its own kernel objects with every
@@ -21,7 +21,7 @@ from .images import MappedResult, pack_device, pack_host, split_batch
 from .options import Spec, cached_spec, inverse_of, letterbox_spec, warp_spec
 # _run reads the per-device choices through these module names, so tests and benchmarks can
 # override them here (monkeypatch clkernels.warp_affine.ops._lanes, ...).
-from .plan import TEMPLATE, Plan, matrix_arg
+from .plan import TEMPLATE, WarpPlan, matrix_arg
 from .plan import alloc_limit as _alloc_limit, fma_name as _fma_name  # noqa: I001
 from .plan import lanes as _lanes, unaligned_io as _unaligned_io
 
@@ -65,7 +65,7 @@ def _run(images, name: str, spec: Spec, out, device, queue, zero_copy, d2i=None)
                _unaligned_io(rt), _alloc_limit(rt))
         plan = rt.plans.get(key)
         if plan is None:
-            plan = rt.plans[key] = Plan(rt, spec, geoms, on_device, *key[4:], name)
+            plan = rt.plans[key] = WarpPlan(rt, spec, geoms, on_device, *key[4:], name)
         rt.plans[_run, spec, geoms, on_device] = plan
     limit = plan.alloc_limit
     if out is not None:

@@ -1,6 +1,6 @@
 """The plans of warp_affine: what every call with one signature needs, made on its first call.
 
-A plan (:class:`Plan`, cached per call signature in ``runtime.plans`` by :mod:`.ops`) holds a
+A plan (:class:`WarpPlan`, cached per call signature in ``runtime.plans`` by :mod:`.ops`) holds a
 batch's chunks (:class:`Chunk`, one launch each, with its own kernel object and every fixed
 argument set), the output's spec and the letterbox matrices, so that a call only sets its
 buffers and enqueues. Beside it: the per-device choices that are part of a plan's key (SIMD
@@ -98,7 +98,7 @@ class Chunk:
         return buf
 
 
-class Plan:
+class WarpPlan:
     """What every call with one signature needs, made on its first call: the chunks with a
     launch each (own kernel, fixed arguments set), the output's spec, the letterbox matrices.
 
@@ -170,7 +170,7 @@ class Plan:
                 chunk.device_table(rt, chunk.offsets)   # the layout of separately packed images
             self.chunks.append(chunk)
             steps.append(launch.Step(kernel, size, (lx, ly, 1), slots, fixed))
-        self.launch = launch.Plan([self.out], steps)
+        self.launch = launch.LaunchPlan([self.out], steps)
         # pyopencl's set_arg tries the argument as every kind of object before raw bytes
         # (about 9 us a scalar); the setter its own generated invokers use takes the bytes.
         self.setters = [getattr(s.kernel, "_set_arg_buf", s.kernel.set_arg) for s in steps]
