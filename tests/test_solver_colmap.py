@@ -142,9 +142,9 @@ def test_malformed_text_names_file_and_line(tmp_path, case):
         f, no = "points3D.txt", _edit_line(d / "points3D.txt", lambda s: s.startswith("9 "),
                                            lambda s: " ".join(s.split()[:4] + ["300"] + s.split()[5:]))
         msg = "R G B must be in 0..255"
-    else:
+    else:      # two sensors announced, one given
         f, no = "rigs.txt", _edit_line(d / "rigs.txt", lambda s: True, lambda s: s.replace(" 1 CAMERA", " 2 CAMERA"))
-        msg = "rigs of more than one sensor are not supported"
+        msg = "expected RIG_ID NUM_SENSORS REF_SENSOR_TYPE REF_SENSOR_ID, then per other sensor"
     with pytest.raises(colmap.ColmapFormatError, match=rf"{f}: line {no}: .*{msg}"):
         colmap.read_model(str(d))
 
@@ -166,6 +166,82 @@ def test_malformed_binary_names_file_and_record(tmp_path, case):
         data[12:16] = (99).to_bytes(4, "little")        # camera 0's model id
         open(tmp_path / "cameras.bin", "wb").write(bytes(data))
         pattern = r"cameras\.bin: camera record 0: unknown camera model id 99"
+    with pytest.raises(colmap.ColmapFormatError, match=pattern):
+        colmap.read_model(str(tmp_path))
+
+
+def _rig_synthetic(cameras_per_rig, seed=0):
+    pycolmap.set_random_seed(seed)
+    o = pycolmap.SyntheticDatasetOptions(num_rigs=2, num_cameras_per_rig=cameras_per_rig, num_frames_per_rig=3,
+                                         num_points3D=60, track_length=4)
+    rec = pycolmap.synthesize_dataset(o)
+    pycolmap.synthesize_noise(pycolmap.SyntheticNoiseOptions(point2D_stddev=0.5), rec)
+    return rec
+
+
+def _assert_rigs_match_pycolmap(ours, rec):
+    assert sorted(rec.rigs) == sorted(ours.rig_ids.tolist())
+    start, sensors, has_pose, qvec, tvec = ours.non_ref_sensors()
+    for k, rid in enumerate(ours.rig_ids):
+        rig = rec.rigs[int(rid)]
+        assert (int(rig.ref_sensor_id.type.value), rig.ref_sensor_id.id) == tuple(ours.rig_ref_sensors[k])
+        want = {(int(t.type.value), t.id): pose for t, pose in rig.non_ref_sensors.items()}
+        got = {tuple(sensors[j]): j for j in range(start[k], start[k + 1])}
+        assert sorted(got) == sorted(want)
+        for key, j in got.items():
+            assert has_pose[j] == (want[key] is not None)
+            xyzw = want[key].rotation.quat
+            np.testing.assert_array_equal(qvec[j], [xyzw[3], *xyzw[:3]])
+            np.testing.assert_array_equal(tvec[j], want[key].translation)
+    for k, fid in enumerate(ours.frame_ids):
+        frame = rec.frames[int(fid)]
+        assert frame.rig_id == ours.frame_rig_ids[k]
+        a, b = ours.frame_data_start[k], ours.frame_data_start[k + 1]
+        assert sorted(ours.frame_data[a:b].tolist()) == \
+            sorted([int(d.sensor_id.type.value), d.sensor_id.id, d.id] for d in frame.data_ids)
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["text", "binary"])
+@pytest.mark.parametrize("cameras_per_rig", [2, 6])
+def test_rigs_of_several_cameras_round_trip(tmp_path, binary, cameras_per_rig):
+    """Rigs of 2 and 6 cameras with their sensor_from_rig poses, frames of 2 and 6 images: read
+    as pycolmap wrote them, written so that pycolmap reads the same (binary: byte for byte)."""
+    rec = _rig_synthetic(cameras_per_rig)
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    (rec.write_binary if binary else rec.write_text)(str(src))
+    ours = colmap.read_model(str(src))
+    assert ours.has_multi_sensor_rigs and ours.rig_sensors.shape[0] == 2 * (cameras_per_rig - 1)
+    _assert_matches_pycolmap(ours, rec)
+    _assert_rigs_match_pycolmap(ours, rec)
+    colmap.write_model(ours, str(out), binary=binary)
+    back = pycolmap.Reconstruction(str(out))
+    _assert_matches_pycolmap(ours, back)
+    _assert_rigs_match_pycolmap(ours, back)
+    if binary:
+        for name in sorted(os.listdir(src)):
+            assert (out / name).read_bytes() == (src / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("case", ["has-pose", "pose-short", "unknown-camera", "two-rigs"])
+def test_malformed_rigs_name_the_rig(tmp_path, case):
+    """A rig line that does not parse names the file and line; one that parses but names a camera
+    that does not exist, or a camera already in another rig, names the rig."""
+    rec = _rig_synthetic(2, seed=3)
+    rec.write_text(str(tmp_path))
+    f = tmp_path / "rigs.txt"
+    if case == "has-pose":
+        no = _edit_line(f, lambda s: True, lambda s: " ".join(s.split()[:6] + ["2"] + s.split()[7:]))
+        pattern = rf"rigs.txt: line {no}: .*HAS_POSE must be 0 or 1"
+    elif case == "pose-short":
+        no = _edit_line(f, lambda s: True, lambda s: " ".join(s.split()[:-1]))
+        pattern = rf"rigs.txt: line {no}: .*a pose takes 7 numbers"
+    elif case == "unknown-camera":
+        _edit_line(f, lambda s: True, lambda s: " ".join(s.split()[:5] + ["77"] + s.split()[6:]))
+        pattern = r"rigs.txt: rig 1: sensor \(CAMERA 77\) is no camera or IMU of this model"
+    else:           # rig 2 also claims rig 1's second camera
+        _edit_line(f, lambda s: s.startswith("2 "), lambda s: " ".join(s.split()[:5] + ["2"] + s.split()[6:]))
+        pattern = r"rigs.txt: sensor \(CAMERA 2\) belongs to rigs 1 and 2"
     with pytest.raises(colmap.ColmapFormatError, match=pattern):
         colmap.read_model(str(tmp_path))
 

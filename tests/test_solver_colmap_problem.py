@@ -16,7 +16,14 @@ from solvers.colmap.problem import angle_axis_to_quaternion, quaternion_to_angle
 def synthetic(tmp_path, n_images=12, per_image_cameras=False, model="SIMPLE_RADIAL", seed=0):
     pycolmap.set_random_seed(seed)
     params = {"SIMPLE_RADIAL": [1280.0, 512.0, 384.0, 0.05], "PINHOLE": [1200.0, 1210.0, 512.0, 384.0],
-              "OPENCV": [1200.0, 1210.0, 512.0, 384.0, 0.02, -0.01, 0.001, -0.002]}[model]
+              "OPENCV": [1200.0, 1210.0, 512.0, 384.0, 0.02, -0.01, 0.001, -0.002],
+              "OPENCV_FISHEYE": [600.0, 610.0, 512.0, 384.0, 0.05, -0.01, 0.002, -0.001],
+              "FULL_OPENCV": [1200.0, 1210.0, 512.0, 384.0, 0.02, -0.01, 0.001, -0.002, 0.003, 0.01, -0.004, 0.001],
+              "FOV": [1200.0, 1210.0, 512.0, 384.0, 0.6],
+              "SIMPLE_DIVISION": [1280.0, 512.0, 384.0, -0.05],
+              "EUCM": [600.0, 610.0, 512.0, 384.0, 0.6, 1.1],
+              "RAD_TAN_THIN_PRISM_FISHEYE": [600.0, 610.0, 512.0, 384.0, 0.05, -0.02, 0.004, -0.001, 2e-4, -1e-4,
+                                             1e-3, -2e-3, 2e-3, -1e-3, 5e-4, 3e-4]}[model]
     o = pycolmap.SyntheticDatasetOptions(
         num_rigs=n_images if per_image_cameras else 1, num_cameras_per_rig=1,
         num_frames_per_rig=1 if per_image_cameras else n_images, num_points3D=40 * n_images, track_length=6,
@@ -62,7 +69,10 @@ def test_quaternion_and_angle_axis_round_trip():
         np.testing.assert_allclose(R, R2, atol=1e-12)
 
 
-@pytest.mark.parametrize("model,per_image", [("SIMPLE_RADIAL", False), ("OPENCV", True), ("PINHOLE", False)])
+@pytest.mark.parametrize("model,per_image", [("SIMPLE_RADIAL", False), ("OPENCV", True), ("PINHOLE", False),
+                                             ("OPENCV_FISHEYE", True), ("FOV", False),
+                                             ("SIMPLE_DIVISION", True), ("EUCM", False),
+                                             ("RAD_TAN_THIN_PRISM_FISHEYE", False)])
 def test_bundle_adjustment_matches_pycolmap(tmp_path, model, per_image):
     rec, path = synthetic(tmp_path, model=model, per_image_cameras=per_image)
     ours = colmap.read_model(path)
@@ -89,9 +99,14 @@ def test_bundle_adjustment_matches_pycolmap(tmp_path, model, per_image):
     # The principal point is held (COLMAP's default), the focal length refined.
     for k, c in enumerate(ours.camera_ids):
         before = rec.cameras[int(c)].params
-        pp = [1, 2] if model == "SIMPLE_RADIAL" else [2, 3]
+        pp = list(rec.cameras[int(c)].principal_point_idxs())
         np.testing.assert_array_equal(ours.camera_params[k][pp], before[pp])
         assert ours.camera_params[k][0] != before[0]
+    # The points' ERROR column is what COLMAP computes from the solution.
+    mine = {pid: p.error for pid, p in back.points3D.items()}
+    back.update_point_3d_errors()
+    np.testing.assert_allclose([mine[p] for p in sorted(mine)], [back.points3D[p].error for p in sorted(mine)],
+                               rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize("per_image", [False, True])
@@ -203,3 +218,16 @@ def test_cameras_of_two_models_in_one_reconstruction(tmp_path):
     assert r.final_cost == pytest.approx(cs.final_cost, rel=1e-6)
     colmap.update_reconstruction(rec, r)
     assert rec.camera_params[0].size == 4 and rec.camera_params[0][0] != rec.camera_params[0][1]
+
+
+def test_parameter_kinds_are_pycolmaps():
+    """Which intrinsics are focal lengths, principal point, extra parameters and image metadata
+    (what refine_* hold), for every model, as pycolmap's Camera says."""
+    from solvers.colmap.problem import _parameter_kinds
+    from solvers.models import cameras
+    for m in cameras.MODELS.values():
+        if m.colmap_id is None:
+            continue
+        cam = pycolmap.Camera.create_from_model_name(1, m.name, 500.0, 640, 480)
+        assert _parameter_kinds(m) == (list(cam.focal_length_idxs()), list(cam.principal_point_idxs()),
+                                       list(cam.extra_params_idxs()), list(cam.metadata_params_idxs())), m.name

@@ -12,8 +12,9 @@ where its id is -1 (COLMAP's invalid id; ``2**64 - 1`` in the binary files).
 A malformed file raises :class:`ColmapFormatError` naming the file and the line (text) or the
 record and byte offset (binary); nothing half-read is returned. What parses is then checked as a
 model (:func:`validate`: unique ids, references to cameras, images, 2-D and 3-D points that exist,
-positive image sizes, finite values), the error naming the file and the record. Rigs with more
-than one sensor are refused with that error (one camera per rig is what this reader supports).
+positive image sizes, finite values, a sensor in one rig only), the error naming the file and
+the record. Rigs hold any number of sensors (a stereo pair, a multi-camera car or 360 rig), each
+besides the reference one with its ``sensor_from_rig`` pose where known.
 
 :func:`write_model` validates the whole model before it touches the disk (an invalid one raises
 :class:`ColmapModelError` naming the record), then writes a new folder beside the target and swaps
@@ -158,13 +159,25 @@ def _read_text(path) -> Reconstruction:
             parts = line.split()
             try:
                 rid, ns, stype, sid = _int(parts[0]), _int(parts[1]), parts[2], _int(parts[3])
+                others, k = [], 4
+                for _ in range(ns - 1):     # (SENSOR_TYPE SENSOR_ID HAS_POSE [QW QX QY QZ TX TY TZ])
+                    otype, oid, has = parts[k], _int(parts[k + 1]), _int(parts[k + 2])
+                    if has not in (0, 1) or otype not in _SENSOR_TYPES:
+                        raise ValueError(f"sensor {otype} {oid}: HAS_POSE must be 0 or 1 and the type "
+                                         f"CAMERA or IMU")
+                    pose = np.array(parts[k + 3:k + 3 + 7 * has], np.float64)
+                    if pose.size != 7 * has:
+                        raise ValueError(f"sensor {otype} {oid}: a pose takes 7 numbers")
+                    others.append((_SENSOR_TYPES[otype], oid, has, pose))
+                    k += 3 + 7 * has
+                if ns < 1 or len(parts) != k:
+                    raise ValueError(f"{len(parts)} fields for {ns} sensors")
             except (IndexError, ValueError) as e:
-                _fail(f, f"line {no}", f"expected RIG_ID NUM_SENSORS REF_SENSOR_TYPE REF_SENSOR_ID ({e})")
-            if ns != 1 or len(parts) != 4:
-                _fail(f, f"line {no}", "rigs of more than one sensor are not supported (one camera per rig)")
+                _fail(f, f"line {no}", f"expected RIG_ID NUM_SENSORS REF_SENSOR_TYPE REF_SENSOR_ID, then per "
+                                       f"other sensor SENSOR_TYPE SENSOR_ID HAS_POSE [QW QX QY QZ TX TY TZ] ({e})")
             if stype not in _SENSOR_TYPES:
                 _fail(f, f"line {no}", f"unknown sensor type {stype!r}")
-            rigs.append((rid, _SENSOR_TYPES[stype], sid))
+            rigs.append((rid, _SENSOR_TYPES[stype], sid, others))
         f = os.path.join(path, "frames.txt")
         frames = []
         for no, line in _data_lines(f):
@@ -257,6 +270,12 @@ def _assemble(cams, images, xy, ids, pts3, rigs, frames) -> Reconstruction:
     if rigs is not None:
         rec.rig_ids = i64([r[0] for r in rigs])
         rec.rig_ref_sensors = i64([(r[1], r[2]) for r in rigs]).reshape(-1, 2)
+        others = [o for r in rigs for o in r[3]]
+        rec.rig_sensor_start = starts([len(r[3]) for r in rigs])
+        rec.rig_sensors = i64([(o[0], o[1]) for o in others]).reshape(-1, 2)
+        rec.rig_sensor_has_pose = np.array([bool(o[2]) for o in others], bool)
+        poses = np.array([o[3] if o[2] else np.zeros(7) for o in others]).reshape(-1, 7)
+        rec.rig_sensor_qvec, rec.rig_sensor_tvec = poses[:, :4].copy(), poses[:, 4:].copy()
         rec.frame_ids = i64([fr[0] for fr in frames])
         rec.frame_rig_ids = i64([fr[1] for fr in frames])
         rec.frame_qvec = np.array([fr[2] for fr in frames]).reshape(-1, 4)
@@ -416,10 +435,16 @@ def _read_binary(path) -> Reconstruction:
         for k in range(n):
             r.record = f"rig record {k}"
             rid, ns = r.take("<II")
-            if ns != 1:
-                _fail(r.file, r.record, "rigs of more than one sensor are not supported (one camera per rig)")
+            if ns < 1:
+                _fail(r.file, r.record, "a rig without sensors (it needs its reference sensor)")
             stype, sid = r.take("<iI")
-            rigs.append((rid, stype, sid))
+            others = []
+            for _ in range(ns - 1):         # type, id, has_pose (uint8), [qw qx qy qz tx ty tz]
+                otype, oid, has = r.take("<iIB")
+                if has not in (0, 1):
+                    _fail(r.file, r.record, f"sensor {oid}: has_pose is {has}, not 0 or 1")
+                others.append((otype, oid, has, np.array(r.take("<7d") if has else (), np.float64)))
+            rigs.append((rid, stype, sid, others))
         r.done()
         r = _Reader(os.path.join(path, "frames.bin"))
         frames = []
@@ -541,8 +566,14 @@ def _text_rigs(rec, fh):
     out = ["# Rig calib list with one line of data per calib:",
            "#   RIG_ID, NUM_SENSORS, REF_SENSOR_TYPE, REF_SENSOR_ID, SENSORS[] as (SENSOR_TYPE, SENSOR_ID, "
            "HAS_POSE, [QW, QX, QY, QZ, TX, TY, TZ])", f"# Number of rigs: {rec.rig_ids.size}"]
-    for rid, (stype, sid) in zip(rec.rig_ids, rec.rig_ref_sensors):
-        out.append(f"{rid} 1 {_SENSOR_NAMES[int(stype)]} {sid}")
+    start, sensors, has_pose, qvec, tvec = rec.non_ref_sensors()
+    for k, (rid, (stype, sid)) in enumerate(zip(rec.rig_ids, rec.rig_ref_sensors)):
+        line = [str(rid), str(1 + start[k + 1] - start[k]), _SENSOR_NAMES[int(stype)], str(sid)]
+        for j in range(start[k], start[k + 1]):
+            line += [_SENSOR_NAMES[int(sensors[j, 0])], str(sensors[j, 1]), str(int(has_pose[j]))]
+            if has_pose[j]:
+                line += [*map(_g, qvec[j]), *map(_g, tvec[j])]
+        out.append(" ".join(line))
     fh.write(("\n".join(out) + "\n").encode())
 
 
@@ -607,8 +638,13 @@ def _bin_points(rec, fh):
 
 def _bin_rigs(rec, fh):
     fh.write(struct.pack("<Q", rec.rig_ids.size))
-    for rid, (stype, sid) in zip(rec.rig_ids, rec.rig_ref_sensors):
-        fh.write(struct.pack("<IIiI", rid, 1, stype, sid))
+    start, sensors, has_pose, qvec, tvec = rec.non_ref_sensors()
+    for k, (rid, (stype, sid)) in enumerate(zip(rec.rig_ids, rec.rig_ref_sensors)):
+        fh.write(struct.pack("<IIiI", rid, 1 + start[k + 1] - start[k], stype, sid))
+        for j in range(start[k], start[k + 1]):
+            fh.write(struct.pack("<iIB", sensors[j, 0], sensors[j, 1], int(has_pose[j])))
+            if has_pose[j]:
+                fh.write(struct.pack("<7d", *qvec[j], *tvec[j]))
 
 
 def _bin_frames(rec, fh):

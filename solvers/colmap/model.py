@@ -1,4 +1,4 @@
-"""The COLMAP model itself, apart from its files: the camera models' table, the
+"""The COLMAP model itself, apart from its files: the camera models' ids and sizes, the
 :class:`Reconstruction` arrays (see :mod:`solvers.colmap` for their layout) and :func:`validate`,
 the one list of checks that reading and writing both apply (unique ids within their binary
 fields, references that exist, positive sizes, finite values), so a model that COLMAP would
@@ -10,14 +10,14 @@ from typing import Dict, Tuple
 
 import numpy as np
 
-# COLMAP's camera models: name -> (model id, number of parameters).
+from ..models import cameras
+
+# COLMAP's camera models: name -> (model id, number of parameters), from the one table of
+# models (solvers.models.cameras.MODELS, which also holds their projections).
 CAMERA_MODELS: Dict[str, Tuple[int, int]] = {
-    "SIMPLE_PINHOLE": (0, 3), "PINHOLE": (1, 4), "SIMPLE_RADIAL": (2, 4), "RADIAL": (3, 5),
-    "OPENCV": (4, 8), "OPENCV_FISHEYE": (5, 8), "FULL_OPENCV": (6, 12), "FOV": (7, 5),
-    "SIMPLE_RADIAL_FISHEYE": (8, 4), "RADIAL_FISHEYE": (9, 5), "THIN_PRISM_FISHEYE": (10, 12),
-    "RAD_TAN_THIN_PRISM_FISHEYE": (11, 16), "SIMPLE_DIVISION": (12, 4), "DIVISION": (13, 5),
-    "SIMPLE_FISHEYE": (14, 3), "FISHEYE": (15, 4), "EUCM": (16, 6), "EQUIRECTANGULAR": (17, 2),
-}
+    m.name: (m.colmap_id, m.num_params)
+    for m in sorted(cameras.MODELS.values(), key=lambda m: -1 if m.colmap_id is None else m.colmap_id)
+    if m.colmap_id is not None}
 MODEL_NAMES = {mid: name for name, (mid, _) in CAMERA_MODELS.items()}
 INVALID_U64 = np.uint64(2 ** 64 - 1)
 SENSOR_TYPES = {"CAMERA": 0, "IMU": 1}
@@ -69,6 +69,13 @@ class Reconstruction:
     frame_tvec: np.ndarray = None   # (nf, 3)
     frame_data_start: np.ndarray = None  # (nf + 1,) int64
     frame_data: np.ndarray = None   # (nd, 3) int64: sensor type, sensor id, data id (image id)
+    # Each rig's sensors besides the reference one (a stereo pair's second camera, an IMU), with
+    # their sensor_from_rig poses where known; None (with rigs): no rig has any.
+    rig_sensor_start: np.ndarray = None  # (nr + 1,) int64
+    rig_sensors: np.ndarray = None       # (ns, 2) int64: sensor type, sensor id
+    rig_sensor_has_pose: np.ndarray = None  # (ns,) bool
+    rig_sensor_qvec: np.ndarray = None   # (ns, 4) sensor_from_rig (zeros where no pose)
+    rig_sensor_tvec: np.ndarray = None   # (ns, 3)
 
     @property
     def num_observations(self) -> int:
@@ -77,6 +84,21 @@ class Reconstruction:
     @property
     def has_rigs(self) -> bool:
         return self.rig_ids is not None
+
+    @property
+    def has_multi_sensor_rigs(self) -> bool:
+        """Whether a rig has a sensor besides its reference one."""
+        return self.has_rigs and self.rig_sensor_start is not None and int(self.rig_sensor_start[-1]) > 0
+
+    def non_ref_sensors(self):
+        """``(start (nr + 1), sensors (ns, 2), has_pose (ns,), qvec (ns, 4), tvec (ns, 3))``: each
+        rig's sensors besides its reference one (empty tables where the fields are None)."""
+        if self.rig_sensor_start is None:
+            nr = 0 if self.rig_ids is None else len(self.rig_ids)
+            return (np.zeros(nr + 1, np.int64), np.zeros((0, 2), np.int64), np.zeros(0, bool),
+                    np.zeros((0, 4)), np.zeros((0, 3)))
+        return (self.rig_sensor_start, self.rig_sensors, self.rig_sensor_has_pose, self.rig_sensor_qvec,
+                self.rig_sensor_tvec)
 
 
 # ---------------------------------------------------------------------------------- checking
@@ -191,6 +213,7 @@ def _validate_rigs(rec, cam_ids, image_ids) -> None:
         t, sid = ref[k].tolist()
         raise ColmapModelError("rigs", f"rig {rig_ids[k]}: reference sensor ({SENSOR_NAMES.get(t, t)} {sid}) "
                                        f"is no camera or IMU of this model")
+    _validate_rig_sensors(rec, rig_ids, ref, cam_ids)
     frame_ids = _ids(rec, "frame_ids", "frames", "frame", U32_MAX)
     frame_rigs = _column(rec, "frame_rig_ids", "frames", (frame_ids.size,), int)
     k = _first(~_rows(rig_ids, frame_rigs)[1])
@@ -209,6 +232,43 @@ def _validate_rigs(rec, cam_ids, image_ids) -> None:
         what = "is no (sensor type, sensor id, data id)" if bad[k] else f"names image {did}, which does not exist"
         raise ColmapModelError("frames", f"frame {frame_ids[f]}: data {k - start[f]} ({SENSOR_NAMES.get(t, t)} "
                                          f"{sid} {did}) {what}")
+
+
+def _validate_rig_sensors(rec, rig_ids, ref, cam_ids) -> None:
+    """Each rig's other sensors: known types, cameras that exist, no sensor in two rigs or twice
+    in one (the reference included), finite sensor_from_rig poses."""
+    if rec.rig_sensor_start is None:
+        return
+    sensors = _column(rec, "rig_sensors", "rigs", (None, 2), int)
+    start = _starts(rec, "rig_sensor_start", "rigs", rig_ids.size, sensors.shape[0])
+    has_pose = np.asarray(rec.rig_sensor_has_pose)
+    if has_pose.shape != (sensors.shape[0],) or has_pose.dtype.kind not in "biu":
+        raise ColmapModelError("rigs", f"Reconstruction.rig_sensor_has_pose must be ({sensors.shape[0]},) bools, "
+                                       f"not {has_pose.shape} {has_pose.dtype}")
+    pose = np.concatenate([_column(rec, "rig_sensor_qvec", "rigs", (sensors.shape[0], 4), float),
+                           _column(rec, "rig_sensor_tvec", "rigs", (sensors.shape[0], 3), float)], axis=1)
+    owner = np.repeat(np.arange(rig_ids.size), np.diff(start))
+    bad = ~np.isin(sensors[:, 0], list(SENSOR_NAMES)) | (sensors[:, 1] < 0) | (sensors[:, 1] > U32_MAX) | \
+        ((sensors[:, 0] == CAMERA_SENSOR) & ~_rows(cam_ids, sensors[:, 1])[1])
+    k = _first(bad)
+    if k is not None:
+        t, sid = sensors[k].tolist()
+        raise ColmapModelError("rigs", f"rig {rig_ids[owner[k]]}: sensor ({SENSOR_NAMES.get(t, t)} {sid}) is no "
+                                       f"camera or IMU of this model")
+    k = _first((has_pose != 0) & ~np.isfinite(pose).all(axis=1))
+    if k is not None:
+        raise ColmapModelError("rigs", f"rig {rig_ids[owner[k]]}: sensor_from_rig of sensor {sensors[k, 1]} is "
+                                       f"not finite ({pose[k].tolist()})")
+    every = np.concatenate([ref, sensors])              # (type, id) of every sensor of every rig
+    key = every[:, 0] * (U32_MAX + 1) + every[:, 1]
+    order = np.argsort(key, kind="stable")
+    k = _first(key[order[1:]] == key[order[:-1]])
+    if k is not None:
+        t, sid = every[order[k]].tolist()
+        rigs = np.concatenate([np.arange(rig_ids.size), owner])[[order[k], order[k + 1]]]
+        raise ColmapModelError("rigs", f"sensor ({SENSOR_NAMES.get(t, t)} {sid}) belongs to rigs "
+                                       f"{rig_ids[rigs[0]]} and {rig_ids[rigs[1]]} (or twice to one): a sensor "
+                                       f"is in one rig, once")
 
 
 def _first(bad):

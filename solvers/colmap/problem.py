@@ -58,11 +58,13 @@ def quaternion_to_matrix(q) -> np.ndarray:
 
 
 def _parameter_kinds(model: cameras.CameraModel):
-    """Indices of the focal lengths, principal point and extra parameters (COLMAP's split)."""
+    """Indices of the focal lengths, principal point, extra parameters and image metadata
+    (COLMAP's split; the metadata, EQUIRECTANGULAR's width and height, is never refined)."""
     focal = [i for i, p in enumerate(model.params) if p in ("f", "fx", "fy")]
     pp = [i for i, p in enumerate(model.params) if p in ("cx", "cy")]
-    extra = [i for i in range(model.num_params) if i not in focal and i not in pp]
-    return focal, pp, extra
+    metadata = [i for i, p in enumerate(model.params) if p in model.metadata]
+    extra = [i for i in range(model.num_params) if i not in focal and i not in pp and i not in metadata]
+    return focal, pp, extra, metadata
 
 
 def _rows_of(ids, wanted):
@@ -116,6 +118,10 @@ def problem_from_reconstruction(model, refine_focal_length: bool = True, refine_
     from .io import read_model
     from ..general.problem import Problem
     rec = read_model(model) if isinstance(model, str) else model
+    if rec.has_multi_sensor_rigs:
+        raise ValueError("this reconstruction has rigs of several sensors, whose poses compose "
+                         "sensor_from_rig and rig_from_world; problem_from_reconstruction does not build them "
+                         "yet: adjust it with pycolmap, or give each camera a rig of its own")
     for k, mid in enumerate(rec.camera_models):
         if int(mid) not in _MODEL_IDS:
             raise ValueError(f"camera {int(rec.camera_ids[k])} uses COLMAP camera model id {int(mid)}, which "
@@ -142,9 +148,9 @@ def problem_from_reconstruction(model, refine_focal_length: bool = True, refine_
         prob.add_residual_block(m.residual, ["poses", group, "points"],
                                 index=(image_row[mine], local[obs_cam[mine]], point_row[mine]), data=xy[mine],
                                 loss=loss, loss_scale=loss_scale, name=f"reprojection_{m.name}")
-        focal, pp, extra = _parameter_kinds(m)
+        focal, pp, extra, metadata = _parameter_kinds(m)
         constant = ([] if refine_focal_length else focal) + ([] if refine_principal_point else pp) + \
-            ([] if refine_extra_params else extra)
+            ([] if refine_extra_params else extra) + metadata
         if constant:
             prob.set_constant(group, columns=sorted(constant))
     _fix(prob, rec, fix)
@@ -184,9 +190,48 @@ def _fix(prob, rec, fix):
     prob.set_constant("poses", rows=rows)
 
 
+# What COLMAP counts for an observation it cannot project (CalculateSquaredReprojectionError):
+# the largest double, whose square root then enters the point's mean.
+_UNPROJECTABLE = float(np.sqrt(np.finfo(np.float64).max))
+
+
+def point_errors(rec) -> np.ndarray:
+    """Every 3-D point's mean reprojection error in pixels over its track, as COLMAP's
+    ``Reconstruction::UpdatePoint3DErrors`` computes it from ``rec``'s current poses, intrinsics
+    and points: 0 for a point without observations; an observation that cannot be projected
+    (behind the camera, for the models that check its depth; no real projection) counts
+    ``sqrt(DBL_MAX)``, as there. Evaluated on the host (pyclad's numpy backend)."""
+    image_row, point_row, xy = observations(rec)
+    image_cam, _ = _rows_of(rec.camera_ids, rec.image_camera_ids)
+    poses = np.concatenate([quaternion_to_angle_axis(rec.image_qvec), rec.image_tvec], axis=1)
+    R = quaternion_to_matrix(rec.image_qvec)
+    depth = np.einsum("nj,nj->n", R[image_row, 2], rec.point_xyz[point_row]) + rec.image_tvec[image_row, 2]
+    err = np.empty(image_row.size)
+    obs_cam = image_cam[image_row]
+    for m, _, rows in _intrinsics_groups(rec):
+        local = np.full(rec.camera_ids.size, -1, np.int64)
+        local[rows] = np.arange(rows.size)
+        mine = np.flatnonzero(local[obs_cam] >= 0)
+        intrinsics = np.array([rec.camera_params[k] for k in rows], np.float64).reshape(rows.size, -1)
+        index = np.stack([image_row[mine], local[obs_cam[mine]], point_row[mine]], 1).astype(np.int32)
+        with np.errstate(all="ignore"):
+            r = m.batch_function(backend="numpy").values([poses, intrinsics, rec.point_xyz], index, data=xy[mine])
+            e = np.sqrt(r[:, 0] * r[:, 0] + r[:, 1] * r[:, 1])
+        bad = ~np.isfinite(e)
+        if m.checks_depth:
+            bad |= depth[mine] < cameras.EPS
+        err[mine] = np.where(bad, _UNPROJECTABLE, e)
+    n = rec.point_ids.size
+    counts = np.bincount(point_row, minlength=n)
+    sums = np.bincount(point_row, weights=err, minlength=n)
+    return np.where(counts > 0, sums / np.maximum(counts, 1), 0.0)
+
+
 def update_reconstruction(rec, result):
     """Write a :class:`solvers.SolveResult` of :func:`problem_from_reconstruction`'s problem back
-    into ``rec`` (poses, frames of one-camera rigs, intrinsics, points); returns ``rec``."""
+    into ``rec`` (poses, frames of one-camera rigs, intrinsics, points) and recompute every
+    point's error (:func:`point_errors`), so a written model says what the solve reached;
+    returns ``rec``."""
     p = result.parameters
     poses = p["poses"]
     if poses.shape != (rec.image_ids.size, 6) or p["points"].shape != rec.point_xyz.shape:
@@ -198,6 +243,7 @@ def update_reconstruction(rec, result):
     for _, group, rows in _intrinsics_groups(rec):
         for j, k in enumerate(rows):
             rec.camera_params[k] = p[group][j].copy()
+    rec.point_error = point_errors(rec)
     if rec.has_rigs:
         # One camera per rig: the image's cam_from_world is its frame's rig_from_world.
         row_of_image = {int(i): k for k, i in enumerate(rec.image_ids)}
