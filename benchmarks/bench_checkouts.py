@@ -113,7 +113,7 @@ def cases(args, tmp):
         for n in (30, 300):
             path = os.path.join(tmp, f"colmap{n}")
             os.makedirs(path)
-            reconstruction(n, per_image=True).write(path)
+            reconstruction(n, "per-image").write(path)
             out.append(dict(name=f"colmap {n} images", kind="colmap", path=path, linear_solver="sparse_schur",
                             iterations=50, **common))
     if "venice" in args.scale.split(","):

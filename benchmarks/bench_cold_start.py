@@ -220,7 +220,7 @@ class Bench:
         for n in sizes:
             model, out = os.path.join(self.tmp, f"model-{n}"), os.path.join(self.tmp, f"out-{n}")
             os.makedirs(model)
-            rec = bench_colmap.reconstruction(n, per_image=True)
+            rec = bench_colmap.reconstruction(n, "per-image")
             rec.write(model)
             case = f"COLMAP {n} images, camera per image, {rec.compute_num_observations()} observations"
             form = "binary model folder, read and written back by the process"

@@ -3,7 +3,8 @@ against ``pycolmap``'s own bundle adjuster (COLMAP's Ceres problem), in the same
 
 Reconstructions come from ``pycolmap.synthesize_dataset`` with ``pycolmap.synthesize_noise``
 (2-D noise 1 px, 3-D noise 0.02, pose noise 0.01 / 0.2 deg), SIMPLE_RADIAL, at several sizes, with
-one shared camera and with one camera per image. Both sides: the same loss (trivial), the same
+one shared camera and with one camera per image; ``--cameras`` adds an OPENCV_FISHEYE camera per
+image and one rig of 2 or 6 cameras (their sensor_from_rig poses refined, as pycolmap's defaults). Both sides: the same loss (trivial), the same
 refined intrinsics (focal length and extra parameters; principal point fixed), the same gauge
 (COLMAP's TWO_CAMS_FROM_WORLD: the first pose and the largest coordinate of the second pose's
 translation), Levenberg-Marquardt with tolerances 1e-6 / 1e-10 / 1e-8, at most 50 iterations,
@@ -41,12 +42,27 @@ TRACK = 8
 POINTS_PER_IMAGE = 60       # observations = images * 60 * 8
 
 
-def reconstruction(n_images, per_image, seed=0):
+# The kinds of reconstruction (--cameras): (rigs, cameras per rig, frames per rig) for n images,
+# and the camera model with its parameters.
+SIMPLE_RADIAL = ("SIMPLE_RADIAL", [1280.0, 512.0, 384.0, 0.05])
+OPENCV_FISHEYE = ("OPENCV_FISHEYE", [600.0, 610.0, 512.0, 384.0, 0.05, -0.01, 0.002, -0.001])
+KINDS = {
+    "shared": (lambda n: (1, 1, n), SIMPLE_RADIAL, "shared camera"),
+    "per-image": (lambda n: (n, 1, 1), SIMPLE_RADIAL, "camera per image"),
+    "fisheye": (lambda n: (n, 1, 1), OPENCV_FISHEYE, "OPENCV_FISHEYE camera per image"),
+    "rig2": (lambda n: (1, 2, max(1, n // 2)), SIMPLE_RADIAL, "a rig of 2 cameras"),
+    "rig6": (lambda n: (1, 6, max(1, n // 6)), SIMPLE_RADIAL, "a rig of 6 cameras"),
+}
+
+
+def reconstruction(n_images, kind, seed=0):
+    rigs, cameras, frames = KINDS[kind][0](n_images)
+    model, params = KINDS[kind][1]
     pycolmap.set_random_seed(seed)
     o = pycolmap.SyntheticDatasetOptions(
-        num_rigs=n_images if per_image else 1, num_cameras_per_rig=1, num_frames_per_rig=1 if per_image else n_images,
+        num_rigs=rigs, num_cameras_per_rig=cameras, num_frames_per_rig=frames,
         num_points3D=POINTS_PER_IMAGE * n_images, track_length=TRACK, num_points2D_without_point3D=0,
-        camera_model_id=pycolmap.CameraModelId.SIMPLE_RADIAL, camera_params=[1280.0, 512.0, 384.0, 0.05])
+        camera_model_id=getattr(pycolmap.CameraModelId, model), camera_params=params)
     rec = pycolmap.synthesize_dataset(o)
     pycolmap.synthesize_noise(pycolmap.SyntheticNoiseOptions(
         point2D_stddev=1.0, point3D_stddev=0.02, rig_from_world_translation_stddev=0.01,
@@ -86,7 +102,9 @@ def main():
     p.add_argument("--linear-solvers", default="auto",
                    help="ours: comma-separated (sparse_schur, iterative_schur), or auto (default): the kind "
                         "pycolmap chose for the case (COLMAP: ITERATIVE_SCHUR above 1,000 images)")
-    p.add_argument("--cameras", default="shared,per-image", help="comma-separated: shared, per-image")
+    p.add_argument("--cameras", default="shared,per-image",
+                   help="comma-separated: shared, per-image, fisheye (OPENCV_FISHEYE per image), rig2, rig6 "
+                        "(one rig of 2 or 6 cameras, n / 2 or n / 6 frames)")
     p.add_argument("--repeat-large", type=int, default=1,
                    help="timed runs per side above 200,000 observations (default 1: minutes each)")
     p.set_defaults(repeat=3)
@@ -96,11 +114,12 @@ def main():
                          points_per_image=POINTS_PER_IMAGE)
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
-        variants = {"shared": False, "per-image": True}
-        for per_image in [variants[v] for v in args.cameras.split(",")]:
+        for kind in args.cameras.split(","):
+            if kind not in KINDS:
+                raise SystemExit(f"--cameras: {kind!r} is not one of {', '.join(KINDS)}")
             for n in sizes:
-                rec = reconstruction(n, per_image)
-                path = os.path.join(tmp, f"m{n}{'p' if per_image else 's'}")
+                rec = reconstruction(n, kind)
+                path = os.path.join(tmp, f"m{n}{kind}")
                 os.makedirs(path)
                 rec.write(path)
                 ours_rec = colmap.read_model(path)
@@ -118,7 +137,7 @@ def main():
                     mine = [ours_solve(prob, ls) for _ in range(repeat)]
                     t_ours = statistics.median(t for t, _ in mine)
                     r = mine[0][1]
-                    rep.add(f"{n} images, {'camera per image' if per_image else 'shared camera'}", ls,
+                    rep.add(f"{n} images, {KINDS[kind][2]}", ls,
                             observations=ours_rec.num_observations, ours_s=t_ours, pycolmap_s=t_peer,
                             time_ratio=t_ours / t_peer, ours_cost=r.final_cost, pycolmap_cost=cs.final_cost,
                             cost_ratio=r.final_cost / cs.final_cost, ours_iterations=r.iterations,

@@ -58,7 +58,7 @@ def main():
     p.add_argument("--general", action="store_true", help="the general core (device_resident=False)")
     args = p.parse_args()
     extra = dict(device_resident=False) if args.general else {}
-    rec = bench_colmap.reconstruction(args.images, args.per_image)
+    rec = bench_colmap.reconstruction(args.images, "per-image" if args.per_image else "shared")
     with tempfile.TemporaryDirectory() as tmp:
         rec.write(tmp)
         prob = colmap.problem_from_reconstruction(colmap.read_model(tmp))

@@ -217,7 +217,8 @@ def _model_name(pycolmap, model_id):
 
 def bundle_adjust(reconstruction, refine_focal_length: bool = True, refine_principal_point: bool = False,
                   refine_extra_params: bool = True, fix="gauge", loss=None, loss_scale: float = 1.0,
-                  device=None, **options):
+                  device=None, refine_rig_from_world: bool = True, refine_sensor_from_rig: bool = True,
+                  constant_rig_from_world_rotation: bool = False, **options):
     """Bundle-adjust a ``pycolmap.Reconstruction`` (updated in place: poses, intrinsics, points and
     their errors) or a model folder (read, solved and written back in the same format); returns
     the :class:`solvers.SolveResult`. The arguments are
@@ -235,7 +236,10 @@ def bundle_adjust(reconstruction, refine_focal_length: bool = True, refine_princ
     prob = problem_from_reconstruction(model, refine_focal_length=refine_focal_length,
                                        refine_principal_point=refine_principal_point,
                                        refine_extra_params=refine_extra_params, fix=fix, loss=loss,
-                                       loss_scale=loss_scale, device=device)
+                                       loss_scale=loss_scale, device=device,
+                                       refine_rig_from_world=refine_rig_from_world,
+                                       refine_sensor_from_rig=refine_sensor_from_rig,
+                                       constant_rig_from_world_rotation=constant_rig_from_world_rotation)
     result = solvers.solve(prob, **options)
     if result.usable:           # a FAILURE leaves the reconstruction as it was
         update_reconstruction(model, result)

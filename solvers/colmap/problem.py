@@ -57,6 +57,15 @@ def quaternion_to_matrix(q) -> np.ndarray:
                      np.stack([2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], 1)], 1)
 
 
+def quaternion_multiply(a, b) -> np.ndarray:
+    """Hamilton products ``a * b`` of (n, 4) quaternions ``(qw, qx, qy, qz)``: the rotation of
+    ``b`` followed by that of ``a``."""
+    aw, ax, ay, az = np.asarray(a, np.float64).T
+    bw, bx, by, bz = np.asarray(b, np.float64).T
+    return np.stack([aw * bw - ax * bx - ay * by - az * bz, aw * bx + ax * bw + ay * bz - az * by,
+                     aw * by - ax * bz + ay * bw + az * bx, aw * bz + ax * by - ay * bx + az * bw], 1)
+
+
 def _parameter_kinds(model: cameras.CameraModel):
     """Indices of the focal lengths, principal point, extra parameters and image metadata
     (COLMAP's split; the metadata, EQUIRECTANGULAR's width and height, is never refined)."""
@@ -100,7 +109,9 @@ def observations(rec):
 
 def problem_from_reconstruction(model, refine_focal_length: bool = True, refine_principal_point: bool = False,
                                 refine_extra_params: bool = True, fix="gauge", loss=None, loss_scale: float = 1.0,
-                                dtype=np.float64, device=None, backend: str = "auto"):
+                                dtype=np.float64, device=None, backend: str = "auto",
+                                refine_rig_from_world: bool = True, refine_sensor_from_rig: bool = True,
+                                constant_rig_from_world_rotation: bool = False):
     """The bundle adjustment of a COLMAP reconstruction (a :class:`solvers.colmap.Reconstruction`
     or a model folder) as a :class:`solvers.Problem` (module docstring).
 
@@ -114,14 +125,13 @@ def problem_from_reconstruction(model, refine_focal_length: bool = True, refine_
       holds those; ``"none"`` or None nothing (the gauge then stays free: LM's diagonal keeps the
       steps finite).
     - ``loss`` / ``loss_scale``: the robust loss of every observation.
+    - Rigs of several sensors (:func:`_rig_problem`): groups ``frames`` (each frame's
+      ``rig_from_world``) and ``sensors`` (each non-reference camera's ``sensor_from_rig``);
+      ``refine_rig_from_world``, ``refine_sensor_from_rig`` and
+      ``constant_rig_from_world_rotation`` are pycolmap's options, with its defaults.
     """
     from .io import read_model
-    from ..general.problem import Problem
     rec = read_model(model) if isinstance(model, str) else model
-    if rec.has_multi_sensor_rigs:
-        raise ValueError("this reconstruction has rigs of several sensors, whose poses compose "
-                         "sensor_from_rig and rig_from_world; problem_from_reconstruction does not build them "
-                         "yet: adjust it with pycolmap, or give each camera a rig of its own")
     for k, mid in enumerate(rec.camera_models):
         if int(mid) not in _MODEL_IDS:
             raise ValueError(f"camera {int(rec.camera_ids[k])} uses COLMAP camera model id {int(mid)}, which "
@@ -132,7 +142,13 @@ def problem_from_reconstruction(model, refine_focal_length: bool = True, refine_
     # none is gathered per iteration (solvers.general.implicit_schur_device).
     by_point = np.argsort(point_row, kind="stable")
     image_row, point_row, xy = image_row[by_point], point_row[by_point], xy[by_point]
+    from ..general.problem import Problem
     prob = Problem(dtype=dtype, device=device, backend=backend, name="colmap")
+    refine = (refine_focal_length, refine_principal_point, refine_extra_params)
+    if rec.has_multi_sensor_rigs:
+        _rig_problem(prob, rec, image_row, point_row, xy, refine, fix, loss, loss_scale, refine_rig_from_world,
+                     refine_sensor_from_rig, constant_rig_from_world_rotation)
+        return prob
     poses = np.concatenate([quaternion_to_angle_axis(rec.image_qvec), rec.image_tvec], axis=1)
     prob.add_parameter_block("poses", poses)
     image_cam, missing = _rows_of(rec.camera_ids, rec.image_camera_ids)
@@ -148,13 +164,134 @@ def problem_from_reconstruction(model, refine_focal_length: bool = True, refine_
         prob.add_residual_block(m.residual, ["poses", group, "points"],
                                 index=(image_row[mine], local[obs_cam[mine]], point_row[mine]), data=xy[mine],
                                 loss=loss, loss_scale=loss_scale, name=f"reprojection_{m.name}")
-        focal, pp, extra, metadata = _parameter_kinds(m)
-        constant = ([] if refine_focal_length else focal) + ([] if refine_principal_point else pp) + \
-            ([] if refine_extra_params else extra) + metadata
-        if constant:
-            prob.set_constant(group, columns=sorted(constant))
+        _hold_intrinsics(prob, m, group, refine)
     _fix(prob, rec, fix)
     return prob
+
+
+def _hold_intrinsics(prob, m, group, refine):
+    """The intrinsics COLMAP holds: those the ``refine`` flags (focal, principal point, extra) leave
+    out, and the image metadata always."""
+    focal, pp, extra, metadata = _parameter_kinds(m)
+    constant = ([] if refine[0] else focal) + ([] if refine[1] else pp) + ([] if refine[2] else extra) + metadata
+    if constant:
+        prob.set_constant(group, columns=sorted(constant))
+
+
+def image_frames(rec):
+    """``(frame row, non-reference sensor row or -1)`` of every image of a model with rigs: the
+    frame holding it, and where its camera is not its rig's reference sensor, the row of that
+    sensor in :meth:`Reconstruction.non_ref_sensors`. ValueError naming an image in no frame."""
+    n = rec.image_ids.size
+    frame_of = np.full(n, -1, np.int64)
+    image_rows, found = _rows_of(rec.image_ids, rec.frame_data[:, 2])
+    owner = np.repeat(np.arange(rec.frame_ids.size), np.diff(rec.frame_data_start))
+    is_image = rec.frame_data[:, 0] == 0
+    hit = is_image & (rec.image_ids.size > 0)
+    hit &= np.isin(rec.frame_data[:, 2], rec.image_ids)
+    frame_of[image_rows[hit]] = owner[hit]
+    if (frame_of < 0).any():
+        k = int(np.flatnonzero(frame_of < 0)[0])
+        raise ValueError(f"image {int(rec.image_ids[k])} is in no frame: every image of a model with rigs "
+                         f"belongs to a frame (frames.txt / frames.bin)")
+    start, sensors, _, _, _ = rec.non_ref_sensors()
+    sensor_of = np.full(n, -1, np.int64)
+    rig_row, _ = _rows_of(rec.rig_ids, rec.frame_rig_ids[frame_of])
+    for j in range(sensors.shape[0]):
+        rig = int(np.searchsorted(start, j, side="right") - 1)
+        mine = (rig_row == rig) & (rec.image_camera_ids == sensors[j, 1]) & (sensors[j, 0] == 0)
+        sensor_of[mine] = j
+    return frame_of, sensor_of
+
+
+def _rig_problem(prob, rec, image_row, point_row, xy, refine, fix, loss, loss_scale, refine_rig_from_world,
+                 refine_sensor_from_rig, constant_rig_from_world_rotation):
+    """A model with rigs of several sensors (pycolmap's default bundle adjuster): an image of the
+    reference camera sees through its frame's ``rig_from_world``; one of another camera through
+    ``sensor_from_rig * rig_from_world``, the composition inside the residual
+    (:meth:`solvers.models.cameras.CameraModel.rig_residual`)."""
+    frame_of, sensor_of = image_frames(rec)
+    start, sensors, has_pose, sq, st = rec.non_ref_sensors()
+    used = np.unique(sensor_of[image_row][sensor_of[image_row] >= 0])
+    no_pose = used[~has_pose[used]]
+    if no_pose.size:
+        rig = int(np.searchsorted(start, no_pose[0], side="right") - 1)
+        raise ValueError(f"rig {int(rec.rig_ids[rig])}: camera {int(sensors[no_pose[0], 1])} has images but no "
+                         f"sensor_from_rig pose; give it one (rigs.txt) before bundle adjustment")
+    prob.add_parameter_block("frames", np.concatenate([quaternion_to_angle_axis(rec.frame_qvec), rec.frame_tvec], 1))
+    sensor_row = np.full(sensors.shape[0], -1, np.int64)
+    sensor_row[used] = np.arange(used.size)
+    if used.size:
+        prob.add_parameter_block("sensors", np.concatenate([quaternion_to_angle_axis(sq[used]), st[used]], 1))
+    prob.add_parameter_block("points", rec.point_xyz)
+    image_cam, missing = _rows_of(rec.camera_ids, rec.image_camera_ids)
+    if missing.size:
+        raise ValueError(f"an image uses camera {int(missing[0])}, which the reconstruction does not have")
+    obs_cam = image_cam[image_row]
+    obs_frame, obs_sensor = frame_of[image_row], sensor_of[image_row]
+    for m, group, rows in _intrinsics_groups(rec):
+        local = np.full(rec.camera_ids.size, -1, np.int64)
+        local[rows] = np.arange(rows.size)
+        prob.add_parameter_block(group, np.array([rec.camera_params[k] for k in rows], np.float64).reshape(rows.size, -1))
+        mine = local[obs_cam] >= 0
+        ref, other = mine & (obs_sensor < 0), mine & (obs_sensor >= 0)
+        if ref.any():
+            prob.add_residual_block(m.residual, ["frames", group, "points"],
+                                    index=(obs_frame[ref], local[obs_cam[ref]], point_row[ref]), data=xy[ref],
+                                    loss=loss, loss_scale=loss_scale, name=f"reprojection_{m.name}")
+        if other.any():
+            prob.add_residual_block(m.rig_residual, ["sensors", "frames", group, "points"],
+                                    index=(sensor_row[obs_sensor[other]], obs_frame[other], local[obs_cam[other]],
+                                           point_row[other]), data=xy[other],
+                                    loss=loss, loss_scale=loss_scale, name=f"rig_reprojection_{m.name}")
+        _hold_intrinsics(prob, m, group, refine)
+    if not refine_sensor_from_rig and used.size:
+        prob.set_constant("sensors")
+    if not refine_rig_from_world:
+        prob.set_constant("frames")
+    elif constant_rig_from_world_rotation:
+        prob.set_constant("frames", columns=[0, 1, 2])
+    _fix_rig_gauge(prob, rec, fix, frame_of, sensor_of, refine_rig_from_world, refine_sensor_from_rig)
+
+
+def _fix_rig_gauge(prob, rec, fix, frame_of, sensor_of, refine_rig_from_world, refine_sensor_from_rig):
+    """COLMAP 4's TWO_CAMS_FROM_WORLD with rigs: the frame of the first image (by id) whose camera
+    is its rig's reference (any image when sensor_from_rig is held) is held; of the next such image
+    in another frame whose baseline from it is not zero, the frame's translation coordinate
+    along which that baseline is largest. ``fix``: ``"gauge"``, ``"none"``/None, or frame ids."""
+    if fix is None or (isinstance(fix, str) and fix == "none"):
+        return
+    if not isinstance(fix, str):
+        rows, missing = _rows_of(rec.frame_ids, np.atleast_1d(np.asarray(fix, np.int64)))
+        if missing.size:
+            raise ValueError(f"fix: frame ids {missing.tolist()[:8]} are not in the reconstruction (with rigs, "
+                             f"fix names frames)")
+        prob.set_constant("frames", rows=rows)
+        return
+    if fix != "gauge":
+        raise ValueError(f"fix={fix!r}: a model with rigs of several sensors takes 'gauge', 'none' or frame ids")
+    if not refine_rig_from_world:
+        return
+    with_obs = np.zeros(rec.image_ids.size, bool)
+    with_obs[observations(rec)[0]] = True
+    order = [k for k in np.argsort(rec.image_ids, kind="stable") if with_obs[k]
+             and (sensor_of[k] < 0 or not refine_sensor_from_rig)]
+    if not order:
+        return
+    f1 = int(frame_of[order[0]])
+    R = quaternion_to_matrix(rec.frame_qvec)
+    t = rec.frame_tvec
+    for k in order[1:]:
+        f2 = int(frame_of[k])
+        if f2 == f1:
+            continue
+        baseline = t[f1] - R[f1] @ R[f2].T @ t[f2]
+        d = int(np.argmax(np.abs(baseline)))
+        if abs(baseline[d]) > 1e-9:
+            prob.set_constant("frames", rows=[f1])
+            prob.set_constant("frames", rows=[f2], columns=[3 + d])
+            return
+    prob.set_constant("frames", rows=[f1])    # (COLMAP then holds three points instead)
 
 
 def _fix(prob, rec, fix):
@@ -233,6 +370,8 @@ def update_reconstruction(rec, result):
     point's error (:func:`point_errors`), so a written model says what the solve reached;
     returns ``rec``."""
     p = result.parameters
+    if "frames" in p:
+        return _update_rigs(rec, p)
     poses = p["poses"]
     if poses.shape != (rec.image_ids.size, 6) or p["points"].shape != rec.point_xyz.shape:
         raise ValueError("result is not a solve of this reconstruction's problem (its poses or points "
@@ -254,4 +393,38 @@ def update_reconstruction(rec, result):
                     k = row_of_image[int(data_id)]
                     rec.frame_qvec[f] = rec.image_qvec[k]
                     rec.frame_tvec[f] = rec.image_tvec[k]
+    return rec
+
+
+def _update_rigs(rec, p):
+    """update_reconstruction of a model with rigs of several sensors: frames, sensors, and each
+    image's ``cam_from_world`` composed from them."""
+    frames = p["frames"]
+    if frames.shape != (rec.frame_ids.size, 6) or p["points"].shape != rec.point_xyz.shape:
+        raise ValueError("result is not a solve of this reconstruction's problem (its frames or points "
+                         "have other shapes)")
+    frame_of, sensor_of = image_frames(rec)
+    rec.frame_qvec = angle_axis_to_quaternion(frames[:, :3])
+    rec.frame_tvec = frames[:, 3:].copy()
+    if "sensors" in p:
+        image_row, _, _ = observations(rec)
+        used = np.unique(sensor_of[image_row][sensor_of[image_row] >= 0])
+        rec.rig_sensor_qvec = rec.rig_sensor_qvec.copy()
+        rec.rig_sensor_tvec = rec.rig_sensor_tvec.copy()
+        rec.rig_sensor_qvec[used] = angle_axis_to_quaternion(p["sensors"][:, :3])
+        rec.rig_sensor_tvec[used] = p["sensors"][:, 3:]
+    rec.point_xyz = p["points"].copy()
+    for _, group, rows in _intrinsics_groups(rec):
+        for j, k in enumerate(rows):
+            rec.camera_params[k] = p[group][j].copy()
+    # cam_from_world = sensor_from_rig * rig_from_world (the reference camera: rig_from_world).
+    q, t = rec.frame_qvec[frame_of].copy(), rec.frame_tvec[frame_of].copy()
+    other = sensor_of >= 0
+    if other.any():
+        s = sensor_of[other]
+        Rs = quaternion_to_matrix(rec.rig_sensor_qvec[s])
+        t[other] = np.einsum("nij,nj->ni", Rs, t[other]) + rec.rig_sensor_tvec[s]
+        q[other] = quaternion_multiply(rec.rig_sensor_qvec[s], q[other])
+    rec.image_qvec, rec.image_tvec = q, t
+    rec.point_error = point_errors(rec)
     return rec

@@ -253,6 +253,14 @@ class CameraModel:
         p = pc.rotate_angle_axis(pose[0:3], point) + pose[3:6]
         return self.pixel_residual(intrinsics, p, observed)
 
+    def rig_residual(self, sensor, frame, intrinsics, point, observed):
+        """The residual of an image of a rig's non-reference camera: the point moved by its
+        frame's ``rig_from_world``, then by the camera's ``sensor_from_rig`` (COLMAP 4's
+        ``cam_from_world = sensor_from_rig * rig_from_world``); both poses angle-axis and t."""
+        in_rig = pc.rotate_angle_axis(frame[0:3], point) + frame[3:6]
+        p = pc.rotate_angle_axis(sensor[0:3], in_rig) + sensor[3:6]
+        return self.pixel_residual(intrinsics, p, observed)
+
     def pixel_residual(self, intrinsics, p, observed):
         """``projected - observed`` of the point ``p`` in the camera's frame. (COLMAP's cost is 0
         for a point behind the camera, where the model checks the depth; this one projects it.)"""
