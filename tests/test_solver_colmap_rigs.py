@@ -103,3 +103,20 @@ def test_a_camera_without_sensor_from_rig_is_refused_naming_it():
         colmap.problem_from_reconstruction(ours)
     with pytest.raises(ValueError, match="with rigs, fix names frames"):
         colmap.problem_from_reconstruction(colmap.from_pycolmap(rec), fix=[999])
+
+
+def test_the_command_line_adjusts_a_rig_model(tmp_path, capsys):
+    from solvers.colmap.cli import main
+    rec = rig_reconstruction(2, seed=5)
+    (tmp_path / "in").mkdir()
+    rec.write_text(str(tmp_path / "in"))
+    before = colmap.read_model(str(tmp_path / "in"))
+    assert main([str(tmp_path / "in"), "--out", str(tmp_path / "held"), "--no-refine-sensor-from-rig", "-q"]) == 0
+    assert main([str(tmp_path / "in"), "--out", str(tmp_path / "free"), "-q"]) == 0
+    held, free = colmap.read_model(str(tmp_path / "held")), colmap.read_model(str(tmp_path / "free"))
+    np.testing.assert_array_equal(held.rig_sensor_tvec, before.rig_sensor_tvec)
+    assert not np.array_equal(free.rig_sensor_tvec, before.rig_sensor_tvec)
+    assert not np.array_equal(held.frame_tvec, before.frame_tvec)
+    assert "written: " in capsys.readouterr().out
+    back = pycolmap.Reconstruction(str(tmp_path / "free"))      # pycolmap reads it
+    assert back.num_rigs() == 2 and all(len(r.non_ref_sensors) == 1 for r in back.rigs.values())

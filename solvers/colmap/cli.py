@@ -28,8 +28,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--refine-focal-length", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--refine-principal-point", action=argparse.BooleanOptionalAction, default=False)
     p.add_argument("--refine-extra-params", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--refine-rig-from-world", action=argparse.BooleanOptionalAction, default=True,
+                   help="rigs: refine the frames' poses (default)")
+    p.add_argument("--refine-sensor-from-rig", action=argparse.BooleanOptionalAction, default=True,
+                   help="rigs: refine each camera's pose in its rig (default; --no-... for a calibrated rig)")
+    p.add_argument("--constant-rig-from-world-rotation", action="store_true",
+                   help="rigs: hold the frames' rotations, refine their positions")
     p.add_argument("--fix", default="gauge", help="gauge, first-two-poses, none, or comma-separated image ids "
-                                                  "whose poses stay fixed (default gauge: COLMAP's TWO_CAMS_FROM_WORLD)")
+                                                  "(frame ids for rigs of several cameras) whose poses stay fixed "
+                                                  "(default gauge: COLMAP's TWO_CAMS_FROM_WORLD)")
     p.add_argument("--iterations", type=int, default=50, help="maximum iterations (default 50)")
     p.add_argument("--linear-solver", default=None, choices=list(LINEAR_SOLVERS),
                    help="default sparse_schur; iterative_schur with --devices or --mpi")
@@ -85,6 +92,8 @@ def _main(parser, args, comm=None) -> int:
         prob = problem.problem_from_reconstruction(
             rec, refine_focal_length=args.refine_focal_length, refine_principal_point=args.refine_principal_point,
             refine_extra_params=args.refine_extra_params, fix=fix,
+            refine_rig_from_world=args.refine_rig_from_world, refine_sensor_from_rig=args.refine_sensor_from_rig,
+            constant_rig_from_world_rotation=args.constant_rig_from_world_rotation,
             loss=None if args.loss == "none" else args.loss, loss_scale=args.loss_scale, device=args.device)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
