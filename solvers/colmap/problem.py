@@ -206,10 +206,10 @@ def image_frames(rec):
 
 def _rig_problem(prob, rec, image_row, point_row, xy, refine, fix, loss, loss_scale, refine_rig_from_world,
                  refine_sensor_from_rig, constant_rig_from_world_rotation):
-    """A model with rigs of several sensors (pycolmap's default bundle adjuster): an image of the
-    reference camera sees through its frame's ``rig_from_world``; one of another camera through
-    ``sensor_from_rig * rig_from_world``, the composition inside the residual
-    (:meth:`solvers.models.cameras.CameraModel.rig_residual`)."""
+    """A model with rigs of several sensors (pycolmap's default bundle adjuster): an image sees
+    through ``sensor_from_rig * rig_from_world``, the composition inside the residual
+    (:meth:`solvers.models.cameras.CameraModel.rig_residual`); the reference camera's
+    ``sensor_from_rig`` is the identity."""
     frame_of, sensor_of = image_frames(rec)
     start, sensors, has_pose, sq, st = rec.non_ref_sensors()
     used = np.unique(sensor_of[image_row][sensor_of[image_row] >= 0])
@@ -219,10 +219,15 @@ def _rig_problem(prob, rec, image_row, point_row, xy, refine, fix, loss, loss_sc
         raise ValueError(f"rig {int(rec.rig_ids[rig])}: camera {int(sensors[no_pose[0], 1])} has images but no "
                          f"sensor_from_rig pose; give it one (rigs.txt) before bundle adjustment")
     prob.add_parameter_block("frames", np.concatenate([quaternion_to_angle_axis(rec.frame_qvec), rec.frame_tvec], 1))
+    # Row 0 of "sensors" is the reference cameras' sensor_from_rig, the identity, held: every
+    # observation is then one residual kind over (sensor, frame, intrinsics, point), whose rows
+    # the plan merges into one camera group for the device-resident core (solvers.general.merged_groups;
+    # rotating by a zero angle-axis is exact, so the reference images' residuals are unchanged).
     sensor_row = np.full(sensors.shape[0], -1, np.int64)
-    sensor_row[used] = np.arange(used.size)
-    if used.size:
-        prob.add_parameter_block("sensors", np.concatenate([quaternion_to_angle_axis(sq[used]), st[used]], 1))
+    sensor_row[used] = 1 + np.arange(used.size)
+    prob.add_parameter_block("sensors", np.concatenate([np.zeros((1, 6)), np.concatenate(
+        [quaternion_to_angle_axis(sq[used]), st[used]], 1)]))
+    prob.set_constant("sensors", rows=[0])
     prob.add_parameter_block("points", rec.point_xyz)
     image_cam, missing = _rows_of(rec.camera_ids, rec.image_camera_ids)
     if missing.size:
@@ -234,18 +239,12 @@ def _rig_problem(prob, rec, image_row, point_row, xy, refine, fix, loss, loss_sc
         local[rows] = np.arange(rows.size)
         prob.add_parameter_block(group, np.array([rec.camera_params[k] for k in rows], np.float64).reshape(rows.size, -1))
         mine = local[obs_cam] >= 0
-        ref, other = mine & (obs_sensor < 0), mine & (obs_sensor >= 0)
-        if ref.any():
-            prob.add_residual_block(m.residual, ["frames", group, "points"],
-                                    index=(obs_frame[ref], local[obs_cam[ref]], point_row[ref]), data=xy[ref],
-                                    loss=loss, loss_scale=loss_scale, name=f"reprojection_{m.name}")
-        if other.any():
-            prob.add_residual_block(m.rig_residual, ["sensors", "frames", group, "points"],
-                                    index=(sensor_row[obs_sensor[other]], obs_frame[other], local[obs_cam[other]],
-                                           point_row[other]), data=xy[other],
-                                    loss=loss, loss_scale=loss_scale, name=f"rig_reprojection_{m.name}")
+        srow = np.where(obs_sensor[mine] >= 0, sensor_row[obs_sensor[mine]], 0)
+        prob.add_residual_block(m.rig_residual, ["sensors", "frames", group, "points"],
+                                index=(srow, obs_frame[mine], local[obs_cam[mine]], point_row[mine]), data=xy[mine],
+                                loss=loss, loss_scale=loss_scale, name=f"rig_reprojection_{m.name}")
         _hold_intrinsics(prob, m, group, refine)
-    if not refine_sensor_from_rig and used.size:
+    if not refine_sensor_from_rig:
         prob.set_constant("sensors")
     if not refine_rig_from_world:
         prob.set_constant("frames")
@@ -406,13 +405,13 @@ def _update_rigs(rec, p):
     frame_of, sensor_of = image_frames(rec)
     rec.frame_qvec = angle_axis_to_quaternion(frames[:, :3])
     rec.frame_tvec = frames[:, 3:].copy()
-    if "sensors" in p:
-        image_row, _, _ = observations(rec)
-        used = np.unique(sensor_of[image_row][sensor_of[image_row] >= 0])
-        rec.rig_sensor_qvec = rec.rig_sensor_qvec.copy()
-        rec.rig_sensor_tvec = rec.rig_sensor_tvec.copy()
-        rec.rig_sensor_qvec[used] = angle_axis_to_quaternion(p["sensors"][:, :3])
-        rec.rig_sensor_tvec[used] = p["sensors"][:, 3:]
+    image_row, _, _ = observations(rec)
+    used = np.unique(sensor_of[image_row][sensor_of[image_row] >= 0])
+    solved = p["sensors"][1:]                   # (row 0: the reference cameras' identity)
+    rec.rig_sensor_qvec = rec.rig_sensor_qvec.copy()
+    rec.rig_sensor_tvec = rec.rig_sensor_tvec.copy()
+    rec.rig_sensor_qvec[used] = angle_axis_to_quaternion(solved[:, :3])
+    rec.rig_sensor_tvec[used] = solved[:, 3:]
     rec.point_xyz = p["points"].copy()
     for _, group, rows in _intrinsics_groups(rec):
         for j, k in enumerate(rows):
