@@ -149,7 +149,7 @@ def solve(problem, linear_solver: str = "sparse_schur", eliminate="auto", max_it
             callback(it)
 
     if verbose:
-        for n in notes:
+        for n in list(problem.notes) + notes:
             print(n, file=out)
         if ck is not None:
             ended = f" (its solve had ended: {ck.termination_type})" if ck.finished else ""

@@ -24,7 +24,8 @@ from .io import ColmapFormatError, read_model, write_model
 from .model import CAMERA_MODELS, ColmapModelError, Reconstruction, validate
 from .problem import point_errors, problem_from_reconstruction, update_reconstruction
 from .in_memory import bundle_adjust, from_pycolmap, to_pycolmap
+from .priors import PosePriors, read_pose_priors
 
 __all__ = ["CAMERA_MODELS", "ColmapFormatError", "ColmapModelError", "Reconstruction", "read_model",
            "write_model", "validate", "problem_from_reconstruction", "update_reconstruction", "point_errors",
-           "bundle_adjust", "from_pycolmap", "to_pycolmap"]
+           "bundle_adjust", "from_pycolmap", "to_pycolmap", "PosePriors", "read_pose_priors"]

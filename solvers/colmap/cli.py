@@ -34,6 +34,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rigs: refine each camera's pose in its rig (default; --no-... for a calibrated rig)")
     p.add_argument("--constant-rig-from-world-rotation", action="store_true",
                    help="rigs: hold the frames' rotations, refine their positions")
+    p.add_argument("--pose-priors", metavar="FILE",
+                   help="position priors of images (lines IMAGE_ID X Y Z [SX SY SZ | C11 C12 C13 C22 C23 C33]): the "
+                        "model is aligned to them first and they fix the gauge (solvers.colmap.priors)")
+    p.add_argument("--prior-loss", default="none", choices=["none"] + [n for n in LOSSES if n != "trivial"],
+                   help="the priors' robust loss (default none; COLMAP's mapper uses cauchy)")
+    p.add_argument("--prior-loss-scale", type=float, default=None,
+                   help="its scale, in standard deviations (default sqrt(7.815), COLMAP's)")
+    p.add_argument("--prior-fallback-stddev", type=float, default=1.0,
+                   help="the standard deviation of a prior without a covariance (default 1)")
     p.add_argument("--fix", default="gauge", help="gauge, first-two-poses, none, or comma-separated image ids "
                                                   "(frame ids for rigs of several cameras) whose poses stay fixed "
                                                   "(default gauge: COLMAP's TWO_CAMS_FROM_WORLD)")
@@ -52,6 +61,19 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_arguments(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no iteration log, only the report")
     return p
+
+
+def _prior_options(args) -> dict:
+    """problem_from_reconstruction's prior arguments of the command line (a bad file raises
+    ValueError, which the caller reports)."""
+    if args.pose_priors is None:
+        return {}
+    from .priors import read_pose_priors
+    out = dict(pose_priors=read_pose_priors(args.pose_priors), prior_fallback_stddev=args.prior_fallback_stddev,
+               prior_loss=None if args.prior_loss == "none" else args.prior_loss)
+    if args.prior_loss_scale is not None:
+        out["prior_loss_scale"] = args.prior_loss_scale
+    return out
 
 
 def main(argv=None) -> int:
@@ -94,8 +116,9 @@ def _main(parser, args, comm=None) -> int:
             refine_extra_params=args.refine_extra_params, fix=fix,
             refine_rig_from_world=args.refine_rig_from_world, refine_sensor_from_rig=args.refine_sensor_from_rig,
             constant_rig_from_world_rotation=args.constant_rig_from_world_rotation,
+            **_prior_options(args),
             loss=None if args.loss == "none" else args.loss, loss_scale=args.loss_scale, device=args.device)
-    except ValueError as e:
+    except (ValueError, OSError) as e:       # (a bad or missing --pose-priors file too)
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:

@@ -215,17 +215,20 @@ def _model_name(pycolmap, model_id):
     return next(m.name for m in pycolmap.CameraModelId.__members__.values() if int(m.value) == int(model_id))
 
 
-def bundle_adjust(reconstruction, refine_focal_length: bool = True, refine_principal_point: bool = False,
-                  refine_extra_params: bool = True, fix="gauge", loss=None, loss_scale: float = 1.0,
-                  device=None, refine_rig_from_world: bool = True, refine_sensor_from_rig: bool = True,
-                  constant_rig_from_world_rotation: bool = False, **options):
-    """Bundle-adjust a ``pycolmap.Reconstruction`` (updated in place: poses, intrinsics, points and
-    their errors) or a model folder (read, solved and written back in the same format); returns
-    the :class:`solvers.SolveResult`. The arguments are
-    :func:`solvers.colmap.problem_from_reconstruction`'s; ``options`` go to :func:`solvers.solve`.
-    For a pycolmap reconstruction no file is written."""
+def bundle_adjust(reconstruction, **options):
+    """Bundle-adjust a ``pycolmap.Reconstruction`` (updated in place: poses, rigs, intrinsics,
+    points and their errors) or a model folder (read, solved and written back in the same
+    format); returns the :class:`solvers.SolveResult`. Each option goes to
+    :func:`solvers.colmap.problem_from_reconstruction` where it takes it (``refine_*``, ``fix``,
+    ``loss``, ``pose_priors``, ``device``, ...), else to :func:`solvers.solve`
+    (``max_iterations``, ``linear_solver``, ``verbose``, ...). For a pycolmap reconstruction no
+    file is written; a solve that fails (Ceres' FAILURE) leaves it as it was."""
+    import inspect
     import solvers
     from .problem import problem_from_reconstruction, update_reconstruction
+    takes = set(inspect.signature(problem_from_reconstruction).parameters) - {"model"}
+    problem_options = {k: v for k, v in options.items() if k in takes}
+    solve_options = {k: v for k, v in options.items() if k not in takes}
     if isinstance(reconstruction, str):
         from .io import read_model, write_model
         import os
@@ -233,15 +236,9 @@ def bundle_adjust(reconstruction, refine_focal_length: bool = True, refine_princ
         binary = os.path.isfile(os.path.join(reconstruction, "cameras.bin"))
     else:
         model = from_pycolmap(reconstruction)
-    prob = problem_from_reconstruction(model, refine_focal_length=refine_focal_length,
-                                       refine_principal_point=refine_principal_point,
-                                       refine_extra_params=refine_extra_params, fix=fix, loss=loss,
-                                       loss_scale=loss_scale, device=device,
-                                       refine_rig_from_world=refine_rig_from_world,
-                                       refine_sensor_from_rig=refine_sensor_from_rig,
-                                       constant_rig_from_world_rotation=constant_rig_from_world_rotation)
-    result = solvers.solve(prob, **options)
-    if result.usable:           # a FAILURE leaves the reconstruction as it was
+    prob = problem_from_reconstruction(model, **problem_options)
+    result = solvers.solve(prob, **solve_options)
+    if result.usable:
         update_reconstruction(model, result)
         if isinstance(reconstruction, str):
             write_model(model, reconstruction, binary=binary)

@@ -20,50 +20,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..models import cameras
+from . import priors as pose_prior
+from .rotations import (angle_axis_to_quaternion, quaternion_multiply, quaternion_to_angle_axis,  # noqa: F401
+                        quaternion_to_matrix)
 
 _MODEL_IDS = {m.colmap_id: m for m in cameras.MODELS.values() if m.colmap_id is not None}
 FIX_CHOICES = ("gauge", "first-two-poses", "none")
-
-
-def quaternion_to_angle_axis(q) -> np.ndarray:
-    """(n, 4) unit quaternions ``(qw, qx, qy, qz)`` -> (n, 3) angle-axis vectors."""
-    q = np.asarray(q, np.float64)
-    q = q / np.linalg.norm(q, axis=1, keepdims=True)
-    q = np.where(q[:, :1] < 0, -q, q)                  # the rotation angle in [0, pi]
-    v = q[:, 1:]
-    s = np.linalg.norm(v, axis=1)
-    angle = 2.0 * np.arctan2(s, q[:, 0])
-    # angle / s -> 2 / qw as s -> 0 (first order), free of 0/0
-    k = np.where(s > 1e-12, angle / np.where(s > 1e-12, s, 1.0), 2.0 / q[:, 0])
-    return v * k[:, None]
-
-
-def angle_axis_to_quaternion(w) -> np.ndarray:
-    """(n, 3) angle-axis vectors -> (n, 4) unit quaternions ``(qw, qx, qy, qz)``, qw >= 0."""
-    w = np.asarray(w, np.float64)
-    theta = np.linalg.norm(w, axis=1)
-    half = 0.5 * theta
-    k = np.where(theta > 1e-12, np.sin(half) / np.where(theta > 1e-12, theta, 1.0), 0.5)
-    q = np.concatenate([np.cos(half)[:, None], w * k[:, None]], axis=1)
-    return np.where(q[:, :1] < 0, -q, q)
-
-
-def quaternion_to_matrix(q) -> np.ndarray:
-    """(n, 4) quaternions ``(qw, qx, qy, qz)`` (normalised here) -> (n, 3, 3) rotation matrices."""
-    q = np.asarray(q, np.float64)
-    w, x, y, z = (q / np.linalg.norm(q, axis=1, keepdims=True)).T
-    return np.stack([np.stack([1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)], 1),
-                     np.stack([2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)], 1),
-                     np.stack([2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], 1)], 1)
-
-
-def quaternion_multiply(a, b) -> np.ndarray:
-    """Hamilton products ``a * b`` of (n, 4) quaternions ``(qw, qx, qy, qz)``: the rotation of
-    ``b`` followed by that of ``a``."""
-    aw, ax, ay, az = np.asarray(a, np.float64).T
-    bw, bx, by, bz = np.asarray(b, np.float64).T
-    return np.stack([aw * bw - ax * bx - ay * by - az * bz, aw * bx + ax * bw + ay * bz - az * by,
-                     aw * by - ax * bz + ay * bw + az * bx, aw * bz + ax * by - ay * bx + az * bw], 1)
 
 
 def _parameter_kinds(model: cameras.CameraModel):
@@ -111,7 +73,9 @@ def problem_from_reconstruction(model, refine_focal_length: bool = True, refine_
                                 refine_extra_params: bool = True, fix="gauge", loss=None, loss_scale: float = 1.0,
                                 dtype=np.float64, device=None, backend: str = "auto",
                                 refine_rig_from_world: bool = True, refine_sensor_from_rig: bool = True,
-                                constant_rig_from_world_rotation: bool = False):
+                                constant_rig_from_world_rotation: bool = False, pose_priors=None,
+                                prior_loss=None, prior_loss_scale: float = pose_prior.DEFAULT_LOSS_SCALE,
+                                prior_fallback_stddev: float = 1.0, prior_seed: int = 0):
     """The bundle adjustment of a COLMAP reconstruction (a :class:`solvers.colmap.Reconstruction`
     or a model folder) as a :class:`solvers.Problem` (module docstring).
 
@@ -129,9 +93,26 @@ def problem_from_reconstruction(model, refine_focal_length: bool = True, refine_
       ``rig_from_world``) and ``sensors`` (each non-reference camera's ``sensor_from_rig``);
       ``refine_rig_from_world``, ``refine_sensor_from_rig`` and
       ``constant_rig_from_world_rotation`` are pycolmap's options, with its defaults.
+    - ``pose_priors`` (:mod:`solvers.colmap.priors`: a ``PosePriors``, a prior file or pycolmap
+      ``PosePrior`` objects): images' positions with covariances, as COLMAP's pose-prior bundle
+      adjuster takes them. The problem starts from the reconstruction moved into the priors'
+      frame by a robustly estimated similarity (said in ``problem.notes``, which the solve's log
+      prints); the priors fix the gauge (``fix="gauge"`` then holds nothing). ``prior_loss``
+      (None: trivial, or ``"cauchy"``...) and ``prior_loss_scale`` are their loss's (COLMAP's
+      default scale: sqrt(7.815)); ``prior_fallback_stddev`` stands in for a missing covariance;
+      ``prior_seed`` seeds the alignment's RANSAC. ``update_reconstruction`` then writes the
+      solution, in the priors' frame.
     """
     from .io import read_model
     rec = read_model(model) if isinstance(model, str) else model
+    priors_used = None
+    notes = []
+    if pose_priors is not None:
+        rec, priors_used, note = _aligned_to_priors(rec, pose_prior.as_pose_priors(pose_priors),
+                                                    prior_fallback_stddev, prior_seed)
+        notes.append(note)
+        if priors_used is not None and isinstance(fix, str) and fix == "gauge":
+            fix = "none"            # the priors fix the 7 degrees of freedom (COLMAP holds nothing)
     for k, mid in enumerate(rec.camera_models):
         if int(mid) not in _MODEL_IDS:
             raise ValueError(f"camera {int(rec.camera_ids[k])} uses COLMAP camera model id {int(mid)}, which "
@@ -144,10 +125,20 @@ def problem_from_reconstruction(model, refine_focal_length: bool = True, refine_
     image_row, point_row, xy = image_row[by_point], point_row[by_point], xy[by_point]
     from ..general.problem import Problem
     prob = Problem(dtype=dtype, device=device, backend=backend, name="colmap")
+    prob.notes.extend(notes)
     refine = (refine_focal_length, refine_principal_point, refine_extra_params)
+    prior_loss = dict(loss=prior_loss, loss_scale=prior_loss_scale)
     if rec.has_multi_sensor_rigs:
         _rig_problem(prob, rec, image_row, point_row, xy, refine, fix, loss, loss_scale, refine_rig_from_world,
                      refine_sensor_from_rig, constant_rig_from_world_rotation)
+        if priors_used is not None:
+            rows, data = _prior_rows(rec, priors_used, prior_fallback_stddev, image_row)
+            frame_of, sensor_of = image_frames(rec)
+            srow = _rig_sensor_rows(rec, sensor_of, image_row)
+            if rows.size:
+                prob.add_residual_block(pose_prior.rig_position_prior, ["sensors", "frames"],
+                                        index=(srow[rows], frame_of[rows]), data=data,
+                                        name="position_prior", **prior_loss)
         return prob
     poses = np.concatenate([quaternion_to_angle_axis(rec.image_qvec), rec.image_tvec], axis=1)
     prob.add_parameter_block("poses", poses)
@@ -165,8 +156,71 @@ def problem_from_reconstruction(model, refine_focal_length: bool = True, refine_
                                 index=(image_row[mine], local[obs_cam[mine]], point_row[mine]), data=xy[mine],
                                 loss=loss, loss_scale=loss_scale, name=f"reprojection_{m.name}")
         _hold_intrinsics(prob, m, group, refine)
+    if priors_used is not None:
+        rows, data = _prior_rows(rec, priors_used, prior_fallback_stddev, image_row)
+        if rows.size:
+            prob.add_residual_block(pose_prior.position_prior, ["poses"], index=(rows,), data=data,
+                                    name="position_prior", **prior_loss)
     _fix(prob, rec, fix)
     return prob
+
+
+def _aligned_to_priors(rec, priors, fallback_stddev, seed):
+    """``(reconstruction, priors or None, note)``: ``rec`` moved into the priors' frame (a copy)
+    with the priors to use, or ``rec`` as it is and None where fewer than three priors, or no
+    similarity with three inliers, leave them unused (COLMAP then solves without them)."""
+    rows, missing = _rows_of(rec.image_ids, priors.image_ids)
+    if missing.size:
+        raise ValueError(f"pose_priors: image {int(missing[0])} is not in the reconstruction ({missing.size} "
+                         f"such priors); a prior names a registered image by its id")
+    if priors.image_ids.size < 3:
+        return rec, None, (f"{priors.image_ids.size} pose priors: fewer than 3, solved without them "
+                           f"(with COLMAP's gauge)")
+    R = quaternion_to_matrix(rec.image_qvec[rows])
+    centres = -np.einsum("nji,nj->ni", R, rec.image_tvec[rows])
+    threshold = pose_prior.inlier_threshold(priors.covariances, fallback_stddev)
+    found = pose_prior.align(centres, priors.positions, threshold, seed=seed)
+    if found is None:
+        return rec, None, (f"{priors.image_ids.size} pose priors: no similarity brings 3 camera centres within "
+                           f"{threshold:.3g} of their priors; solved without them (with COLMAP's gauge)")
+    s, Rs, t, inliers = found
+    note = (f"Aligned to {priors.image_ids.size} pose priors: scale {s:.6g}, {int(inliers.sum())} inliers within "
+            f"{threshold:.3g}; the priors fix the gauge")
+    return transformed(rec, s, Rs, t), priors, note
+
+
+def transformed(rec, s, R, t):
+    """A copy of ``rec`` moved by the similarity ``x -> s R x + t``: points moved, poses'
+    rotations turned by ``R^T`` and translations scaled (``cam_from_new_world``), rigs'
+    sensor_from_rig translations scaled; the images see the same pixels."""
+    import dataclasses
+    from .rotations import matrix_to_quaternion
+    q_inv = matrix_to_quaternion(R.T[None])[0]
+
+    def poses(qvec, tvec):
+        if qvec is None:
+            return None, None
+        q = quaternion_multiply(qvec, np.broadcast_to(q_inv, qvec.shape))
+        Rn = quaternion_to_matrix(q)
+        return q, s * tvec - np.einsum("nij,j->ni", Rn, t)
+    iq, it = poses(rec.image_qvec, rec.image_tvec)
+    fq, ft = poses(rec.frame_qvec, rec.frame_tvec)
+    out = dataclasses.replace(rec, point_xyz=s * rec.point_xyz @ R.T + t, image_qvec=iq, image_tvec=it,
+                              frame_qvec=fq, frame_tvec=ft, camera_params=[p.copy() for p in rec.camera_params])
+    if rec.rig_sensor_tvec is not None:
+        out.rig_sensor_tvec = s * rec.rig_sensor_tvec
+    return out
+
+
+def _prior_rows(rec, priors, fallback_stddev, image_row):
+    """``(image rows, data)`` of the priors whose images have observations (COLMAP leaves the
+    others out): data = the position and the rows of L (12 per prior)."""
+    rows, _ = _rows_of(rec.image_ids, priors.image_ids)
+    seen = np.zeros(rec.image_ids.size, bool)
+    seen[image_row] = True
+    keep = seen[rows]
+    L = pose_prior.sqrt_information(priors.covariances[keep], fallback_stddev)
+    return rows[keep], np.concatenate([priors.positions[keep], L.reshape(-1, 9)], axis=1)
 
 
 def _hold_intrinsics(prob, m, group, refine):
@@ -251,6 +305,15 @@ def _rig_problem(prob, rec, image_row, point_row, xy, refine, fix, loss, loss_sc
     elif constant_rig_from_world_rotation:
         prob.set_constant("frames", columns=[0, 1, 2])
     _fix_rig_gauge(prob, rec, fix, frame_of, sensor_of, refine_rig_from_world, refine_sensor_from_rig)
+
+
+def _rig_sensor_rows(rec, sensor_of, image_row):
+    """Each image's row in the problem's ``sensors`` group (0: the reference cameras' identity),
+    as :func:`_rig_problem` numbers them."""
+    used = np.unique(sensor_of[image_row][sensor_of[image_row] >= 0])
+    sensor_row = np.zeros(max(1, int(sensor_of.max()) + 1) if sensor_of.size else 1, np.int64)
+    sensor_row[used] = 1 + np.arange(used.size)
+    return np.where(sensor_of >= 0, sensor_row[np.maximum(sensor_of, 0)], 0)
 
 
 def _fix_rig_gauge(prob, rec, fix, frame_of, sensor_of, refine_rig_from_world, refine_sensor_from_rig):

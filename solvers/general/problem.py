@@ -132,6 +132,9 @@ class Problem:
         self.device, self.backend, self.name = device, backend, name
         self.groups: dict = {}
         self.residuals: List[ResidualBlock] = []
+        # What the problem's maker wants said before the solve's log (solvers.colmap's alignment
+        # to pose priors, say): solve(verbose=True) prints them first.
+        self.notes: List[str] = []
 
     # -- building --------------------------------------------------------------------------
     def add_parameter_block(self, name: str, values, copy: bool = True) -> ParameterBlock:
