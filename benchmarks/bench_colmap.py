@@ -4,7 +4,9 @@ against ``pycolmap``'s own bundle adjuster (COLMAP's Ceres problem), in the same
 Reconstructions come from ``pycolmap.synthesize_dataset`` with ``pycolmap.synthesize_noise``
 (2-D noise 1 px, 3-D noise 0.02, pose noise 0.01 / 0.2 deg), SIMPLE_RADIAL, at several sizes, with
 one shared camera and with one camera per image; ``--cameras`` adds an OPENCV_FISHEYE camera per
-image and one rig of 2 or 6 cameras (their sensor_from_rig poses refined, as pycolmap's defaults). Both sides: the same loss (trivial), the same
+image, one rig of 2 or 6 cameras (their sensor_from_rig poses refined, as pycolmap's defaults),
+and a camera per image with position priors (``priors``: the model moved by a similarity, priors
+of sigma 0.05 about the true centres; pycolmap's ``create_pose_prior_bundle_adjuster``). Both sides: the same loss (trivial), the same
 refined intrinsics (focal length and extra parameters; principal point fixed), the same gauge
 (COLMAP's TWO_CAMS_FROM_WORLD: the first pose and the largest coordinate of the second pose's
 translation), Levenberg-Marquardt with tolerances 1e-6 / 1e-10 / 1e-8, at most 50 iterations,
@@ -52,10 +54,20 @@ KINDS = {
     "fisheye": (lambda n: (n, 1, 1), OPENCV_FISHEYE, "OPENCV_FISHEYE camera per image"),
     "rig2": (lambda n: (1, 2, max(1, n // 2)), SIMPLE_RADIAL, "a rig of 2 cameras"),
     "rig6": (lambda n: (1, 6, max(1, n // 6)), SIMPLE_RADIAL, "a rig of 6 cameras"),
+    # a camera per image, moved into another frame, with position priors from the unmoved one
+    "priors": (lambda n: (n, 1, 1), SIMPLE_RADIAL, "camera per image, pose priors"),
 }
+PRIOR_SIGMA = 0.05
 
 
 def reconstruction(n_images, kind, seed=0):
+    """The synthetic reconstruction of ``kind`` (:data:`KINDS`) and ``n_images``, with noise."""
+    return reconstruction_and_priors(n_images, kind, seed)[0]
+
+
+def reconstruction_and_priors(n_images, kind, seed=0):
+    """``(reconstruction, priors)``: priors (pycolmap PosePrior, sigma 0.05 about the true
+    centres) for kind "priors", the reconstruction then moved by a similarity; else None."""
     rigs, cameras, frames = KINDS[kind][0](n_images)
     model, params = KINDS[kind][1]
     pycolmap.set_random_seed(seed)
@@ -64,13 +76,25 @@ def reconstruction(n_images, kind, seed=0):
         num_points3D=POINTS_PER_IMAGE * n_images, track_length=TRACK, num_points2D_without_point3D=0,
         camera_model_id=getattr(pycolmap.CameraModelId, model), camera_params=params)
     rec = pycolmap.synthesize_dataset(o)
+    priors = None
+    if kind == "priors":
+        import numpy as np
+        rng = np.random.default_rng(seed)
+        priors = []
+        for image_id in sorted(rec.reg_image_ids()):
+            p = pycolmap.PosePrior()
+            p.corr_data_id = rec.image(image_id).data_id
+            p.position = rec.image(image_id).projection_center() + rng.normal(0.0, PRIOR_SIGMA, 3)
+            p.position_covariance = PRIOR_SIGMA ** 2 * np.eye(3)
+            priors.append(p)
+        rec.transform(pycolmap.Sim3d(0.3, pycolmap.Rotation3d(np.array([0.2, -0.1, 0.4])), np.array([5.0, -2.0, 1.0])))
     pycolmap.synthesize_noise(pycolmap.SyntheticNoiseOptions(
         point2D_stddev=1.0, point3D_stddev=0.02, rig_from_world_translation_stddev=0.01,
         rig_from_world_rotation_stddev=0.2), rec)
-    return rec
+    return rec, priors
 
 
-def pycolmap_solve(rec, threads):
+def pycolmap_solve(rec, threads, priors=None):
     rec = pycolmap.Reconstruction(rec)          # a copy: every run starts from the same state
     opts = pycolmap.BundleAdjustmentOptions(print_summary=False)
     opts.refine_focal_length, opts.refine_principal_point, opts.refine_extra_params = True, False, True
@@ -81,8 +105,13 @@ def pycolmap_solve(rec, threads):
     cfg = pycolmap.BundleAdjustmentConfig()
     for i in sorted(rec.reg_image_ids()):
         cfg.add_image(i)
-    cfg.fix_gauge(pycolmap.BundleAdjustmentGauge.TWO_CAMS_FROM_WORLD)
-    adjuster = pycolmap.create_default_bundle_adjuster(opts, cfg, rec)
+    if priors is None:
+        cfg.fix_gauge(pycolmap.BundleAdjustmentGauge.TWO_CAMS_FROM_WORLD)
+        adjuster = pycolmap.create_default_bundle_adjuster(opts, cfg, rec)
+    else:       # aligned to the priors while being made, untimed (ours: in problem_from_reconstruction)
+        po = pycolmap.PosePriorBundleAdjustmentOptions()
+        po.alignment_ransac.random_seed = 0
+        adjuster = pycolmap.create_pose_prior_bundle_adjuster(opts, po, cfg, priors, rec)
     t0 = time.perf_counter()
     cs = adjuster.solve().ceres_summary
     return time.perf_counter() - t0, cs
@@ -104,7 +133,7 @@ def main():
                         "pycolmap chose for the case (COLMAP: ITERATIVE_SCHUR above 1,000 images)")
     p.add_argument("--cameras", default="shared,per-image",
                    help="comma-separated: shared, per-image, fisheye (OPENCV_FISHEYE per image), rig2, rig6 "
-                        "(one rig of 2 or 6 cameras, n / 2 or n / 6 frames)")
+                        "(one rig of 2 or 6 cameras, n / 2 or n / 6 frames), priors (per image, pose priors)")
     p.add_argument("--repeat-large", type=int, default=1,
                    help="timed runs per side above 200,000 observations (default 1: minutes each)")
     p.set_defaults(repeat=3)
@@ -118,14 +147,14 @@ def main():
             if kind not in KINDS:
                 raise SystemExit(f"--cameras: {kind!r} is not one of {', '.join(KINDS)}")
             for n in sizes:
-                rec = reconstruction(n, kind)
+                rec, priors = reconstruction_and_priors(n, kind)
                 path = os.path.join(tmp, f"m{n}{kind}")
                 os.makedirs(path)
                 rec.write(path)
                 ours_rec = colmap.read_model(path)
-                prob = colmap.problem_from_reconstruction(ours_rec, device=args.device)
+                prob = colmap.problem_from_reconstruction(ours_rec, device=args.device, pose_priors=priors)
                 repeat = args.repeat if ours_rec.num_observations <= 200_000 else args.repeat_large
-                peer = [pycolmap_solve(rec, args.threads) for _ in range(repeat)]
+                peer = [pycolmap_solve(rec, args.threads, priors) for _ in range(repeat)]
                 t_peer = statistics.median(t for t, _ in peer)
                 cs = peer[0][1]
                 chosen = "iterative_schur" if "ITERATIVE" in str(cs.linear_solver_type_used) else "sparse_schur"
