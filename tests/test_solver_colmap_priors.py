@@ -135,3 +135,41 @@ def test_the_command_line_takes_a_prior_file(tmp_path, capsys):
     assert main([str(tmp_path / "in"), "--out", str(tmp_path / "out2"), "--pose-priors",
                  str(tmp_path / "missing.txt")]) == 2
     assert "missing.txt" in capsys.readouterr().err
+
+
+def test_wgs84_priors_from_a_colmap_database(tmp_path, capsys):
+    """Priors as COLMAP's feature extractor stores them (WGS84, in the database): converted to
+    the ENU frame of the first prior (against pycolmap's GPSTransform), and the command line
+    solves with them (--pose-priors database.db)."""
+    from solvers.colmap.cli import main
+    from solvers.colmap.priors import wgs84_to_enu
+    gt, rec, priors = reconstruction_and_priors(seed=4, sigma=0.01)
+    (tmp_path / "in").mkdir()
+    rec.write_binary(str(tmp_path / "in"))
+    origin = np.array([47.37, 8.54, 408.0])
+    gps = pycolmap.GPSTransform()
+    db = pycolmap.Database.open(str(tmp_path / "database.db"))
+    for cam in rec.cameras.values():
+        db.write_camera(cam, use_camera_id=True)
+    for image in rec.images.values():
+        db.write_image(pycolmap.Image(name=image.name, camera_id=image.camera_id, image_id=image.image_id),
+                       use_image_id=True)
+    enu = np.array([np.asarray(p.position) for p in priors])
+    lla = gps.enu_to_ellipsoid(enu, *origin)
+    for p, l in zip(priors, lla):
+        q = pycolmap.PosePrior()
+        q.corr_data_id, q.position = p.corr_data_id, l
+        q.coordinate_system = pycolmap.PosePriorCoordinateSystem.WGS84
+        db.write_pose_prior(q)
+    db.close()
+    read = colmap.read_pose_priors(str(tmp_path / "database.db"))
+    want = gps.ellipsoid_to_enu(lla, *lla[0])
+    np.testing.assert_allclose(read.positions, want, atol=1e-6)
+    np.testing.assert_allclose(wgs84_to_enu(lla, lla[0]), want, atol=1e-6)
+    assert main([str(tmp_path / "in"), "--out", str(tmp_path / "out"), "--pose-priors", str(tmp_path / "database.db"),
+                 "--prior-fallback-stddev", "0.01", "-q"]) == 0
+    back = pycolmap.Reconstruction(str(tmp_path / "out"))
+    shift = enu[0] - want[0]                     # the ENU origin is the first prior
+    error = [np.linalg.norm(back.image(i).projection_center() + shift - gt.image(i).projection_center())
+             for i in gt.reg_image_ids()]
+    assert max(error) < 0.1

@@ -35,8 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--constant-rig-from-world-rotation", action="store_true",
                    help="rigs: hold the frames' rotations, refine their positions")
     p.add_argument("--pose-priors", metavar="FILE",
-                   help="position priors of images (lines IMAGE_ID X Y Z [SX SY SZ | C11 C12 C13 C22 C23 C33]): the "
-                        "model is aligned to them first and they fix the gauge (solvers.colmap.priors)")
+                   help="position priors of images (lines IMAGE_ID X Y Z [SX SY SZ | C11 C12 C13 C22 C23 C33], or a "
+                        "COLMAP database.db's priors): the model is aligned to them first and they fix the gauge "
+                        "(solvers.colmap.priors)")
     p.add_argument("--prior-loss", default="none", choices=["none"] + [n for n in LOSSES if n != "trivial"],
                    help="the priors' robust loss (default none; COLMAP's mapper uses cauchy)")
     p.add_argument("--prior-loss-scale", type=float, default=None,

@@ -51,12 +51,46 @@ class PosePriors:
     @classmethod
     def from_pycolmap(cls, priors) -> "PosePriors":
         """From a sequence of ``pycolmap.PosePrior`` (each attached to an image through its
-        ``corr_data_id``, as COLMAP attaches them); priors without a position are left out."""
-        rows = [(int(p.corr_data_id.id), np.asarray(p.position, np.float64), np.asarray(p.position_covariance))
-                for p in priors if p.has_position()]
-        if not rows:
+        ``corr_data_id``, as COLMAP attaches them); priors without a position are left out.
+        WGS84 priors (latitude, longitude in degrees, altitude in metres: what COLMAP's feature
+        extractor reads from EXIF) become metres in the local ENU frame whose origin is the first
+        prior, as COLMAP's mapper converts them (their covariances as given); a mix of WGS84 and
+        Cartesian priors is refused, as there."""
+        kept = [p for p in priors if p.has_position()]
+        if not kept:
             return cls(np.zeros(0, np.int64), np.zeros((0, 3)), np.zeros((0, 3, 3)))
-        return cls(np.array([r[0] for r in rows]), np.array([r[1] for r in rows]), np.array([r[2] for r in rows]))
+        systems = {p.coordinate_system.name for p in kept}
+        positions = np.array([np.asarray(p.position, np.float64) for p in kept])
+        if "WGS84" in systems:
+            if len(systems) > 1:
+                raise ValueError(f"pose priors in several coordinate systems ({', '.join(sorted(systems))}): "
+                                 f"give them all in WGS84 or all Cartesian")
+            positions = wgs84_to_enu(positions, positions[0])
+        return cls(np.array([int(p.corr_data_id.id) for p in kept]), positions,
+                   np.array([np.asarray(p.position_covariance, np.float64) for p in kept]))
+
+
+# WGS84's ellipsoid: semi-major axis and flattening.
+WGS84_A, WGS84_F = 6378137.0, 1.0 / 298.257223563
+
+
+def wgs84_to_enu(lat_lon_alt, origin) -> np.ndarray:
+    """(n, 3) latitudes and longitudes (degrees) and altitudes (metres) -> (n, 3) east, north, up
+    in metres from ``origin`` (a latitude, longitude, altitude), through Earth-centred
+    coordinates on the WGS84 ellipsoid."""
+    def ecef(lla):
+        lat, lon, h = np.radians(lla[..., 0]), np.radians(lla[..., 1]), lla[..., 2]
+        e2 = WGS84_F * (2.0 - WGS84_F)
+        n = WGS84_A / np.sqrt(1.0 - e2 * np.sin(lat) ** 2)
+        return np.stack([(n + h) * np.cos(lat) * np.cos(lon), (n + h) * np.cos(lat) * np.sin(lon),
+                         (n * (1.0 - e2) + h) * np.sin(lat)], -1)
+    lla = np.asarray(lat_lon_alt, np.float64).reshape(-1, 3)
+    o = np.asarray(origin, np.float64)
+    lat, lon = np.radians(o[0]), np.radians(o[1])
+    R = np.array([[-np.sin(lon), np.cos(lon), 0.0],
+                  [-np.sin(lat) * np.cos(lon), -np.sin(lat) * np.sin(lon), np.cos(lat)],
+                  [np.cos(lat) * np.cos(lon), np.cos(lat) * np.sin(lon), np.sin(lat)]])
+    return (ecef(lla) - ecef(o)) @ R.T
 
 
 def check(priors: PosePriors) -> None:
@@ -92,7 +126,21 @@ def read_pose_priors(path: str) -> PosePriors:
         IMAGE_ID X Y Z C11 C12 C13 C22 C23 C33    # the covariance's upper triangle
 
     Positions in a metric Cartesian frame (metres in a local ENU frame, say). A malformed line
-    raises ValueError naming the file and the line."""
+    raises ValueError naming the file and the line. A COLMAP database (``*.db``) gives the priors
+    it holds (pycolmap's ``Database.read_all_pose_priors``; WGS84 ones converted to ENU)."""
+    if path.endswith(".db"):
+        try:
+            import pycolmap
+        except ImportError as e:
+            raise ImportError(f"{path}: reading a COLMAP database's pose priors needs pycolmap ({e})") from e
+        import os
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: no such COLMAP database")
+        db = pycolmap.Database.open(path) if hasattr(pycolmap.Database, "open") else pycolmap.Database(path)
+        try:
+            return PosePriors.from_pycolmap(db.read_all_pose_priors())
+        finally:
+            db.close()
     ids, positions, covariances = [], [], []
     with open(path) as fh:
         for no, line in enumerate(fh, 1):
