@@ -6,6 +6,7 @@ cost, the gradient's max norm, the step's norm and the linear solver's iteration
 ``solvers/`` was restructured; ``tests/test_iteration_logs.py`` holds every later commit to them.
 
     python tests/iteration_logs.py --record          # rewrite the recorded logs (all cases)
+    python tests/iteration_logs.py --rerecord WHY CASE ...   # after a deliberate change: those cases
     python tests/iteration_logs.py CASE [CASE ...]   # print the logs of some cases as JSON
 
 The two-device case runs on PoCL's ``POCL_DEVICES="pthread pthread"`` (``pocl_pair``) and the
@@ -137,6 +138,26 @@ def main(argv):
         from solvers.io.atomic import replacing
         with replacing(RECORDED, "w") as f:
             json.dump({"commit": commit, "logs": logs}, f, indent=1)
+            f.write("\n")
+        return
+    if argv[:1] == ["--rerecord"]:
+        # A deliberate change of behaviour (a residual's semantics) changes some logs: those
+        # cases are recorded again at the commit that made the change, with why; the others
+        # keep their first recording.
+        why, names = argv[1], argv[2:]
+        if not names or any(n not in table for n in names):
+            raise SystemExit(f"--rerecord WHY CASE [CASE ...]; cases: {', '.join(table)}")
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=ROOT).stdout.strip()
+        with open(RECORDED) as f:
+            recorded = json.load(f)
+        for name in names:
+            print(name, flush=True)
+            recorded["logs"][name] = table[name]()
+            recorded.setdefault("rerecorded", {})[name] = {"commit": commit, "why": why}
+        from solvers.io.atomic import replacing
+        with replacing(RECORDED, "w") as f:
+            json.dump(recorded, f, indent=1)
             f.write("\n")
         return
     print(json.dumps({name: table[name]() for name in argv}, indent=1))

@@ -231,3 +231,22 @@ def test_parameter_kinds_are_pycolmaps():
         cam = pycolmap.Camera.create_from_model_name(1, m.name, 500.0, 640, 480)
         assert _parameter_kinds(m) == (list(cam.focal_length_idxs()), list(cam.principal_point_idxs()),
                                        list(cam.extra_params_idxs()), list(cam.metadata_params_idxs())), m.name
+
+
+def test_a_point_behind_a_camera_costs_nothing_there_as_in_colmap(tmp_path):
+    """COLMAP's reprojection cost is 0 (zero Jacobian) for a point behind the camera: with one
+    point moved behind the first image's camera, the initial and final costs are pycolmap's."""
+    rec, _ = synthetic(tmp_path, model="SIMPLE_RADIAL", seed=3)
+    image = rec.images[sorted(rec.images)[0]]
+    pid = next(p.point3D_id for p in image.points2D if p.has_point3D())
+    pose = image.cam_from_world()
+    inside = pose * rec.points3D[pid].xyz
+    rec.points3D[pid].xyz = pose.inverse() * np.array([inside[0], inside[1], -inside[2]])
+    (tmp_path / "behind").mkdir()
+    rec.write_text(str(tmp_path / "behind"))
+    ours = colmap.read_model(str(tmp_path / "behind"))
+    r = solvers.solve(colmap.problem_from_reconstruction(ours), max_iterations=100, function_tolerance=1e-10,
+                      gradient_tolerance=1e-12, parameter_tolerance=1e-12, handle_sigint=False)
+    cs = pycolmap_ba(pycolmap.Reconstruction(str(tmp_path / "behind")))
+    assert r.initial_cost == pytest.approx(cs.initial_cost, rel=1e-9)
+    assert r.final_cost == pytest.approx(cs.final_cost, rel=1e-6)

@@ -262,10 +262,15 @@ class CameraModel:
         return self.pixel_residual(intrinsics, p, observed)
 
     def pixel_residual(self, intrinsics, p, observed):
-        """``projected - observed`` of the point ``p`` in the camera's frame. (COLMAP's cost is 0
-        for a point behind the camera, where the model checks the depth; this one projects it.)"""
+        """``projected - observed`` of the point ``p`` in the camera's frame; as COLMAP's
+        reprojection cost, 0 (with zero derivatives) for a point the model cannot project:
+        behind the camera (depth below machine epsilon), for the models that check the depth."""
         x, y = self._to_pixels(intrinsics, p)
-        return [x - observed[0], y - observed[1]]
+        r = [x - observed[0], y - observed[1]]
+        if self.checks_depth:
+            front = p[2] >= EPS
+            r = [pc.where(front, r[0], 0.0), pc.where(front, r[1], 0.0)]
+        return r
 
     def batch_function(self, dtype=np.float64, backend: str = "auto", device=None) -> pc.BatchFunction:
         """The batched residual: ``params=(6, num_params, 3)``, ``data=2`` (traced once per
