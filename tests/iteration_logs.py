@@ -56,7 +56,7 @@ def colmap_model(n_images, folder):
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     from bench_colmap import reconstruction
     from solvers import colmap
-    reconstruction(n_images, per_image=True).write(folder)
+    reconstruction(n_images, "per-image").write(folder)
     return colmap.read_model(folder)
 
 
