@@ -335,7 +335,8 @@ class BACore:
     def counts(self, problem) -> dict:
         if self.merged is not None:          # the original problem's, as the general core counts them
             from .general.problem_evaluator import Layout
-            self.original.residuals[0].num_residuals = self.num_residuals
+            if len(self.original.residuals) == 1:     # (a union's kinds were counted by the merge)
+                self.original.residuals[0].num_residuals = self.num_residuals
             return _layout_counts(self.original, Layout(self.original, self.pt.name))
         C, P = self.evaluator.C, self.evaluator.P
         rows = self.cam.num_rows + self.pt.num_rows

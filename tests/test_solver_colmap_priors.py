@@ -65,6 +65,10 @@ def test_prior_bundle_adjustment_matches_pycolmap(tmp_path, cameras, loss, outli
     assert prob.notes[0].startswith(f"Aligned to {len(priors)} pose priors")
     assert f"{len(priors) - outlier} inliers" in prob.notes[0]
     r = solvers.solve(prob, **TIGHT)
+    # The trivial prior loss, the reprojections': one kind for the device-resident core
+    # (solvers.general.merged_groups' union); a robust prior loss: the general core.
+    assert r.core == ("bundle-adjustment" if loss == "TRIVIAL" else "general")
+    assert r.num_residuals == 2 * ours.num_observations + 3 * len(priors)
     cs = pycolmap_prior_ba(pycolmap.Reconstruction(rec), priors, loss)
     assert r.num_effective_parameters == cs.num_effective_parameters_reduced      # no pose held: the priors fix it
     assert r.final_cost == pytest.approx(cs.final_cost, rel=1e-6)

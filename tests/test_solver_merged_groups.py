@@ -40,10 +40,23 @@ def test_merge_takes_groups_used_together_only():
     want = np.sum(p["poses"].values[0] ** 2) + np.sum(p["points"].values[[5, 6]] ** 2)
     assert m.excluded_sq == pytest.approx(want, rel=1e-15)
     assert m.copies is None
-    # A camera shared by two images: merged only with copies; a second residual kind: never.
+    # A camera shared by two images: merged only with copies. A second residual kind over the
+    # merged groups only (a prior on poses) joins the first as one tagged kind, its blocks each
+    # observing a constant point of their own, dropped from the solution; with another loss, or
+    # over the eliminated group too, the problem stays the general core's.
     shared = per_image_problem(4, 6, n_cameras=2)
     assert merge_groups(shared, "points") is None
-    assert merge_groups(three_group_problem(scene(n_images=4, n_cameras=4), with_prior=True), "points") is None
+    with_prior = three_group_problem(scene(n_images=4, n_cameras=4), with_prior=True)
+    u = merge_groups(with_prior, "points")
+    n_obs, n_pts = with_prior.residuals[0].num_blocks, with_prior.groups["points"].num_rows
+    assert u is not None and u.problem.residuals[0].num_blocks == n_obs + 2
+    points = u.problem.groups["points"]
+    assert points.num_rows == n_pts + 2 and not u.free_points[n_pts:].any()
+    tags = u.problem.residuals[0].data[:, 0]
+    assert (tags[:n_obs] == 0).all() and (tags[n_obs:] == 1).all()
+    solved = {u.merged_name: u.problem.groups[u.merged_name].values, "points": points.values}
+    assert u.parameters(solved)["points"].shape == (n_pts, 3)
+    assert merge_groups(three_group_problem(scene(n_images=4, n_cameras=4), loss="huber"), "points") is None
     m = merge_groups(shared, "points", shared=True)
     column, count = m.copies
     column, count = column.reshape(4, 10), count.reshape(4, 10)

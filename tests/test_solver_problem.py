@@ -151,7 +151,9 @@ def test_three_groups_two_kinds_against_scipy_least_squares(device, linear_solve
     r = solvers.solve(prob, linear_solver=linear_solver, max_iterations=100, function_tolerance=1e-12,
                       gradient_tolerance=1e-12, parameter_tolerance=1e-12, handle_sigint=False,
                       **({"eta": 1e-6} if linear_solver == "iterative_schur" else {}))
-    assert r.core == "general" and r.usable
+    # sparse_schur: the prior kind joins the reprojections as one tagged kind on the device-resident
+    # core (solvers.general.merged_groups); the general core below, with device_resident=False.
+    assert r.core == ("bundle-adjustment" if linear_solver == "sparse_schur" else "general") and r.usable
     assert r.eliminated == (None if linear_solver == "sparse_normal_cholesky" else "points")
     core = GeneralCore(prob, "points", solvers.Options())
     t0, values_at = tangent_functions(prob, core)
@@ -160,6 +162,11 @@ def test_three_groups_two_kinds_against_scipy_least_squares(device, linear_solve
                                        xtol=1e-15, ftol=1e-15, gtol=1e-15, max_nfev=5000)
     ref_cost = 0.5 * np.sum(ref.fun ** 2)
     assert r.final_cost == pytest.approx(ref_cost, rel=1e-10)
+    if linear_solver == "sparse_schur":
+        g = solvers.solve(prob, linear_solver=linear_solver, max_iterations=100, function_tolerance=1e-12,
+                          gradient_tolerance=1e-12, parameter_tolerance=1e-12, handle_sigint=False,
+                          device_resident=False)
+        assert g.core == "general" and g.final_cost == pytest.approx(ref_cost, rel=1e-10)
     ours = numpy_residuals(prob, r.parameters)
     assert 0.5 * np.sum(ours ** 2) == pytest.approx(r.final_cost, rel=1e-12)
     ref_values = values_at(ref.x)

@@ -16,8 +16,17 @@ the device sums the copies' gradients and column norms and solves sparse_schur f
 columns (:class:`solvers.general.key_copies_device.KeyCopies`), so the iterations are the general core's; the
 merged rows are then keys, the tuples of rows that observations use (``copies``).
 
-Not mergeable, and left to the general core: several residual kinds, a group in two slots of the
-kind, and shared rows where copies are not taken (``shared=False``).
+Further residual kinds over some of the merged groups only (a position prior on a pose, no
+eliminated row) join the one kind (:func:`_union_function`): every residual block evaluates one
+function that picks its kind's residual by a tag in its data (padded with zeros to the widest
+kind), and a block of such a kind observes a constant point of its own (zeros), so that the
+bundle-adjustment core's one-camera-one-point structure holds; that point is dropped again from
+the solution, and the report counts the original problem's residuals. The kinds must share
+their robust loss.
+
+Not mergeable, and left to the general core: several kinds that use the eliminated group, kinds
+of different losses, a group in two slots of the kind, and shared rows where copies are not
+taken (``shared=False``).
 """
 from __future__ import annotations
 
@@ -47,6 +56,39 @@ def _merged_function(fn, sizes, e_slot):
     return _wrappers[key]
 
 
+_unions = {}
+
+
+def _union_function(main_fn, main_data: int, others):
+    """One residual function for the main kind (``main_fn(*rows[, data])``, ``main_data`` wide)
+    and the ``others``, each ``(fn, slots, data width, residuals)`` over some of the main kind's
+    non-eliminated slots (indices into its rows): ``data = [tag, main data, each other's data]``, tag 0 the main
+    kind, k the k-th other; the residuals padded with zeros to the widest kind's. Cached per
+    layout, so its kernel is too."""
+    key = (main_fn, main_data, tuple((fn, tuple(slots), d, r) for fn, slots, d, r in others))
+    if key not in _unions:
+        import pyclad as pc
+
+        def union(*args):
+            *rows, data = args          # the main kind's rows, in its slot order; the tagged data
+            main = main_fn(*rows, *([data[1:1 + main_data]] if main_data else []))
+            picked = list(main)
+            offset = 1 + main_data
+            width = max([len(main)] + [r for *_, r in others])
+            picked += [0.0] * (width - len(picked))
+            for k, (fn, slots, d, r) in enumerate(others, start=1):
+                out = fn(*[rows[j] for j in slots], *([data[offset:offset + d]] if d else []))
+                out = list(out) + [0.0] * (width - len(out))
+                is_k = data[0] == float(k)
+                picked = [pc.where(is_k, o, m) for o, m in zip(out, picked)]
+                offset += d
+            return picked
+        union.__name__ = union.__qualname__ = f"{getattr(main_fn, '__qualname__', 'residual')}_with_{len(others)}_more"
+        union.__module__ = getattr(main_fn, "__module__", None)
+        _unions[key] = union
+    return _unions[key]
+
+
 class MergedGroups:
     """The merge of ``problem``'s non-eliminated groups (module docstring): ``problem`` (a new
     :class:`solvers.Problem` over the merged group and the eliminated one), ``free`` and
@@ -57,7 +99,7 @@ class MergedGroups:
 
     def __init__(self, original, block, e_slot: int, keys: np.ndarray, key_rows: List[np.ndarray]):
         from .problem import Problem
-        self.original, self.block = original, block
+        self.original, self.block, self.e_slot = original, block, e_slot
         self.slots = [(j, g) for j, g in enumerate(block.groups) if j != e_slot]
         self.key_rows = key_rows                      # per slot: the group row of every merged row
         values = np.concatenate([g.values[r] for (_, g), r in zip(self.slots, key_rows)], axis=1)
@@ -109,6 +151,9 @@ class MergedGroups:
         """Every original group's table from the merged problem's ``solved`` tables."""
         cams = solved[self.merged_name]
         out = {k: v for k, v in solved.items() if k != self.merged_name}
+        if isinstance(self.block, _UnionBlock):       # the other kinds' constant points dropped
+            name = self.block.groups[self.e_slot].name
+            out[name] = out[name][:self.block.original_point_rows]
         offset = 0
         for (_, g), rows in zip(self.slots, self.key_rows):
             table = g.values.copy()
@@ -120,16 +165,121 @@ class MergedGroups:
         return out
 
 
+class _UnionBlock:
+    """The main kind and the others as one kind (module docstring): what :class:`MergedGroups`
+    reads of a residual block, with the eliminated group extended by one constant zero row per
+    block of the other kinds."""
+
+    def __init__(self, main, e_slot, others):
+        from .problem import ParameterBlock
+        e = main.groups[e_slot]
+        n_extra = sum(o.num_blocks for o, _ in others)
+        self.original_point_rows = e.num_rows
+        points = ParameterBlock(e.name, np.concatenate([e.values, np.zeros((n_extra, e.size))]))
+        points.constant_entries = np.concatenate([~e.free_mask(), np.ones((n_extra, e.size), bool)])
+        self.groups = [points if j == e_slot else g for j, g in enumerate(main.groups)]
+        main_data = 0 if main.data is None else main.data.shape[1]
+        widths = [0 if o.data is None else o.data.shape[1] for o, _ in others]
+        n_main = main.num_blocks
+        data = np.zeros((n_main + n_extra, 1 + main_data + sum(widths)))
+        if main_data:
+            data[:n_main, 1:1 + main_data] = main.data
+        columns = [np.array(c) for c in main.columns]
+        start, offset = n_main, 1 + main_data
+        for k, ((o, slots), d) in enumerate(zip(others, widths), start=1):
+            stop = start + o.num_blocks
+            data[start:stop, 0] = k
+            if d:
+                data[start:stop, offset:offset + d] = o.data
+            offset += d
+            for j in range(len(columns)):
+                if j == e_slot:
+                    extra = e.num_rows + (start - n_main) + np.arange(o.num_blocks)
+                elif j in slots:
+                    extra = o.columns[slots.index(j)]
+                else:           # filled in by merge_groups: the row of a key holding the others'
+                    extra = np.full(o.num_blocks, -1, np.int64)
+                columns[j] = np.concatenate([columns[j], extra])
+            start = stop
+        self.columns, self.data, self.loss, self.name = columns, data, main.loss, main.name
+        self.fn = _union_function(main.fn, main_data, [
+            (o.fn, tuple(slots), d, o.num_residuals) for (o, slots), d in zip(others, widths)])
+        self.num_blocks = n_main + n_extra
+        self.main_blocks = n_main
+
+
+def _same_loss(a, b) -> bool:
+    return a.name == b.name and (a.name == "trivial" or a.scale == b.scale)
+
+
+def _with_others(problem, block, e_slot):
+    """The main kind ``block`` and every other kind as a :class:`_UnionBlock`, or None where one
+    uses the eliminated group, a group the main kind does not, a group twice, or another loss;
+    ``block`` itself when it is the only kind."""
+    others = [r for r in problem.residuals if r is not block]
+    if not others:
+        return block
+    names = [g.name for g in block.groups]
+    taken = []
+    for o in others:
+        on = [g.name for g in o.groups]
+        if names[e_slot] in on or len(set(on)) != len(on) or any(n not in names for n in on) \
+                or not _same_loss(o.loss, block.loss):
+            return None
+        taken.append((o, [names.index(n) for n in on]))
+    # Each kind's residuals per block, traced on the host (no device needed to count them), as
+    # the general core's evaluator would record them for the report.
+    from .problem_evaluator import residual_function
+    for r in [block] + [o for o, _ in taken]:
+        r.num_residuals = residual_function(r, problem.dtype, "numpy", None).n_outputs
+    union = _UnionBlock(block, e_slot, taken)
+    return union if _fill_keys(union, e_slot, taken) else None
+
+
+def _fill_keys(union, e_slot, taken) -> bool:
+    """Each block of the other kinds takes the rows of a main block that agrees with it on the
+    kind's slots (its key then holds the rows it reads); False where none does."""
+    main = union.main_blocks
+    cols = union.columns
+    start = main
+    for o, slots in taken:
+        stop = start + o.num_blocks
+        sizes = [union.groups[j].num_rows for j in slots]
+        if int(np.prod([max(1, n) for n in sizes], dtype=object)) >= 2 ** 62:
+            return False
+        code_main = np.zeros(main, np.int64)
+        code_other = np.zeros(o.num_blocks, np.int64)
+        for j, n in zip(slots, sizes):
+            code_main = code_main * n + cols[j][:main]
+            code_other = code_other * n + cols[j][start:stop]
+        known, first = np.unique(code_main, return_index=True)
+        at = np.minimum(np.searchsorted(known, code_other), max(known.size - 1, 0))
+        if known.size == 0 or not np.array_equal(known[at], code_other):
+            return False
+        source = first[at]
+        for j in range(len(cols)):
+            if j != e_slot and j not in slots:
+                cols[j][start:stop] = cols[j][source]
+        start = stop
+    return True
+
+
 def merge_groups(problem, eliminated: Optional[str], shared: bool = False) -> Optional[MergedGroups]:
     """The merge of ``problem`` when it has the structure of the module docstring, else None;
     ``shared``: rows that several merged rows hold are taken (as copies)."""
-    if eliminated is None or len(problem.residuals) != 1:
+    if eliminated is None:
         return None
-    block = problem.residuals[0]
+    with_e = [r for r in problem.residuals if eliminated in [g.name for g in r.groups]]
+    if len(with_e) != 1:
+        return None
+    block = with_e[0]
     names = [g.name for g in block.groups]
     if len(set(names)) != len(names) or eliminated not in names or len(names) < 2:
         return None
     e_slot = names.index(eliminated)
+    block = _with_others(problem, block, e_slot)
+    if block is None:
+        return None
     # Groups outside the kind take no step (Ceres drops blocks no residual uses): nothing to do.
     rows = [block.columns[j] for j in range(len(names)) if j != e_slot]
     # The merged rows: the distinct tuples of the non-eliminated rows, in their order (each
