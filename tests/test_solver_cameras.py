@@ -295,3 +295,31 @@ def reference_projection(name, k, p):
         phi = _atan2(-y, np.sqrt(x * x + z * z))
         return np.stack([(theta / (2 * np.pi) + 0.5) * k[0], (0.5 - phi / np.pi) * k[1]], 1)
     raise KeyError(name)
+
+
+@pytest.mark.oclgrind
+@pytest.mark.parametrize("name", COLMAP_MODELS)
+def test_residual_kernels_on_tiny_shapes(device, keep_on_simulator, name):
+    """Each model's residual and rig residual kernels on six observations (one behind the camera,
+    whose residual is 0 where the model checks the depth, as COLMAP's), with their Jacobians:
+    what the Oclgrind job runs on the simulator."""
+    model = cameras.get(name)
+    params = np.array([INTRINSICS[name]])
+    points = _wide_points(6, seed=9)[1:]
+    points = np.concatenate([points, [[0.1, 0.2, -2.0]]])          # behind the camera
+    n = len(points)
+    observed = np.full((n, 2), 300.0)
+    index = np.stack([np.zeros(n, int), np.zeros(n, int), np.arange(n)], 1).astype(np.int32)
+    r, jacs = model.batch_function(device=device).values_and_jacobians([np.zeros((1, 6)), params, points], index,
+                                                                       data=observed)
+    with np.errstate(all="ignore"):
+        want = reference_projection(name, params[0], points) - observed
+    if model.checks_depth:
+        want[-1] = 0.0
+        assert not any(np.any(j[-1]) for j in jacs)
+    np.testing.assert_allclose(r, want, rtol=1e-12, atol=1e-9)
+    rig = pc.BatchFunction(model.rig_residual, params=(6, 6, model.num_params, 3), data=2, device=device)
+    index4 = np.stack([np.zeros(n, int), np.zeros(n, int), np.zeros(n, int), np.arange(n)], 1).astype(np.int32)
+    r4, _ = rig.values_and_jacobians([np.zeros((1, 6)), np.zeros((1, 6)), params, points], index4, data=observed)
+    np.testing.assert_allclose(r4, r, rtol=1e-13, atol=1e-12)
+    keep_on_simulator(rig)
