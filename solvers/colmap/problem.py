@@ -134,7 +134,7 @@ def problem_from_reconstruction(model, refine_focal_length: bool = True, refine_
         if priors_used is not None:
             rows, data = _prior_rows(rec, priors_used, prior_fallback_stddev, image_row)
             frame_of, sensor_of = image_frames(rec)
-            srow = _rig_sensor_rows(rec, sensor_of, image_row)
+            _, srow = sensor_rows(sensor_of, image_row)
             if rows.size:
                 prob.add_residual_block(pose_prior.rig_position_prior, ["sensors", "frames"],
                                         index=(srow[rows], frame_of[rows]), data=data,
@@ -238,11 +238,9 @@ def image_frames(rec):
     sensor in :meth:`Reconstruction.non_ref_sensors`. ValueError naming an image in no frame."""
     n = rec.image_ids.size
     frame_of = np.full(n, -1, np.int64)
-    image_rows, found = _rows_of(rec.image_ids, rec.frame_data[:, 2])
+    image_rows, _ = _rows_of(rec.image_ids, rec.frame_data[:, 2])
     owner = np.repeat(np.arange(rec.frame_ids.size), np.diff(rec.frame_data_start))
-    is_image = rec.frame_data[:, 0] == 0
-    hit = is_image & (rec.image_ids.size > 0)
-    hit &= np.isin(rec.frame_data[:, 2], rec.image_ids)
+    hit = (rec.frame_data[:, 0] == 0) & np.isin(rec.frame_data[:, 2], rec.image_ids)    # camera data
     frame_of[image_rows[hit]] = owner[hit]
     if (frame_of < 0).any():
         k = int(np.flatnonzero(frame_of < 0)[0])
@@ -266,7 +264,7 @@ def _rig_problem(prob, rec, image_row, point_row, xy, refine, fix, loss, loss_sc
     ``sensor_from_rig`` is the identity."""
     frame_of, sensor_of = image_frames(rec)
     start, sensors, has_pose, sq, st = rec.non_ref_sensors()
-    used = np.unique(sensor_of[image_row][sensor_of[image_row] >= 0])
+    used, image_sensor_row = sensor_rows(sensor_of, image_row)
     no_pose = used[~has_pose[used]]
     if no_pose.size:
         rig = int(np.searchsorted(start, no_pose[0], side="right") - 1)
@@ -277,8 +275,6 @@ def _rig_problem(prob, rec, image_row, point_row, xy, refine, fix, loss, loss_sc
     # observation is then one residual kind over (sensor, frame, intrinsics, point), whose rows
     # the plan merges into one camera group for the device-resident core (solvers.general.merged_groups;
     # rotating by a zero angle-axis is exact, so the reference images' residuals are unchanged).
-    sensor_row = np.full(sensors.shape[0], -1, np.int64)
-    sensor_row[used] = 1 + np.arange(used.size)
     prob.add_parameter_block("sensors", np.concatenate([np.zeros((1, 6)), np.concatenate(
         [quaternion_to_angle_axis(sq[used]), st[used]], 1)]))
     prob.set_constant("sensors", rows=[0])
@@ -287,15 +283,14 @@ def _rig_problem(prob, rec, image_row, point_row, xy, refine, fix, loss, loss_sc
     if missing.size:
         raise ValueError(f"an image uses camera {int(missing[0])}, which the reconstruction does not have")
     obs_cam = image_cam[image_row]
-    obs_frame, obs_sensor = frame_of[image_row], sensor_of[image_row]
+    obs_frame, obs_sensor_row = frame_of[image_row], image_sensor_row[image_row]
     for m, group, rows in _intrinsics_groups(rec):
         local = np.full(rec.camera_ids.size, -1, np.int64)
         local[rows] = np.arange(rows.size)
         prob.add_parameter_block(group, np.array([rec.camera_params[k] for k in rows], np.float64).reshape(rows.size, -1))
         mine = local[obs_cam] >= 0
-        srow = np.where(obs_sensor[mine] >= 0, sensor_row[obs_sensor[mine]], 0)
         prob.add_residual_block(m.rig_residual, ["sensors", "frames", group, "points"],
-                                index=(srow, obs_frame[mine], local[obs_cam[mine]], point_row[mine]), data=xy[mine],
+                                index=(obs_sensor_row[mine], obs_frame[mine], local[obs_cam[mine]], point_row[mine]), data=xy[mine],
                                 loss=loss, loss_scale=loss_scale, name=f"rig_reprojection_{m.name}")
         _hold_intrinsics(prob, m, group, refine)
     if not refine_sensor_from_rig:
@@ -307,13 +302,14 @@ def _rig_problem(prob, rec, image_row, point_row, xy, refine, fix, loss, loss_sc
     _fix_rig_gauge(prob, rec, fix, frame_of, sensor_of, refine_rig_from_world, refine_sensor_from_rig)
 
 
-def _rig_sensor_rows(rec, sensor_of, image_row):
-    """Each image's row in the problem's ``sensors`` group (0: the reference cameras' identity),
-    as :func:`_rig_problem` numbers them."""
+def sensor_rows(sensor_of, image_row):
+    """``(used, row of each image)``: the non-reference sensors that observations use (rows of
+    :meth:`Reconstruction.non_ref_sensors`), and each image's row in the problem's ``sensors``
+    group: 0, the reference cameras' identity, else 1 + the sensor's place among ``used``."""
     used = np.unique(sensor_of[image_row][sensor_of[image_row] >= 0])
-    sensor_row = np.zeros(max(1, int(sensor_of.max()) + 1) if sensor_of.size else 1, np.int64)
-    sensor_row[used] = 1 + np.arange(used.size)
-    return np.where(sensor_of >= 0, sensor_row[np.maximum(sensor_of, 0)], 0)
+    place = np.zeros(int(sensor_of.max()) + 1 if sensor_of.size and sensor_of.max() >= 0 else 1, np.int64)
+    place[used] = 1 + np.arange(used.size)
+    return used, np.where(sensor_of >= 0, place[np.maximum(sensor_of, 0)], 0)
 
 
 def _fix_rig_gauge(prob, rec, fix, frame_of, sensor_of, refine_rig_from_world, refine_sensor_from_rig):
@@ -468,8 +464,7 @@ def _update_rigs(rec, p):
     frame_of, sensor_of = image_frames(rec)
     rec.frame_qvec = angle_axis_to_quaternion(frames[:, :3])
     rec.frame_tvec = frames[:, 3:].copy()
-    image_row, _, _ = observations(rec)
-    used = np.unique(sensor_of[image_row][sensor_of[image_row] >= 0])
+    used, _ = sensor_rows(sensor_of, observations(rec)[0])
     solved = p["sensors"][1:]                   # (row 0: the reference cameras' identity)
     rec.rig_sensor_qvec = rec.rig_sensor_qvec.copy()
     rec.rig_sensor_tvec = rec.rig_sensor_tvec.copy()
