@@ -28,6 +28,20 @@ def test_from_and_to_pycolmap_round_trip(tmp_path, make):
     assert new.compute_num_observations() == rec.compute_num_observations()
 
 
+@pytest.mark.parametrize("make", [lambda: _synthetic(False), lambda: _rig_synthetic(6)], ids=["per-image", "rigs-of-6"])
+def test_observed_only_keeps_the_observations(make):
+    """observed_only: each image's observing 2-D points only, the tracks renumbered: the same
+    observations (image, pixel, 3-D point) as the whole model's."""
+    rec = make()
+    whole, observed = colmap.from_pycolmap(rec), colmap.from_pycolmap(rec, observed_only=True)
+    assert observed.points2d_xy.shape[0] < whole.points2d_xy.shape[0]
+    assert (observed.points2d_point3d_ids >= 0).all()
+    assert observed.num_observations == whole.num_observations
+    from solvers.colmap.problem import observations
+    for a, b in zip(observations(whole), observations(observed)):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_to_pycolmap_updates_in_place_and_refuses_another_reconstruction():
     rec = _synthetic(False, seed=7)
     ours = colmap.from_pycolmap(rec)

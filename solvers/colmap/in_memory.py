@@ -41,29 +41,51 @@ def _sensor_type(pycolmap, value):
     return next(t for t in pycolmap.SensorType.__members__.values() if int(t.value) == int(value))
 
 
-def from_pycolmap(reconstruction) -> Reconstruction:
+def from_pycolmap(reconstruction, observed_only: bool = False) -> Reconstruction:
     """A :class:`Reconstruction` of a ``pycolmap.Reconstruction`` (nothing shared: the arrays are
-    copies); validated as :func:`solvers.colmap.read_model` validates what it reads."""
+    copies); validated as :func:`solvers.colmap.read_model` validates what it reads.
+
+    ``observed_only``: each image keeps only its 2-D points that observe a 3-D point (the tracks
+    renumbered to match), what a bundle adjustment reads: reading a 2-D point from pycolmap costs
+    about a microsecond, and images often hold ten times more keypoints than observations. Such a
+    model updates its reconstruction in place (:func:`to_pycolmap`), but is no whole model to
+    write."""
     pycolmap = _pycolmap()
     rec = reconstruction
     if not isinstance(rec, pycolmap.Reconstruction):
         raise TypeError(f"reconstruction must be a pycolmap.Reconstruction, got {type(rec).__name__}")
-    cams = [rec.cameras[c] for c in sorted(rec.cameras)]
+    cameras, all_images, all_points = rec.cameras, rec.images, rec.points3D
+    cams = [cameras[c] for c in sorted(cameras)]
     image_ids = sorted(int(i) for i in rec.reg_image_ids())
-    images = [rec.images[i] for i in image_ids]
-    xy, ids, counts, qvec, tvec = [], [], [], [], []
-    for im in images:
-        pts = im.points2D
-        counts.append(len(pts))
-        xy.append(np.array([p.xy for p in pts], np.float64).reshape(-1, 2))
-        ids.append(np.array([p.point3D_id if p.has_point3D() else -1 for p in pts], np.int64))
+    images = [all_images[i] for i in image_ids]
+    xy, ids, counts, qvec, tvec, kept = [], [], [], [], [], {}
+    for iid, im in zip(image_ids, images):
+        if observed_only:
+            kept[iid] = np.asarray(im.get_observation_point2D_idxs(), np.int64)
+            pts = im.get_observation_points2D()
+        else:
+            pts = im.points2D
+        # x(), y() and the id per point: cheaper than an array per point (p.xy). An id of
+        # 2**64 - 1 (none) reads as -1 in int64, as the files' readers hold it.
+        flat = np.array([v for p in pts for v in (p.x(), p.y())], np.float64).reshape(-1, 2)
+        counts.append(len(flat))
+        xy.append(flat)
+        ids.append(np.array([p.point3D_id for p in pts], np.uint64).view(np.int64))
         q, t = _qt(im.cam_from_world())
         qvec.append(q)
         tvec.append(t)
-    point_ids = sorted(int(p) for p in rec.points3D)
-    points = [rec.points3D[p] for p in point_ids]
+    point_ids = sorted(int(p) for p in all_points)
+    points = [all_points[p] for p in point_ids]
     tracks = [[(e.image_id, e.point2D_idx) for e in p.track.elements] for p in points]
     track = np.array([e for t in tracks for e in t], np.int64).reshape(-1, 2)
+    if observed_only and track.size:        # point2D_idx into each image's kept points
+        width = int(max([int(k.max()) + 1 for k in kept.values() if k.size] + [1]))
+        image_row = np.searchsorted(np.array(image_ids, np.int64), track[:, 0])
+        keys = np.concatenate([r * width + kept[i] for r, i in enumerate(image_ids)])   # (row, old index)
+        order = np.argsort(keys, kind="stable")
+        position = order[np.searchsorted(keys, image_row * width + track[:, 1], sorter=order)]
+        first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        track[:, 1] = position - first[image_row]
 
     def starts(n):
         return np.concatenate([[0], np.cumsum(n, dtype=np.int64)]).astype(np.int64)
@@ -235,7 +257,7 @@ def bundle_adjust(reconstruction, **options):
         model = read_model(reconstruction)
         binary = os.path.isfile(os.path.join(reconstruction, "cameras.bin"))
     else:
-        model = from_pycolmap(reconstruction)
+        model = from_pycolmap(reconstruction, observed_only=True)
     prob = problem_from_reconstruction(model, **problem_options)
     result = solvers.solve(prob, **solve_options)
     if result.usable:
