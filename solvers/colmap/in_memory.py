@@ -144,31 +144,33 @@ def to_pycolmap(model: Reconstruction, reconstruction=None):
     rec = reconstruction
     if not isinstance(rec, pycolmap.Reconstruction):
         raise TypeError(f"reconstruction must be a pycolmap.Reconstruction or None, got {type(rec).__name__}")
-    missing = [("camera", int(c)) for c in model.camera_ids if int(c) not in rec.cameras] + \
-        [("image", int(i)) for i in model.image_ids if int(i) not in rec.images] + \
-        [("3-D point", int(p)) for p in model.point_ids if int(p) not in rec.points3D]
+    # The maps read once: each read of one is a call into pycolmap.
+    cameras, images, points, rigs, frames = rec.cameras, rec.images, rec.points3D, rec.rigs, rec.frames
+    missing = [("camera", int(c)) for c in model.camera_ids if int(c) not in cameras] + \
+        [("image", int(i)) for i in model.image_ids if int(i) not in images] + \
+        [("3-D point", int(p)) for p in model.point_ids if int(p) not in points]
     if missing:
         raise ValueError(f"reconstruction has no {missing[0][0]} {missing[0][1]} of the model ({len(missing)} "
                          f"missing): pass the reconstruction the model came from, or None for a new one")
     for k, cid in enumerate(model.camera_ids):
-        rec.cameras[int(cid)].params = model.camera_params[k]
+        cameras[int(cid)].params = model.camera_params[k]
     if model.has_rigs:
         start, sensors, has_pose, qvec, tvec = model.non_ref_sensors()
         for k, rid in enumerate(model.rig_ids):
-            rig = rec.rigs[int(rid)]
+            rig = rigs[int(rid)]
             for j in range(start[k], start[k + 1]):
                 if has_pose[j]:
                     sensor = pycolmap.sensor_t(_sensor_type(pycolmap, sensors[j, 0]), int(sensors[j, 1]))
                     rig.set_sensor_from_rig(sensor, _rigid(pycolmap, qvec[j], tvec[j]))
         for k, fid in enumerate(model.frame_ids):
-            rec.frames[int(fid)].rig_from_world = _rigid(pycolmap, model.frame_qvec[k], model.frame_tvec[k])
+            frames[int(fid)].rig_from_world = _rigid(pycolmap, model.frame_qvec[k], model.frame_tvec[k])
     else:
         for k, iid in enumerate(model.image_ids):
-            im = rec.images[int(iid)]
-            rec.frames[im.frame_id].set_cam_from_world(im.camera_id, _rigid(pycolmap, model.image_qvec[k],
+            im = images[int(iid)]
+            frames[im.frame_id].set_cam_from_world(im.camera_id, _rigid(pycolmap, model.image_qvec[k],
                                                                             model.image_tvec[k]))
     for k, pid in enumerate(model.point_ids):
-        p = rec.points3D[int(pid)]
+        p = points[int(pid)]
         p.xyz, p.error = model.point_xyz[k], float(model.point_error[k])
     return rec
 

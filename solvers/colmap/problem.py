@@ -57,6 +57,20 @@ def _intrinsics_groups(rec):
              np.array([k for k, m in enumerate(models) if m.name == name], np.int64)) for name in names]
 
 
+def _intrinsics_by_model(rec, image_row):
+    """Per camera model of ``rec`` (:func:`_intrinsics_groups`): ``(model, group name, its
+    intrinsics table, each observation's row in it or -1 for another model's camera)``, for the
+    observations of images ``image_row``. ValueError naming an image's camera that is missing."""
+    image_cam, missing = _rows_of(rec.camera_ids, rec.image_camera_ids)
+    if missing.size:
+        raise ValueError(f"an image uses camera {int(missing[0])}, which the reconstruction does not have")
+    obs_cam = image_cam[image_row]
+    for m, group, rows in _intrinsics_groups(rec):
+        local = np.full(rec.camera_ids.size, -1, np.int64)
+        local[rows] = np.arange(rows.size)
+        yield m, group, np.array([rec.camera_params[k] for k in rows], np.float64).reshape(rows.size, -1), local[obs_cam]
+
+
 def observations(rec):
     """``(image_row, point_row, xy)``: every 2-D point that observes a 3-D point, by image."""
     ids = rec.points2d_point3d_ids
@@ -142,18 +156,12 @@ def problem_from_reconstruction(model, refine_focal_length: bool = True, refine_
         return prob
     poses = np.concatenate([quaternion_to_angle_axis(rec.image_qvec), rec.image_tvec], axis=1)
     prob.add_parameter_block("poses", poses)
-    image_cam, missing = _rows_of(rec.camera_ids, rec.image_camera_ids)
-    if missing.size:
-        raise ValueError(f"an image uses camera {int(missing[0])}, which the reconstruction does not have")
     prob.add_parameter_block("points", rec.point_xyz)
-    obs_cam = image_cam[image_row]
-    for m, group, rows in _intrinsics_groups(rec):
-        local = np.full(rec.camera_ids.size, -1, np.int64)
-        local[rows] = np.arange(rows.size)
-        prob.add_parameter_block(group, np.array([rec.camera_params[k] for k in rows], np.float64).reshape(rows.size, -1))
-        mine = local[obs_cam] >= 0
+    for m, group, table, obs_row in _intrinsics_by_model(rec, image_row):
+        prob.add_parameter_block(group, table)
+        mine = obs_row >= 0
         prob.add_residual_block(m.residual, ["poses", group, "points"],
-                                index=(image_row[mine], local[obs_cam[mine]], point_row[mine]), data=xy[mine],
+                                index=(image_row[mine], obs_row[mine], point_row[mine]), data=xy[mine],
                                 loss=loss, loss_scale=loss_scale, name=f"reprojection_{m.name}")
         _hold_intrinsics(prob, m, group, refine)
     if priors_used is not None:
@@ -279,19 +287,13 @@ def _rig_problem(prob, rec, image_row, point_row, xy, refine, fix, loss, loss_sc
         [quaternion_to_angle_axis(sq[used]), st[used]], 1)]))
     prob.set_constant("sensors", rows=[0])
     prob.add_parameter_block("points", rec.point_xyz)
-    image_cam, missing = _rows_of(rec.camera_ids, rec.image_camera_ids)
-    if missing.size:
-        raise ValueError(f"an image uses camera {int(missing[0])}, which the reconstruction does not have")
-    obs_cam = image_cam[image_row]
     obs_frame, obs_sensor_row = frame_of[image_row], image_sensor_row[image_row]
-    for m, group, rows in _intrinsics_groups(rec):
-        local = np.full(rec.camera_ids.size, -1, np.int64)
-        local[rows] = np.arange(rows.size)
-        prob.add_parameter_block(group, np.array([rec.camera_params[k] for k in rows], np.float64).reshape(rows.size, -1))
-        mine = local[obs_cam] >= 0
+    for m, group, table, obs_row in _intrinsics_by_model(rec, image_row):
+        prob.add_parameter_block(group, table)
+        mine = obs_row >= 0
         prob.add_residual_block(m.rig_residual, ["sensors", "frames", group, "points"],
-                                index=(obs_sensor_row[mine], obs_frame[mine], local[obs_cam[mine]], point_row[mine]), data=xy[mine],
-                                loss=loss, loss_scale=loss_scale, name=f"rig_reprojection_{m.name}")
+                                index=(obs_sensor_row[mine], obs_frame[mine], obs_row[mine], point_row[mine]),
+                                data=xy[mine], loss=loss, loss_scale=loss_scale, name=f"rig_reprojection_{m.name}")
         _hold_intrinsics(prob, m, group, refine)
     if not refine_sensor_from_rig:
         prob.set_constant("sensors")
@@ -337,19 +339,27 @@ def _fix_rig_gauge(prob, rec, fix, frame_of, sensor_of, refine_rig_from_world, r
     if not order:
         return
     f1 = int(frame_of[order[0]])
-    R = quaternion_to_matrix(rec.frame_qvec)
-    t = rec.frame_tvec
-    for k in order[1:]:
-        f2 = int(frame_of[k])
-        if f2 == f1:
-            continue
-        baseline = t[f1] - R[f1] @ R[f2].T @ t[f2]
-        d = int(np.argmax(np.abs(baseline)))
-        if abs(baseline[d]) > 1e-9:
-            prob.set_constant("frames", rows=[f1])
-            prob.set_constant("frames", rows=[f2], columns=[3 + d])
-            return
-    prob.set_constant("frames", rows=[f1])    # (COLMAP then holds three points instead)
+    prob.set_constant("frames", rows=[f1])
+    second = _second_gauge_pose(quaternion_to_matrix(rec.frame_qvec), rec.frame_tvec, f1, frame_of[order[1:]])
+    if second is not None:      # (else COLMAP holds three points instead)
+        prob.set_constant("frames", rows=[second[0]], columns=[3 + second[1]])
+
+
+def _second_gauge_pose(R, t, first, candidates):
+    """COLMAP's TWO_CAMS_FROM_WORLD, its second pose: of the ``candidates`` (rows of the poses
+    ``R``, ``t``, in order; ``first`` among them skipped), the first whose baseline from
+    ``first``, the translation of ``first_from_world * inverse(candidate_from_world)``, is not
+    zero: ``(row, the coordinate along which the baseline is largest)``, or None where every
+    centre is the first's."""
+    cand = np.asarray([c for c in candidates if c != first], np.int64)
+    if not cand.size:
+        return None
+    baseline = t[first] - np.einsum("ij,njk,nk->ni", R[first], R[cand].transpose(0, 2, 1), t[cand])
+    later = np.flatnonzero(np.abs(baseline).max(axis=1) > 1e-9)
+    if not later.size:
+        return None
+    k = int(later[0])
+    return int(cand[k]), int(np.argmax(np.abs(baseline[k])))
 
 
 def _fix(prob, rec, fix):
@@ -367,17 +377,9 @@ def _fix(prob, rec, fix):
         if n > 1 and fix == "first-two-poses":
             prob.set_constant("poses", rows=[int(order[1])])
         elif n > 1:
-            # COLMAP's TWO_CAMS_FROM_WORLD: the next image (by id) whose centre differs from the
-            # first's holds the coordinate of its translation along which the baseline, the
-            # translation of first_from_world * inverse(second_from_world), is largest.
-            R = quaternion_to_matrix(rec.image_qvec[order])
-            t = rec.image_tvec[order]
-            baseline = t[0] - np.einsum("ij,njk,nk->ni", R[0], R.transpose(0, 2, 1), t)
-            size = np.abs(baseline).max(axis=1)
-            later = np.flatnonzero(size[1:] > 1e-9)
-            if later.size:     # else every centre is the first's: the scale is not observable
-                k = 1 + int(later[0])
-                prob.set_constant("poses", rows=[int(order[k])], columns=[3 + int(np.argmax(np.abs(baseline[k])))])
+            second = _second_gauge_pose(quaternion_to_matrix(rec.image_qvec), rec.image_tvec, first, order[1:])
+            if second is not None:     # else every centre is the first's: the scale is not observable
+                prob.set_constant("poses", rows=[second[0]], columns=[3 + second[1]])
         return
     rows, missing = _rows_of(rec.image_ids, np.atleast_1d(np.asarray(fix, np.int64)))
     if missing.size:
@@ -397,18 +399,13 @@ def point_errors(rec) -> np.ndarray:
     (behind the camera, for the models that check its depth; no real projection) counts
     ``sqrt(DBL_MAX)``, as there. Evaluated on the host (pyclad's numpy backend)."""
     image_row, point_row, xy = observations(rec)
-    image_cam, _ = _rows_of(rec.camera_ids, rec.image_camera_ids)
     poses = np.concatenate([quaternion_to_angle_axis(rec.image_qvec), rec.image_tvec], axis=1)
     R = quaternion_to_matrix(rec.image_qvec)
     depth = np.einsum("nj,nj->n", R[image_row, 2], rec.point_xyz[point_row]) + rec.image_tvec[image_row, 2]
     err = np.empty(image_row.size)
-    obs_cam = image_cam[image_row]
-    for m, _, rows in _intrinsics_groups(rec):
-        local = np.full(rec.camera_ids.size, -1, np.int64)
-        local[rows] = np.arange(rows.size)
-        mine = np.flatnonzero(local[obs_cam] >= 0)
-        intrinsics = np.array([rec.camera_params[k] for k in rows], np.float64).reshape(rows.size, -1)
-        index = np.stack([image_row[mine], local[obs_cam[mine]], point_row[mine]], 1).astype(np.int32)
+    for m, _, intrinsics, obs_row in _intrinsics_by_model(rec, image_row):
+        mine = np.flatnonzero(obs_row >= 0)
+        index = np.stack([image_row[mine], obs_row[mine], point_row[mine]], 1).astype(np.int32)
         with np.errstate(all="ignore"):
             r = m.batch_function(backend="numpy").values([poses, intrinsics, rec.point_xyz], index, data=xy[mine])
             e = np.sqrt(r[:, 0] * r[:, 0] + r[:, 1] * r[:, 1])
