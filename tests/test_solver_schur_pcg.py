@@ -189,6 +189,30 @@ def test_staged_projection_gives_the_unstaged_bits(device, monkeypatch):
         np.testing.assert_array_equal(x, want[0], err_msg=layout)
 
 
+@pytest.mark.parametrize("layout", ["fused", "gpu-layout"])
+def test_a_jacobian_rewritten_in_place_is_the_one_used(device, layout, monkeypatch):
+    """A caller that writes a new Jacobian into the buffers it bound before and binds them again
+    (solvers.general.implicit_schur_device does) gets products of the new values: the GPU
+    layout's camera-ordered copy of F is made again, not kept from the first Jacobian."""
+    if not device.info.fp64:
+        pytest.skip("float64 systems need fp64")
+    _layout(monkeypatch, layout)
+    st, r, jc, jp, neq, Vinv, Dc2 = _system(seed=5)
+    cs = ClStructure(st, device)
+    cl_neq = NormalEquationsCL(st, r, jc, jp, cs)
+    pcg = cs.device_pcg()
+    pcg.bind_jacobian(cl_neq.Jc_dev, cl_neq.Jp_dev, cl_neq.r_dev)
+    v = np.random.default_rng(2).standard_normal(9 * st.nc)
+    pcg.apply(Vinv, v)                                  # a product of the first Jacobian
+    jc2 = jc * np.random.default_rng(3).uniform(0.5, 2.0, jc.shape)
+    cl_neq.Jc_dev.set(np.ascontiguousarray(jc2, cl_neq.Jc_dev.dtype).reshape(cl_neq.Jc_dev.shape))
+    pcg.bind_jacobian(cl_neq.Jc_dev, cl_neq.Jp_dev, cl_neq.r_dev)
+    neq2 = NormalEquations(st, r, jc2, jp)
+    apply_S, _ = neq2.pcg_operator(Vinv, np.zeros_like(Dc2))
+    want = apply_S(v).reshape(st.nc, 9)
+    np.testing.assert_allclose(pcg.apply(Vinv, v), want, rtol=1e-11, atol=1e-11 * np.abs(want).max())
+
+
 def test_device_cg_needs_a_jacobian(device):
     if not device.info.fp64:
         pytest.skip("the device CG needs fp64")

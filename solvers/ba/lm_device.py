@@ -46,6 +46,7 @@ def device_bytes(n_obs: int, n_cameras: int, n_points: int, C: int = 9, P: int =
     T = C * (C + 1) // 2
     b = np.dtype(dtype).itemsize
     per_obs = b * (R * (C + P)        # Jacobian blocks
+                   + R * C            # the camera blocks in camera order (the CG's GPU layout)
                    + 2 * R            # residuals, and the candidate's
                    + R                # the CG's per-observation product
                    + R)               # observed values

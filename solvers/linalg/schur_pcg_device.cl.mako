@@ -29,12 +29,14 @@
 ## Parameters: C, P, R (camera, point and residual block sizes, from the model); REAL (storage
 ## type) and ACC (the type of sums and of the CG state: double where the device has it); L (the
 ## work-group size of the cg_* kernels, a power of two); STAGE (0, or the observations per
-## work-group of LP points that project_points_split stages in local memory).
+## work-group of LP points that project_points_split stages in local memory; LP is also
+## camera_rows' work-group of rows).
 ## Both layouts of the products are in every program, chosen per solve by its size, never a
 ## render parameter (a new size builds nothing): the fused one (project_points computes F v itself,
 ## camera_partials has one work-item per run) and the split one of GPUs (camera_rows first, then
 ## project_points_split, and camera_partials_split with one work-item per run and camera
-## parameter, so that neighbouring work-items read neighbouring memory).
+## parameter on a camera-ordered copy of F that camera_order_blocks makes per Jacobian, so that
+## neighbouring work-items read neighbouring memory).
 <%namespace name="common" file="/clkernels/common.cl.mako"/>
 ${common.fp64_pragma()}
 // No fused multiply-adds: the host reference (numpy) rounds every product, and CG's termination
@@ -104,21 +106,41 @@ ${subtract_projection(t_buf, w_buf, space, E_base)}
 #define STEP_NO_R     2   // x += alpha p only (a residual reset follows)
 #define RESET         3   // r = b - S x (S x from the partials of x), z = M r
 
-// GPUs: t = F v one work-item per observation row (neighbours read neighbouring rows of F), then
-// project_points per point from t; the fused kernel below reads F one point's rows per work-item,
-// far apart, which GPUs' caches serve poorly.
-__kernel void camera_rows(__global const real *restrict Jc,      // (n, R, C)
-                          __global const int *restrict cam,      // (n)
-                          __global const real *restrict v,       // (nc, C)
-                          __global real *restrict t,             // (n, R)
-                          __global const acc *restrict state,
-                          const int n)
+// GPUs: t = F v one work-item per observation row, each work-group of ${LP} rows first copying
+// its rows of F into local memory side by side (one row per work-item read straight from global
+// memory is ${C} reals apart from its neighbour's, which GPUs' loads serve poorly); then
+// project_points per point from t. The fused kernel below reads F one point's rows per
+// work-item, further apart still.
+__kernel __attribute__((reqd_work_group_size(${LP}, 1, 1)))
+void camera_rows(__global const real *restrict Jc,      // (n, R, C)
+                 __global const int *restrict cam,      // (n)
+                 __global const real *restrict v,       // (nc, C)
+                 __global real *restrict t,             // (n, R)
+                 __global const acc *restrict state,
+                 const int n)
 {
-    const int i = get_global_id(0), o = i / ${R};
-    if (o >= n || state[S_STATUS] != RUNNING) return;
-    __global const real *f = Jc + (size_t)i * ${C};
-    __global const real *x = v + (size_t)cam[o] * ${C};
+    __local real lf[${LP * C}];
+    if (state[S_STATUS] != RUNNING) return;         // the same for every work-item
+    const int i = get_global_id(0), lid = get_local_id(0);
+    const int first = get_group_id(0) * ${LP}, rows = min(${LP}, n * ${R} - first);
+    for (int e = lid; e < rows * ${C}; e += ${LP}) lf[e] = Jc[(size_t)first * ${C} + e];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lid >= rows) return;
+    __local const real *f = lf + lid * ${C};
+    __global const real *x = v + (size_t)cam[i / ${R}] * ${C};
     t[i] = ${camera_row(0)};
+}
+
+// The GPU layout's copy of F in camera order (Jcc), made once per Jacobian: camera_partials_split
+// then reads each run's blocks side by side instead of one observation's blocks far from the next.
+__kernel void camera_order_blocks(__global const real *restrict Jc,    // (n, R, C) in point order
+                                  __global const int *restrict obs,    // (n) in camera order
+                                  __global real *restrict Jcc,         // (n, R, C) in camera order
+                                  const int n)
+{
+    const int i = get_global_id(0), k = i / ${R * C};
+    if (k >= n) return;
+    Jcc[i] = Jc[(size_t)obs[k] * ${R * C} + (i - k * ${R * C})];
 }
 
 %if STAGE:
@@ -215,9 +237,10 @@ ${subtract_projection('w')}
 }
 
 
-// One work-item per (run, camera parameter a): the work-items of one run read one observation's
-// F_o row entries side by side.
-__kernel void camera_partials_split(__global const real *restrict Jc,      // (n, R, C)
+// One work-item per (run, camera parameter a), on the camera-ordered copy of F: the work-items of
+// one run read one observation's F_o row entries side by side, and the run's observations follow
+// each other there. The same products summed in the same order as camera_partials.
+__kernel void camera_partials_split(__global const real *restrict Jcc,     // (n, R, C) in camera order
                                     __global const real *restrict w,       // (n, R)
                                     __global const int *restrict obs,      // (n) in camera order
                                     __global const int *restrict seg_start,// (nseg + 1)
@@ -231,7 +254,7 @@ __kernel void camera_partials_split(__global const real *restrict Jc,      // (n
     const int end = seg_start[s + 1];
     for (int k = seg_start[s]; k < end; ++k) {
         const int o = obs[k];
-        __global const real *f = Jc + (size_t)o * ${R * C} + a;
+        __global const real *f = Jcc + (size_t)k * ${R * C} + a;
         sum += ${' + '.join(f'f[{C * j}] * w[{R} * o + {j}]' for j in range(R))};
     }
     partial[gid] = sum;

@@ -170,6 +170,9 @@ class DevicePCG:
             else bool(SPLIT_LAYOUT)
         self.w = real(R * n)
         self.t = real(R * n) if split else None     # camera_rows' F v (GPUs)
+        # GPUs: F in camera order, for camera_partials_split (one more copy of F, which
+        # lm_device.device_bytes counts)
+        self.Jcc = real(R * C * n) if split else None
         self.partial = sums(C * self.nseg)
         self.b, self.x, self.r, self.p, self.z, self.q, self.dc2 = (real(C * nc) for _ in range(7))
         self.Vinv, self.Pinv = real(P * P * npt), real(C * C * nc)
@@ -198,6 +201,7 @@ class DevicePCG:
         layout = "_split" if split else ""
         self.k_project = {(v, s): K("project_points" + layout) for v in ("p", "x", "f") for s in (0, 1)}
         self.k_rows = {(v, s): K("camera_rows") for v in ("p", "x") for s in (0, 1)} if split else {}
+        self.k_order = K("camera_order_blocks") if split else None
         self.k_partials = [K("camera_partials" + layout) for s in (0, 1)]
         self.k_direction = [K("cg_direction") for s in (0, 1)]
         # Small groups on CPUs: PoCL runs a group per core at a time, and a few hundred segments
@@ -206,7 +210,9 @@ class DevicePCG:
         self.ls_points = STAGE_POINTS if self.stage else arrays.work_group_size(rt, self.k_project["p", 0], ls)
         self.ls_partials = arrays.work_group_size(rt, self.k_partials[0], ls)
         self.gs_points = arrays.round_up(max(1, npt), self.ls_points)
-        self.gs_rows = arrays.round_up(max(1, R * n), self.ls_points)
+        self.gs_rows = arrays.round_up(max(1, R * n), STAGE_POINTS)      # camera_rows' groups: LP rows
+        self.ls_order = arrays.work_group_size(rt, self.k_order) if split else 1
+        self.gs_order = arrays.round_up(max(1, R * C * n), self.ls_order)
         self.gs_segments = arrays.round_up(max(1, self.nseg), self.ls_partials)
         self.gs_partials = arrays.round_up(max(1, self.nseg * (C if split else 1)), self.ls_partials)
         st = self.states
@@ -223,6 +229,7 @@ class DevicePCG:
         self.k_start, self.k_product, self.k_advance = self._cg_kernels(self.partial, self.cam_seg)
         self._split_kit = None
         self._jacobian = None
+        self._jcc_current = False   # whether Jcc holds the bound Jacobian's F (GPU layout)
         # Kernel events of the solves (for a profile; None: not kept) and bytes read back.
         self.events = None
         self.bytes_to_host = self.bytes_to_device = 0
@@ -250,6 +257,9 @@ class DevicePCG:
     def bind_jacobian(self, Jc_dev, Jp_dev, r_dev):
         """The device Jacobian blocks (n, R, C), (n, R, P) and residuals (n * R) of the linear
         systems to come (kept referenced while bound); nothing to do when they are bound already."""
+        # The same buffers may hold new values (a caller that rewrites its Jacobian in place):
+        # the camera-ordered copy of F is made again before the next product either way.
+        self._jcc_current = False
         if self._jacobian is not None and all(a is b for a, b in zip(self._jacobian, (Jc_dev, Jp_dev, r_dev))):
             return
         n, C, P, R, dt = self.n, self.C, self.P, self.R, self.dtype
@@ -272,8 +282,10 @@ class DevicePCG:
         for (v, s), k in self.k_rows.items():
             k.set_args(Jc_dev.data, self.cam.data, vectors[v], self.t.data, self.states[s].data,
                        np.int32(self.n))
+        if self.split:      # the camera-ordered copy of F that camera_partials_split reads
+            self.k_order.set_args(Jc_dev.data, self.obs.data, self.Jcc.data, np.int32(self.n))
         for k in self.k_partials:
-            k.set_arg(0, Jc_dev.data)
+            k.set_arg(0, (self.Jcc if self.split else Jc_dev).data)
         self.k_jacobi.set_args(Jc_dev.data, Jp_dev.data, self.obs.data, self.pt.data, self.seg_start.data,
                                self.Vinv.data, self.blocks.data, np.int32(self.nseg))
         self.k_back.set_args(Jc_dev.data, Jp_dev.data, self.cam.data, self.pt_start.data, self.Vinv.data,
@@ -337,9 +349,12 @@ class DevicePCG:
     def _apply(self, v, parity):
         """Enqueue ``w = (I - E V^-1 E^T) t`` per observation (t = F v, or f for ``v == "f"``) and
         its camera runs' sums into ``self.partial``."""
+        if self.split and not self._jcc_current and self.n:
+            self._enqueue("camera_order_blocks", self.k_order, (self.gs_order,), (self.ls_order,))
+            self._jcc_current = True
         if self.npt:
             if (v, parity) in self.k_rows:
-                self._enqueue("camera_rows", self.k_rows[v, parity], (self.gs_rows,), (self.ls_points,))
+                self._enqueue("camera_rows", self.k_rows[v, parity], (self.gs_rows,), (STAGE_POINTS,))
             self._enqueue("project_points", self.k_project[v, parity], (self.gs_points,), (self.ls_points,))
         if self.nseg:
             self._enqueue("camera_partials_cg", self.k_partials[parity], (self.gs_partials,),
