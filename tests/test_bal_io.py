@@ -240,3 +240,21 @@ def test_download_from_a_file_url_and_cache(tmp_path):
         download("problem-1-2-pre", cache=str(cache), base_url=url)
     with pytest.raises(ValueError, match="not one of"):
         download("problem-1-2-pre", group="nowhere", cache=str(cache), base_url=url)
+
+
+def test_with_parameters_shares_the_observations_and_checks_the_new_parameters():
+    """The result's problem (BundleAdjustResult.problem) comes from with_parameters: the
+    observations and indices are the problem's own arrays (not checked again: that took over a
+    second at 116M observations), the new cameras and points are checked."""
+    p = solvers.synthetic_problem(5, 40, 3, seed=2)
+    q = p.with_parameters(p.cameras + 1.0, p.points.astype(np.float32))
+    assert q.observations is p.observations and q.camera_index is p.camera_index
+    assert q.points.dtype == np.float64 and np.array_equal(q.cameras, p.cameras + 1.0)
+    with pytest.raises(ValueError, match=r"must have the problem's shapes"):
+        p.with_parameters(p.cameras[:4], p.points)
+    bad = p.points.copy()
+    bad[7, 2] = np.inf
+    with pytest.raises(ValueError, match=r"points\[7\] = .* is not finite"):
+        p.with_parameters(p.cameras, bad)
+    with pytest.raises(ValueError, match=r"cameras must be \(num_cameras, 9\)"):
+        p.with_parameters(p.cameras[:, :8], p.points)
