@@ -53,8 +53,8 @@ class DeviceObservations:
         if self.n >= 2 ** 31:
             raise ValueError(f"{self.n} observations: the device orders index with 32-bit ints")
         i32 = np.dtype(np.int32)
-        ci = arrays.to_device(rt, np.asarray(camera_index).astype(i32, copy=False))
-        pi = arrays.to_device(rt, np.asarray(point_index).astype(i32, copy=False))
+        ci = arrays.upload(rt, camera_index, i32)
+        pi = arrays.upload(rt, point_index, i32)
         self.bytes_to_device = ci.nbytes + pi.nbytes
         self.order = sort.stable_order(rt, pi, self.npt)
         self.pt_start = sort.starts(rt, pi, self.npt)
@@ -63,7 +63,7 @@ class DeviceObservations:
         self.index = sort.stack_pairs(rt, self.cam, self.pt)
         self.observed = None
         if observations is not None:
-            raw = arrays.to_device(rt, np.asarray(observations).astype(dtype, copy=False))
+            raw = arrays.upload(rt, observations, dtype)
             self.bytes_to_device += raw.nbytes
             self.observed = sort.take(rt, raw, self.order)
         self.camera_order = sort.stable_order(rt, self.cam, self.nc)
