@@ -501,7 +501,7 @@ class DeviceState(LoopState):
             self.bytes_at_end += out.nbytes
         else:
             self.bytes_to_host += out.nbytes
-        return out.astype(np.float64)
+        return out.astype(np.float64, copy=False)     # float32 storage: widened; float64: as read
 
     def close(self):
         """The solve is over (the Minimizer calls this last): kernel objects go back to their

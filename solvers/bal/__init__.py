@@ -24,6 +24,7 @@ from typing import Iterator, Optional, Tuple
 
 import numpy as np
 
+from ..checks import first_not_finite
 from ..io import progress
 
 __all__ = ["BALProblem", "BALFormatError", "read_bal", "write_bal", "open_text", "problem_name"]
@@ -56,8 +57,8 @@ def _indices(a, name: str) -> np.ndarray:
 
 def _check_finite(what: str, a: np.ndarray) -> None:
     """Named here: on the device a value that is not finite is only "evaluation failed"."""
-    if a.size and not np.isfinite(a).all():
-        row = int(np.flatnonzero(~np.isfinite(a).all(axis=1))[0])
+    row = first_not_finite(a)
+    if row is not None:
         raise ValueError(f"{what}[{row}] = {a[row].tolist()} is not finite: remove "
                          + ("that observation" if what == "observations" else "it or its observations")
                          + " or fix its values")

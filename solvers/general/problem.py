@@ -28,6 +28,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
+from ..checks import first_not_finite
 from ..models.loss import Loss
 
 
@@ -210,8 +211,7 @@ class Problem:
                                  f"per residual block ({n}), got shape {np.shape(data)}")
             if d.shape[1] == 0:
                 d = None
-            elif not np.isfinite(d).all():      # named here: on the device it is only "evaluation failed"
-                row = int(np.flatnonzero(~np.isfinite(d).all(axis=1))[0])
+            elif (row := first_not_finite(d)) is not None:   # named here: on the device it is only "evaluation failed"
                 raise ValueError(f"add_residual_block({label!r}): data row {row} holds a value that is not "
                                  f"finite ({d[row].tolist()}); remove that residual block or fix its data")
         lo = loss if isinstance(loss, Loss) else Loss(loss or "trivial", loss_scale)
