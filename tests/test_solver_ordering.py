@@ -144,6 +144,21 @@ def test_empty_and_columns(monkeypatch):
         ordering.columns([np.zeros(3), np.zeros(4)], np.int32)
 
 
+def test_converted_is_ascontiguousarray(monkeypatch):
+    """Chunks of 4 * 3 elements on threads; strided and already-converted inputs."""
+    monkeypatch.setattr(ordering, "CHUNK", 3)
+    monkeypatch.setattr(ordering, "SMALL", 0)
+    rng = np.random.default_rng(8)
+    for n in (0, 1, 11, 12, 13, 100):
+        a = rng.integers(-1000, 1000, (n, 2))
+        for src in (a[:, 0], a[:, 1].copy(), a.ravel()):
+            got = ordering.converted(src, np.int32)
+            want = np.ascontiguousarray(src, np.int32)
+            assert got.dtype == want.dtype and got.flags.c_contiguous and np.array_equal(got, want)
+    same = np.arange(50, dtype=np.int32)
+    assert ordering.converted(same, np.int32) is same
+
+
 def test_next_true():
     rng = np.random.default_rng(4)
     for n in (0, 1, 2, 10, 500):

@@ -69,6 +69,19 @@ def empty(shape, dtype) -> np.ndarray:
     return out
 
 
+def converted(a, dtype) -> np.ndarray:
+    """``np.ascontiguousarray(a, dtype)`` of a 1-D ``a``: ``a`` itself when it is that already,
+    else converted a chunk at a time on threads, so the fresh output's memory faults in on several
+    cores (two int64 index arrays of 116M observations to int32: 0.33 s on one core)."""
+    a = np.asarray(a)
+    dtype = np.dtype(dtype)
+    if a.ndim != 1 or a.size <= SMALL or (a.dtype == dtype and a.flags.c_contiguous):
+        return np.ascontiguousarray(a, dtype)
+    out = np.empty(a.size, dtype)
+    _map(lambda c: np.copyto(out[c[0]:c[1]], a[c[0]:c[1]], casting="unsafe"), _chunks(a.size, 4 * CHUNK))
+    return out
+
+
 def columns(cols, dtype) -> np.ndarray:
     """``np.stack(cols, axis=1).astype(dtype)``, written a chunk at a time on threads, without the
     stacked copy in the columns' own dtype."""

@@ -221,6 +221,7 @@ class Problem:
 
     @staticmethod
     def _index(index, blocks, label, checked=False) -> List[np.ndarray]:
+        from ..ba import ordering
         G = len(blocks)
         if isinstance(index, np.ndarray) and index.ndim == 2:
             cols = [index[:, j] for j in range(index.shape[1])]
@@ -249,7 +250,7 @@ class Problem:
                 bad = int(np.flatnonzero((c < 0) | (c >= b.num_rows))[0])
                 raise IndexError(f"add_residual_block({label!r}): index[{j}][{bad}] = {int(c[bad])} "
                                  f"is not a row of {b.name!r}, which has {b.num_rows} rows")
-            out.append(np.ascontiguousarray(c, np.int32))
+            out.append(ordering.converted(c, np.int32))
         return out
 
     def set_constant(self, group, rows=None, columns=None) -> None:
