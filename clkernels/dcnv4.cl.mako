@@ -5,7 +5,7 @@
 ##   direction      'forward', 'backward' (scatter with float atomics: GPUs) or 'backward_owner'
 ##                  (each work-item owns a slice of the input gradient: CPUs, no atomics)
 ##   info           DeviceInfo (atomics and vendor-specific loads)
-##   st             Storage of input, offset_mask, output and gradients (float or half)
+##   st             Storage of input, offset_mask, output and gradients (float, half or bfloat16)
 ##   group, channels, kernel_h, kernel_w, remove_center: the operator's shape (compile time,
 ##                  so the tap loop and the channel loop are fully known to the compiler)
 ##   cpw            channels per work-item;  vw: vector width of loads/stores (divides cpw)
@@ -30,7 +30,7 @@
     ptx_half = ptx and st.is_half and VW > 1
 %>
 ${common.bilinear_taps('float')}
-
+${st.helpers()}
 ## ------------------------------------------------------------------ vector access
 ## ldv(p): the VW channels at p as float(VW); stv(v, p) stores them. p is VW-aligned (the
 ## launcher checks C % VW == 0 and the buffer alignment), so float storage casts to a
@@ -65,6 +65,13 @@ inline void stv(${vec} v, __global ${T} *p)
 %elif st.is_half:
 inline ${vec} ldv(const __global ${T} *p) { return vload_half${'' if VW == 1 else VW}(0, p); }
 inline void stv(${vec} v, __global ${T} *p) { vstore_half${'' if VW == 1 else VW}_rte(v, 0, p); }
+%elif st.is_bf16 and VW == 1:
+inline float ldv(const __global ushort *p) { return as_float((uint)*p << 16); }
+inline void stv(float v, __global ushort *p) { *p = bf16_rte(v); }
+%elif st.is_bf16:
+## p is VW-aligned (as for float): a vector of raw bits, widened by a shift
+inline ${vec} ldv(const __global ushort *p) { return as_float${VW}(convert_uint${VW}(*(const __global ushort${VW} *)p) << 16); }
+inline void stv(${vec} v, __global ushort *p) { *(__global ushort${VW} *)p = bf16_rte${VW}(v); }
 %else:
 inline ${vec} ldv(const __global ${T} *p) { return *(const __global ${vec} *)p; }
 inline void stv(${vec} v, __global ${T} *p) { *(__global ${vec} *)p = v; }
@@ -293,14 +300,14 @@ ${zero_tail()}
 
 %else:
 ## 'backward_owner': work-item (image n, group g, slot) zeroes its slice of the float
-## gradient, accumulates every output pixel's taps into it in pixel order, and (half
+## gradient, accumulates every output pixel's taps into it in pixel order, and (16-bit
 ## storage) converts the slice at the end. With SLOTS > 1 each slot writes its partial
 ## offset/mask sums to `partial`, summed in slot order by reduce_offset_gradients.
 __kernel void dcnv4_backward_owner(__global const ${T} *restrict input,
                                    __global const ${T} *restrict offset_mask,
                                    __global const ${T} *restrict grad_out,
                                    __global float *restrict grad_acc,
-%if st.is_half:
+%if st.narrow:
                                    __global ${T} *restrict grad_input,
 %endif
 %if SLOTS > 1:
@@ -349,7 +356,7 @@ ${tap_loop_close()}
 ${zero_tail()}
 %endif
     }
-%if st.is_half:
+%if st.narrow:
     for (int p = 0; p < H * W; ++p)
         for (int c = 0; c < ${NCH}; ++c)
             stv(*(__global ${vec} *)(gin + p * ${GC} + c * ${VW}), grad_input + in_base + p * ${GC} + c * ${VW});

@@ -27,8 +27,9 @@ import pyopencl as cl
 import pyopencl.array as cla
 
 from . import arrays, memory, simulator
+from . import dtypes as dtypes_      # (Param has an argument named dtypes)
 from .runtime import Runtime, get_runtime, runtime_for_context, runtime_for_queue
-from .templates import build, get_program
+from .templates import Storage, build, get_program
 
 __all__ = ["Param", "LaunchOp", "LaunchPlan", "Step", "Buffer", "kernel_for_plan", "runtime_for",
            "device_array", "check_host_out", "pooled_array", "accumulator", "ZeroStep", "Slot", "In", "Out", "Tmp", "step", "scratch_steps", "program", "convert_step", "INPUT", "OUTPUT", "TEMP"]
@@ -45,18 +46,18 @@ class Param:
     def __init__(self, name: str, dtypes: Sequence = (), ndim: Optional[int] = None,
                  like: Optional[str] = None):
         self.name, self.ndim, self.like = name, ndim, like
-        self.dtypes = tuple(np.dtype(d) for d in dtypes)
+        self.dtypes = tuple(d if dtypes_.is_bfloat16(d) else np.dtype(d) for d in dtypes)
         if not self.dtypes and like is None:
             raise ValueError(f"Param {name!r} needs dtypes or like=")
 
     def check(self, a, dtype_of: dict):
         """Named errors for a wrong dtype or number of dimensions."""
         allowed = (dtype_of[self.like],) if self.like is not None else self.dtypes
-        if a.dtype not in allowed:
+        if not any(dtypes_.same(a.dtype, d) for d in allowed):
             names = " or ".join(str(d) for d in allowed)
             why = f" like {self.like}" if self.like is not None else ""
             raise TypeError(f"{self.name} has dtype {a.dtype}, expected {names}{why}; "
-                            f"convert it with {self.name}.astype(np.{allowed[0]})")
+                            f"convert it with {self.name}.astype({dtypes_.name_of(allowed[0])})")
         if self.ndim is not None and a.ndim != self.ndim:
             raise ValueError(f"{self.name} must have {self.ndim} dimensions, got shape {tuple(a.shape)}")
 
@@ -500,11 +501,13 @@ def _out_tuple(out, n: int, names) -> tuple:
 
 
 def convert_step(rt: Runtime, source: Tuple[int, int], target: Tuple[int, int], buffer: Buffer) -> Step:
-    """A step storing a float32 buffer (``source``) as half (``target``, ``buffer`` its spec),
-    through vstore_half_rte so that no device needs cl_khr_fp16."""
-    text = ("__kernel void to_half(__global const float *src, __global half *dst, int n) "
-            "{ const int i = get_global_id(0); if (i < n) vstore_half_rte(src[i], i, dst); }")
-    kernel = kernel_for_plan(build(text, rt), "to_half")
+    """A step storing a float32 buffer (``source``) in ``buffer``'s 16-bit storage (``target``):
+    half through vstore_half_rte, so that no device needs cl_khr_fp16, or bfloat16 (the
+    Storage's rounding to nearest even)."""
+    st = Storage(buffer.dtype)
+    text = (f"{st.helpers()}__kernel void to_storage(__global const float *src, __global {st.ptr} *dst, int n) "
+            f"{{ const int i = get_global_id(0); if (i < n) {st.store('src[i]', 'dst', 'i')}; }}")
+    kernel = kernel_for_plan(build(text, rt), "to_storage")
     wg = arrays.work_group_size(rt, kernel, 256)
     return Step(kernel, (arrays.round_up(buffer.size, wg),), (wg,),
                 [(0, *source), (1, *target)], [(2, np.int32(buffer.size))])
@@ -513,7 +516,7 @@ def convert_step(rt: Runtime, source: Tuple[int, int], target: Tuple[int, int], 
 def accumulator(rt: Runtime, dtype, spec: Buffer, out_index: int, temps: list, steps: list):
     """A zero-filled float32 accumulator for output ``out_index`` (whose storage is ``dtype``):
     the output itself for float32, else a float32 temporary (appended to ``temps``) that the
-    returned step stores as half; the caller appends that step after its kernels. The zero fill
+    returned step stores as ``dtype`` (half or bfloat16); the caller appends that step after its kernels. The zero fill
     goes to ``steps`` now. Returns (the accumulator's slot, the conversion step or None)."""
     if np.dtype(dtype) == np.float32:
         steps.append(ZeroStep(rt, OUTPUT, out_index, spec))

@@ -19,7 +19,7 @@ from typing import Dict, Iterable, Tuple
 import numpy as np
 import pyopencl as cl
 
-from . import cache, simulator
+from . import cache, dtypes, simulator
 from .runtime import Runtime, get_runtime
 
 __all__ = ["render", "render_string", "build", "get_program", "program_for", "kernel", "BuildError", "ctype", "storage",
@@ -273,48 +273,81 @@ def ctype(dtype) -> str:
         raise TypeError(f"no OpenCL type for dtype {np.dtype(dtype)}") from None
 
 
+_BF16_HELPERS = """// bfloat16 storage (ushort bits): the high half of a float. Loads shift the bits up; stores
+// round to nearest even, a NaN staying a quiet NaN of its sign (as ml_dtypes and torch round).
+inline ushort bf16_rte(float f)
+{
+    const uint u = as_uint(f);
+    return (u & 0x7fffffffu) > 0x7f800000u ? (ushort)((u >> 16) | 0x40u)
+                                           : (ushort)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+""" + "".join(f"""inline ushort{n} bf16_rte{n}(float{n} f)
+{{
+    const uint{n} u = as_uint{n}(f);
+    return convert_ushort{n}(select((u + 0x7fffu + ((u >> 16) & 1u)) >> 16, (u >> 16) | 0x40u,
+                                   (u & 0x7fffffffu) > 0x7f800000u));
+}}
+""" for n in (2, 4, 8, 16))
+
+
 class Storage:
     """How a floating-point array is stored and read in a kernel.
 
     Computation is always in ``compute`` (float, or double for float64 storage); half
     storage goes through the core ``vload_half``/``vstore_half`` so no device needs
-    ``cl_khr_fp16``. Use in templates: ``${st.load('p', 'i')}``, ``${st.store('v', 'p', 'i')}``,
+    ``cl_khr_fp16``; bfloat16 storage is ``ushort`` bits, the high half of a float, stored with
+    rounding to nearest even by helper functions that :meth:`helpers` emits. Use in templates:
+    ``${st.helpers()}`` once at the top, ``${st.load('p', 'i')}``, ``${st.store('v', 'p', 'i')}``,
     ``${st.loadn(4, 'p', 'i')}`` (the i-th group of 4), ``${st.ptr}`` for the pointer type.
+    ``narrow``: 16-bit storage (half or bfloat16), which kernels accumulate in float and store
+    at the end.
     """
 
     def __init__(self, dtype):
-        self.dtype = np.dtype(dtype)
-        if self.dtype not in (np.float16, np.float32, np.float64):
-            raise TypeError(f"storage dtype must be float16, float32 or float64, not {self.dtype}")
+        self.is_bf16 = dtypes.is_bfloat16(dtype)
+        self.dtype = np.dtype(dtype) if not isinstance(dtype, str) else dtypes.bfloat16()
+        if not self.is_bf16 and self.dtype not in (np.float16, np.float32, np.float64):
+            raise TypeError(f"storage dtype must be float16, bfloat16, float32 or float64, not {self.dtype}")
         self.is_half = self.dtype == np.float16
-        self.ptr = "half" if self.is_half else ctype(self.dtype)  # element type of the buffer
+        self.narrow = self.is_half or self.is_bf16
+        self.ptr = "half" if self.is_half else "ushort" if self.is_bf16 else ctype(self.dtype)
         self.compute = "double" if self.dtype == np.float64 else "float"
 
     # Equal storages render the same code: value equality keeps the render cache hitting.
     def __eq__(self, other):
-        return isinstance(other, Storage) and other.dtype == self.dtype
+        return isinstance(other, Storage) and other.cache_token() == self.cache_token()
 
     def __hash__(self):
-        return hash(("Storage", self.dtype.str))
+        return hash(("Storage", self.cache_token()))
 
     def __repr__(self):
         return f"Storage({self.dtype})"
 
     def cache_token(self) -> str:
         """The exact text of this storage for the render cache (clkernels.cache)."""
-        return self.dtype.str
+        return dtypes.BFLOAT16 if self.is_bf16 else self.dtype.str
+
+    def helpers(self, *others: "Storage") -> str:
+        """The device functions that this storage's (or ``others``') stores call, once."""
+        return _BF16_HELPERS if any(s is not None and s.is_bf16 for s in (self, *others)) else ""
 
     def load(self, ptr: str, index: str) -> str:
+        if self.is_bf16:
+            return f"as_float((uint)({ptr})[{index}] << 16)"
         return f"vload_half({index}, {ptr})" if self.is_half else f"{ptr}[{index}]"
 
     def store(self, value: str, ptr: str, index: str) -> str:
         if self.is_half:
             return f"vstore_half_rte({value}, {index}, {ptr})"
+        if self.is_bf16:
+            return f"({ptr})[{index}] = bf16_rte({value})"
         return f"{ptr}[{index}] = {value}"
 
     def loadn(self, n: int, ptr: str, index: str) -> str:
         if n == 1:
             return self.load(ptr, index)
+        if self.is_bf16:
+            return f"as_float{n}(convert_uint{n}(vload{n}({index}, {ptr})) << 16)"
         return f"vload_half{n}({index}, {ptr})" if self.is_half else f"vload{n}({index}, {ptr})"
 
     def storen(self, n: int, value: str, ptr: str, index: str) -> str:
@@ -322,6 +355,8 @@ class Storage:
             return self.store(value, ptr, index)
         if self.is_half:
             return f"vstore_half{n}_rte({value}, {index}, {ptr})"
+        if self.is_bf16:
+            return f"vstore{n}(bf16_rte{n}({value}), {index}, {ptr})"
         return f"vstore{n}({value}, {index}, {ptr})"
 
 

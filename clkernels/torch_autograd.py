@@ -2,13 +2,18 @@
 imported only when a wrapper is first used).
 
 The wrappers take CPU tensors, share their memory with numpy (no copy for contiguous
-tensors) and call the op's numpy path; the backward calls the op's backward function and
+tensors; ``torch.bfloat16`` becomes ``ml_dtypes.bfloat16`` on the same bits) and call the op's
+numpy path; the backward calls the op's backward function and
 hands torch the gradients of the differentiable inputs.
 """
 from __future__ import annotations
 
 import functools
 from typing import Callable, Sequence, Tuple
+
+import numpy as np
+
+from . import dtypes
 
 __all__ = ["autograd_function", "check_cpu"]
 
@@ -23,8 +28,22 @@ def check_cpu(tensors: Sequence, names: Sequence[str], wrapper: str) -> None:
 
 
 def _numpy(t):
+    """A CPU tensor's memory as a numpy array (torch.bfloat16 as ml_dtypes.bfloat16)."""
     import torch
-    return t.detach().contiguous().numpy() if isinstance(t, torch.Tensor) else t
+    if not isinstance(t, torch.Tensor):
+        return t
+    t = t.detach().contiguous()
+    if t.dtype == torch.bfloat16:       # numpy has no bfloat16 of its own: the same bits
+        return t.view(torch.int16).numpy().view(dtypes.bfloat16())
+    return t.numpy()
+
+
+def _tensor(a):
+    """A numpy result as a tensor on its memory (ml_dtypes.bfloat16 as torch.bfloat16)."""
+    import torch
+    if dtypes.is_bfloat16(a.dtype):
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
 
 
 @functools.lru_cache(maxsize=None)
@@ -46,13 +65,13 @@ def autograd_function(name: str, forward: Callable, backward: Callable,
             tensors, options = args[:n], (args[n] if len(args) > n else {})
             ctx.save_for_backward(*tensors)
             ctx.options, ctx.with_options = options, len(args) > n
-            return torch.from_numpy(forward(*(_numpy(t) for t in tensors), **options))
+            return _tensor(forward(*(_numpy(t) for t in tensors), **options))
 
         @staticmethod
         def backward(ctx, grad_out):
             grads = iter(backward(_numpy(grad_out), *(_numpy(t) for t in ctx.saved_tensors),
                                   **ctx.options))
-            out = tuple(torch.from_numpy(next(grads)) if d else None for d in differentiable)
+            out = tuple(_tensor(next(grads)) if d else None for d in differentiable)
             return out + ((None,) if ctx.with_options else ())
 
     Function.__name__ = Function.__qualname__ = name

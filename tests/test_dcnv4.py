@@ -12,6 +12,8 @@ from clkernels import arrays
 from clkernels.dcnv4 import (LADDER, DCNv4Config, DCNv4Options, dcnv4, dcnv4_backward,
                              offset_mask_channels)
 
+from bf16 import BF16, assert_bf16_close
+
 dcnv4_module = importlib.import_module("clkernels.dcnv4")
 
 
@@ -75,24 +77,27 @@ def reference(x, om, o: DCNv4Options):
     return out.reshape(n, ho, wo, G * C)
 
 
-def central_differences(x, om, grad_out, o: DCNv4Options, eps=1e-6):
+def central_differences(x, om, grad_out, o: DCNv4Options, eps=1e-6, sides=(1, -1)):
     """d sum(grad_out * reference) / d(x, om), float64. Each output channel depends on its
     input channel only, and each output pixel on its own offset_mask row only, so one
-    perturbation covers all channels of an input pixel, or one entry of every row."""
+    perturbation covers all channels of an input pixel, or one entry of every row.
+    ``sides=(1, 0)`` or ``(0, -1)``: one-sided differences instead (the two sides of a kink:
+    bilinear sampling is not differentiable where a position crosses the pixel grid)."""
     x, om, go = (np.asarray(a, np.float64) for a in (x, om, grad_out))
     g_x, g_om = np.zeros_like(x), np.zeros_like(om)
+    width = (sides[0] - sides[1]) * eps
     for pos in np.ndindex(*x.shape[:3]):
         plus, minus = x.copy(), x.copy()
-        plus[pos] += eps
-        minus[pos] -= eps
+        plus[pos] += sides[0] * eps
+        minus[pos] += sides[1] * eps
         diff = go * (reference(plus, om, o) - reference(minus, om, o))
-        g_x[pos] = diff.sum(axis=(0, 1, 2)) / (2 * eps)
+        g_x[pos] = diff.sum(axis=(0, 1, 2)) / width
     for e in range(om.shape[3]):
         plus, minus = om.copy(), om.copy()
-        plus[..., e] += eps
-        minus[..., e] -= eps
+        plus[..., e] += sides[0] * eps
+        minus[..., e] += sides[1] * eps
         diff = go * (reference(x, plus, o) - reference(x, minus, o))
-        g_om[..., e] = diff.sum(axis=3) / (2 * eps)
+        g_om[..., e] = diff.sum(axis=3) / width
     return g_x, g_om
 
 
@@ -158,7 +163,7 @@ def test_cpu_vectors_wider_than_the_compiler_takes_are_refused(device):
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
-@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16], ids=str)
 def test_every_kernel_variant_matches_reference(device, cfg, dtype):
     widest = device.info.widest_vector("float")
     if widest is not None and cfg.vector_width > widest:
@@ -169,6 +174,8 @@ def test_every_kernel_variant_matches_reference(device, cfg, dtype):
     x, om = make_inputs(o, 2, 7, 9, dtype=dtype)
     out = dcnv4(x, om, **call_opts(o), device=device, config=cfg)
     assert out.dtype == dtype
+    if dtype == BF16:       # the reference rounded to bfloat16, to one unit in the last place
+        return assert_bf16_close(out, reference(x, om, o))
     # float16: the inputs are exact in float64; the output's own rounding is 2^-11 relative.
     assert_close(out, reference(x, om, o), 1e-5 if dtype == np.float32 else 1e-3)
 
@@ -214,6 +221,9 @@ BACKWARD_CASES = {
     "device default": (None, np.float32),
     "half, owner": (DCNv4Config(3, 1, scatter="owner"), np.float16),
     "half, atomic": (DCNv4Config(2, 2, scatter="atomic"), np.float16),
+    "bfloat16, owner": (DCNv4Config(3, 1, scatter="owner"), BF16),
+    "bfloat16, owner, channel runs": (DCNv4Config(2, 2, scatter="owner"), BF16),
+    "bfloat16, atomic": (DCNv4Config(2, 2, scatter="atomic"), BF16),
 }
 
 
@@ -231,13 +241,22 @@ def backward_problem():
 def test_backward_matches_central_differences(device, backward_problem, case):
     cfg, dtype = BACKWARD_CASES[case]
     o, x, om, go, (g_x, g_om) = backward_problem
-    if dtype == np.float16:
+    if dtype != np.float32:
         # Central differences of the very values the kernel sees.
-        x, om, go = (a.astype(np.float16) for a in (x, om, go))
+        x, om, go = (a.astype(dtype) for a in (x, om, go))
         g_x, g_om = central_differences(x, om, go, o)
     g_in, g_offset_mask = dcnv4_backward(go, x, om, **call_opts(o), device=device, config=cfg)
     assert g_in.dtype == dtype and g_offset_mask.dtype == dtype
     assert g_in.shape == x.shape and g_offset_mask.shape == om.shape
+    if dtype == BF16:
+        # bfloat16 offsets are coarse enough that some taps sit exactly on the pixel grid,
+        # where the offset gradient is one side's derivative: either side's is accepted.
+        _, g_om_right = central_differences(x, om, go, o, sides=(1, 0))
+        _, g_om_left = central_differences(x, om, go, o, sides=(0, -1))
+        assert_bf16_close(g_in, g_x, 1e-4, "input gradient")
+        assert_bf16_close(g_offset_mask, g_om_right, 1e-4, "offset/mask gradient", also=g_om_left)
+        assert not np.any(g_offset_mask[..., o.group * o.taps * 3:].astype(np.float32))
+        return
     rtol = 1e-4 if dtype == np.float32 else 2e-3
     assert_close(g_in, g_x, rtol, "input gradient")
     assert_close(g_offset_mask, g_om, rtol, "offset/mask gradient")
@@ -287,7 +306,7 @@ def test_bad_input_names_the_argument():
 # ---------------------------------------------------------------- tiny shapes, also on Oclgrind
 
 @pytest.mark.oclgrind
-@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16], ids=str)
 def test_tiny_forward_variants(device, dtype):
     o = DCNv4Options(group=2, group_channels=8, offset_scale=1.5)
     x, om = make_inputs(o, 1, 3, 4, dtype=dtype, spread=2.5)
@@ -296,11 +315,14 @@ def test_tiny_forward_variants(device, dtype):
     expected = reference(x, om, o)
     for cfg in [cfg for _, cfg in LADDER] + [None, DCNv4Config(8, 4), DCNv4Config(2, 2)]:
         out = dcnv4(x, om, **call_opts(o), device=device, config=cfg)
-        assert_close(out, expected, 1e-5 if dtype == np.float32 else 1e-3, str(cfg))
+        if dtype == BF16:
+            assert_bf16_close(out, expected, what=str(cfg))
+        else:
+            assert_close(out, expected, 1e-5 if dtype == np.float32 else 1e-3, str(cfg))
 
 
 @pytest.mark.oclgrind
-@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16], ids=str)
 def test_tiny_backward_variants(device, dtype):
     o = DCNv4Options(group=2, group_channels=4, offset_scale=0.8, stride_w=2)
     x, om = make_inputs(o, 1, 3, 4, dtype=dtype, spread=1.2, extra_p=2, seed=5)
@@ -308,12 +330,37 @@ def test_tiny_backward_variants(device, dtype):
     go = np.random.default_rng(6).standard_normal((1, *o.out_size(3, 4), 8)).astype(dtype)
     g_x, g_om = central_differences(x, om, go, o)
     g_om = np.nan_to_num(g_om)  # the NaN tap counts as outside: its gradients are zero
+    g_om_sides = [np.nan_to_num(central_differences(x, om, go, o, sides=s)[1]) for s in ((1, 0), (0, -1))] \
+        if dtype == BF16 else None
     rtol = 1e-4 if dtype == np.float32 else 2e-3
     for cfg in (DCNv4Config(4, 4, scatter="owner"), DCNv4Config(2, 2, scatter="owner"),
                 DCNv4Config(4, 2, scatter="atomic"), DCNv4Config(1, 1, scatter="atomic")):
         g_in, g_offset_mask = dcnv4_backward(go, x, om, **call_opts(o), device=device, config=cfg)
+        if dtype == BF16:     # (offsets on the pixel grid: either side's derivative, as above)
+            assert_bf16_close(g_in, g_x, 1e-4, f"input gradient {cfg}")
+            assert_bf16_close(g_offset_mask, g_om_sides[0], 1e-4, f"offset gradient {cfg}", also=g_om_sides[1])
+            continue
         assert_close(g_in, g_x, rtol, f"input gradient {cfg}")
         assert_close(g_offset_mask, g_om, rtol, f"offset gradient {cfg}")
+
+
+@pytest.mark.oclgrind
+@pytest.mark.parametrize("dtype", [np.float32, BF16], ids=str)
+def test_owner_backward_bits_do_not_depend_on_work_group_size(device, dtype):
+    """The deterministic (owner) backward, 20 runs over work-group sizes 1 to 8 and the
+    device's choice: the same bits every time, both gradients."""
+    o = DCNv4Options(group=2, group_channels=4, offset_scale=0.8)
+    x, om = make_inputs(o, 2, 3, 4, dtype=dtype, spread=1.5, seed=9)
+    go = np.random.default_rng(10).standard_normal((2, *o.out_size(3, 4), 8)).astype(dtype)
+    first = None
+    for run in range(20):
+        cfg = DCNv4Config(2, 2, scatter="owner", work_group_size=(0, 1, 2, 4, 8)[run % 5])
+        g_in, g_om = dcnv4_backward(go, x, om, **call_opts(o), device=device, config=cfg)
+        if first is None:
+            first = (g_in, g_om)
+            continue
+        np.testing.assert_array_equal(g_in.view(np.uint8), first[0].view(np.uint8), err_msg=str(cfg))
+        np.testing.assert_array_equal(g_om.view(np.uint8), first[1].view(np.uint8), err_msg=str(cfg))
 
 
 # ---------------------------------------------------------------- vendor paths and wrappers
@@ -356,3 +403,21 @@ def test_torch_autograd_wrapper(device):
     g_x, g_om = central_differences(x, om, go, o)
     assert_close(tx.grad.numpy(), g_x, 1e-4)
     assert_close(tom.grad.numpy(), g_om, 1e-4)
+
+
+def test_torch_bfloat16_tensors(device):
+    """torch.bfloat16 tensors in and out, the same bits as the ml_dtypes path, gradients too."""
+    torch = pytest.importorskip("torch")
+    o = DCNv4Options(group=2, group_channels=4, offset_scale=0.5)
+    x, om = make_inputs(o, 1, 4, 5, seed=11, dtype=BF16)
+    go = np.random.default_rng(12).standard_normal((1, 4, 5, 8)).astype(BF16)
+    as_torch = lambda a: torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)  # noqa: E731
+    tx, tom = as_torch(x).requires_grad_(), as_torch(om).requires_grad_()
+    out = dcnv4_module.torch_dcnv4(tx, tom, device=device, **call_opts(o))
+    assert out.dtype == torch.bfloat16
+    want = dcnv4(x, om, **call_opts(o), device=device)
+    np.testing.assert_array_equal(out.detach().view(torch.int16).numpy(), want.view(np.int16))
+    out.backward(as_torch(go))
+    g_in, g_om = dcnv4_backward(go, x, om, **call_opts(o), device=device)
+    np.testing.assert_array_equal(tx.grad.view(torch.int16).numpy(), g_in.view(np.int16))
+    np.testing.assert_array_equal(tom.grad.view(torch.int16).numpy(), g_om.view(np.int16))

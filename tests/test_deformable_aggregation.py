@@ -8,6 +8,8 @@ import pytest
 import clkernels
 from clkernels.deformable_aggregation import AggregationConfig
 
+from bf16 import BF16, assert_bf16_close
+
 SPECIAL = np.array([0.0, 1.0, 2.0**-24, 1.0 - 2.0**-24, 0.5, -0.05, 1.05, np.nan, np.inf, -np.inf],
                    dtype=np.float32)
 
@@ -177,6 +179,20 @@ def test_half_storage(device):
 
 
 @pytest.mark.oclgrind
+def test_bfloat16_storage(device):
+    """bfloat16 features and weights (ml_dtypes), float accumulation: the float64 reference of
+    the same bfloat16 values rounded to bfloat16, to one unit in the last place; both variants,
+    and with float32 weights."""
+    rng = np.random.default_rng(5)
+    args = problem(rng, bs=2, A=4, P=3, cams=2, C=16, G=4, maps=((4, 6), (2, 3)), dtype=BF16)
+    for variant in ("optimized", "original"):
+        assert_bf16_close(clkernels.deformable_aggregation(*args, device=device, variant=variant),
+                          reference(*args), what=variant)
+    mixed = (args[0], args[1], args[2], args[3], args[4].astype(np.float32))
+    assert_bf16_close(clkernels.deformable_aggregation(*mixed, device=device), reference(*mixed), what="mixed")
+
+
+@pytest.mark.oclgrind
 def test_device_arrays_in_device_arrays_out(device):
     rng = np.random.default_rng(6)
     args = problem(rng)
@@ -284,6 +300,26 @@ def test_backward_half_storage(device):
 
 
 @pytest.mark.oclgrind
+def test_backward_bfloat16_storage(device):
+    """bfloat16 features, weights and grad_out: bfloat16 feature and weight gradients, the exact
+    differences (linear in both) rounded to bfloat16 to one unit in the last place; float32
+    location gradients within float accumulation."""
+    args, go = _backward_problem(9, dtype=BF16, bs=1, A=3, P=2, cams=2, C=8, G=2)
+    ref_feat = central_difference(go, list(args), 0, 1.0)
+    ref_w = central_difference(go, list(args), 4, 1.0)
+    ref_loc = central_difference(go, list(args), 3, 1e-6)
+    ref_loc[np.any((args[3] == 0) | (args[3] == 1), axis=-1)] = 0
+    for variant, config in (("optimized", AggregationConfig(cpt=2, vec=2, feature_grad="gather")),
+                            ("optimized", AggregationConfig(cpt=2, vec=2, feature_grad="scatter")), ("original", None)):
+        g_feat, g_loc, g_w = clkernels.deformable_aggregation_backward(go, *args, device=device, variant=variant,
+                                                                       config=config)
+        assert g_loc.dtype == np.float32
+        assert_bf16_close(g_feat, ref_feat, what=f"{variant} {config} features")
+        assert_bf16_close(g_w, ref_w, what=f"{variant} {config} weights")
+        np.testing.assert_allclose(g_loc, ref_loc, **tolerance(ref_loc, 1e-4))
+
+
+@pytest.mark.oclgrind
 def test_gpu_default_configurations(device):
     """The configurations chosen for GPUs (adjacent channels, float4 loads forward; interleaved
     channels and atomics backward) give the same results on whatever device runs the tests."""
@@ -313,10 +349,11 @@ def test_feature_maps_format(device):
         assert start[k, s] == k * 22 + (0, 15, 19)[s]
         for b, y, x in np.ndindex(2, H, W):
             np.testing.assert_array_equal(feat[b, start[k, s] + y * W + x], levels[s][b, k, :, y, x])
-    dev, shape_d, start_d = clkernels.feature_maps_format(
-        [cla.to_device(device.queue, l.astype(np.float16)) for l in levels], device=device)
-    assert isinstance(dev, cla.Array)
-    np.testing.assert_array_equal(dev.get(), feat.astype(np.float16))
+    for dtype in (np.float16, BF16):
+        dev, shape_d, start_d = clkernels.feature_maps_format(
+            [cla.to_device(device.queue, l.astype(dtype)) for l in levels], device=device)
+        assert isinstance(dev, cla.Array) and dev.dtype == dtype
+        np.testing.assert_array_equal(dev.get().view(np.uint16), feat.astype(dtype).view(np.uint16))
     np.testing.assert_array_equal(shape_d, shape)
     np.testing.assert_array_equal(start_d, start)
 

@@ -16,6 +16,8 @@ import pytest
 import skimage.data as skdata
 
 import clkernels
+
+from bf16 import BF16
 from clkernels import launch
 
 wa = importlib.import_module("clkernels.warp_affine")  # the package; clkernels.warp_affine is the function
@@ -215,6 +217,30 @@ def test_letterbox_float16_storage(device):
     # one level, plus half a float16 step of rounding
     tol = 4 / 255 + np.abs(ref) * 2.0 ** -11 + 1e-7
     assert np.all(np.abs(blob[0].astype(np.float64) - ref) <= tol)
+
+
+def test_letterbox_bfloat16_storage(device):
+    """bfloat16 blob (ml_dtypes): within OpenCV's blob by one level plus bfloat16 rounding
+    (2^-9 relative), and bit for bit the float32 blob rounded to nearest even by ml_dtypes."""
+    img = photo("astronaut")
+    kw = dict(size=(96, 96), mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), device=device)
+    blob, _ = clkernels.letterbox(img, dtype=BF16, **kw)
+    assert blob.dtype == BF16
+    ref = cv_blob(img, (96, 96), mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
+    tol = 4 / 255 + np.abs(ref) * 2.0 ** -9 + 1e-7
+    assert np.all(np.abs(blob[0].astype(np.float64) - ref) <= tol)
+    f32, _ = clkernels.letterbox(img, dtype=np.float32, **kw)
+    np.testing.assert_array_equal(blob.view(np.uint16), f32.astype(BF16).view(np.uint16))
+
+
+@pytest.mark.oclgrind
+def test_letterbox_tiny_bfloat16(device):
+    img = noise(4, 6, seed=4)
+    blob, _ = clkernels.letterbox(img, size=(5, 5), dtype=BF16, device=device)
+    f32, _ = clkernels.letterbox(img, size=(5, 5), dtype=np.float32, device=device)
+    np.testing.assert_array_equal(blob.view(np.uint16), f32.astype(BF16).view(np.uint16))
+    ref = cv_blob(img, (5, 5))
+    assert np.all(np.abs(blob[0].astype(np.float64) - ref) <= 1 / 255 + ref * 2.0 ** -9)
 
 
 @pytest.mark.oclgrind

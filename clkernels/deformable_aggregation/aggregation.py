@@ -10,8 +10,9 @@ and launches them.
 
 Numpy in, numpy out; ``pyopencl.array.Array`` in, device arrays out with no copy of the
 tensors (the small ``spatial_shape`` and ``scale_start_index`` tables are always read on the
-host, to validate every block before launch). Feature storage float32 or float16 (half
-storage, float arithmetic); weights float32 or float16; locations float32.
+host, to validate every block before launch). Feature storage float32, float16 or bfloat16
+(``ml_dtypes.bfloat16``; 16-bit storage, float arithmetic); weights float32, float16 or
+bfloat16; locations float32.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from typing import Optional
 import numpy as np
 import pyopencl as cl
 
-from .. import arrays, config_check, launch, multi_device, simulator, torch_autograd
+from .. import arrays, config_check, dtypes, launch, multi_device, simulator, torch_autograd
 from ..arrays import check_array, is_device_array
 from ..launch import OUTPUT, In, Out, Tmp
 from ..runtime import DeviceInfo, Runtime
@@ -32,7 +33,7 @@ __all__ = ["deformable_aggregation", "deformable_aggregation_backward",
            "deformable_aggregation_torch"]
 
 TEMPLATE = "clkernels/deformable_aggregation/deformable_aggregation.cl.mako"
-FEAT_DTYPES = (np.float32, np.float16)
+FEAT_DTYPES = (np.float32, np.float16, dtypes.BFLOAT16)
 INT_DTYPES = (np.int32, np.int64)
 INT32_MAX = 2**31 - 1
 VARIANTS = ("optimized", "original")
@@ -321,14 +322,14 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
     steps, temps = [], []
     if variant == "original":
         _check_original(prob)
-        g_feat, to_half_feat = launch.accumulator(rt, prob.st.dtype, outputs[0], 0, temps, steps)
+        g_feat, to_storage_feat = launch.accumulator(rt, prob.st.dtype, outputs[0], 0, temps, steps)
         g_loc, _ = launch.accumulator(rt, np.float32, outputs[1], 1, temps, steps)
-        g_w, to_half_w = launch.accumulator(rt, prob.ws.dtype, outputs[2], 2, temps, steps)
+        g_w, to_storage_w = launch.accumulator(rt, prob.ws.dtype, outputs[2], 2, temps, steps)
         n = n_qc * prob.S * prob.C
         if n:
             steps.append(_step_1d(prob, _kernel(prob, cfg, "da_backward_original"), n,
                                   head + [g_feat, g_loc, g_w, *_sizes(prob), np.int32(n)]))
-        steps += [s for s in (to_half_feat, to_half_w) if s is not None]
+        steps += [s for s in (to_storage_feat, to_storage_w) if s is not None]
         return launch.LaunchPlan(outputs, steps, temps, keep)
     if variant != "optimized":
         raise ValueError(f"variant must be one of {VARIANTS}, not {variant!r}")
@@ -336,12 +337,12 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
         return launch.LaunchPlan(outputs, [launch.ZeroStep(rt, OUTPUT, i, o) for i, o in enumerate(outputs)
                                      if o.nbytes])
     gather = cfg.feature_grad == "gather"
-    to_half = None
+    to_storage = None
     if gather:
         steps += _gather_feature_grad(prob, cfg, temps, keep)
         feat_args = []
     else:
-        g_feat, to_half = launch.accumulator(rt, prob.st.dtype, outputs[0], 0, temps, steps)
+        g_feat, to_storage = launch.accumulator(rt, prob.st.dtype, outputs[0], 0, temps, steps)
         feat_args = [g_feat]
     k = _kernel(prob, cfg, "da_backward")
     items = prob.C // cfg.cpt
@@ -356,7 +357,7 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
     steps.append(launch.step(k, (-(-n_qc // qpw) * lsize,), (lsize,), head + feat_args + [
         Out(1), Out(2), *_sizes(prob), np.int32(n_qc), cl.LocalMemory(4 * (prob.S + 2) * lsize),
         cl.LocalMemory(4 * qpw * 2 * prob.G)]))
-    steps += [to_half] if to_half is not None else []
+    steps += [to_storage] if to_storage is not None else []
     return launch.LaunchPlan(outputs, steps, temps, keep)
 
 
@@ -423,7 +424,7 @@ def deformable_aggregation(mc_ms_feat, spatial_shape, scale_start_index, samplin
                            config: Optional[AggregationConfig] = None, devices=None):
     """Sparse4D deformable aggregation: ``[bs, num_anchors, C]`` in the features' dtype.
 
-    ``mc_ms_feat`` [bs, num_feat, C] (float32/float16), ``spatial_shape`` [num_cams,
+    ``mc_ms_feat`` [bs, num_feat, C] (float32/float16/bfloat16), ``spatial_shape`` [num_cams,
     num_scale, 2] as (H, W), ``scale_start_index`` [num_cams, num_scale], ``sampling_location``
     [bs, num_anchors, num_pts, num_cams, 2] (x, y) float32, ``weights`` [bs, num_anchors,
     num_pts, num_cams, num_scale, num_groups]. numpy in, numpy out; device arrays in (any

@@ -33,7 +33,7 @@
 // feature_maps_format on the device, every level in one launch: level l [bs, cams, C, H*W]
 // into its rows of [bs, num_feat, C]. LEVELS holds per level (H*W, first row in a camera's
 // block, first work-item, work-items); elements are copied as raw bits (E: uint for float,
-// ushort for half).
+// ushort for half and bfloat16).
 inline void format_copy(__global const ${E} *restrict src, __global ${E} *restrict dst, const int i,
                         const int HW, const int level_row, const int cams, const int C,
                         const int num_feat, const int rows_per_cam)
@@ -60,6 +60,7 @@ __kernel void da_format_levels(
 %else:
 ${common.bilinear_taps('float')}
 ${common.atomic_add(info, 'float')}
+${st.helpers(ws)}
 
 // Quotients and remainders below are written q = x / n, r = x - q * n: LLVM turns an x / n,
 // x % n pair into code with a `freeze` instruction that Oclgrind's checks cannot run.

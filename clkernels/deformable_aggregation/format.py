@@ -32,7 +32,7 @@ def _format_plan(rt, levels, options, config) -> launch.LaunchPlan:
         row, first = row + size, first + n
     if not first:
         return launch.LaunchPlan([out])
-    elem = "ushort" if levels[0].dtype == np.float16 else "uint"
+    elem = "ushort" if levels[0].dtype.itemsize == 2 else "uint"      # raw bits
     k = launch.kernel_for_plan(launch.program(rt, TEMPLATE, KIND="format", E=elem, LEVELS=tuple(table)),
                                "da_format_levels")
     lsize = arrays.work_group_size(rt, k, 256)

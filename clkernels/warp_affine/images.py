@@ -226,7 +226,8 @@ class MappedResult:
                                               0, spec.shape, spec.dtype, is_blocking=True)
         owner.buffer, owner.queue = buffer, queue
         owner.__array_interface__ = dict(owner.view.__array_interface__, version=3)
-        return np.asarray(owner)   # its base is the owner
+        # (its base is the owner; the array interface spells bfloat16 as raw '<V2': viewed back)
+        return np.asarray(owner).view(spec.dtype)
 
     def __del__(self):
         try:

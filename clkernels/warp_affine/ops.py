@@ -137,7 +137,8 @@ def letterbox(images, size=(640, 640), fill=114, swap_rb: bool = True, mean=(0, 
     height)``. ``fill``: the border level (one or three, BGR). ``swap_rb``: blob channels RGB.
     Each value is ``(v * alpha - mean) / std`` per blob channel (``mean`` and ``std`` in blob
     channel order), or ``v * alpha + beta`` when ``beta`` is given; ``v`` is the warped level,
-    an integer as in OpenCV's uint8 output. ``dtype``: float32, or float16 storage. ``out``:
+    an integer as in OpenCV's uint8 output. ``dtype``: float32, or float16 or bfloat16
+    (``ml_dtypes.bfloat16``, rounded to nearest even) storage. ``out``:
     an array to write the blob into (the exact shape and dtype, on the host or device like the
     images), reused across calls. ``device``/``queue``: where to run (default: where device
     images live, else the selected device).

@@ -7,7 +7,7 @@ from typing import NamedTuple, Tuple
 
 import numpy as np
 
-from .. import arrays
+from .. import arrays, dtypes
 from .geometry import invert_affine
 from .images import INT_MAX
 
@@ -80,8 +80,8 @@ def letterbox_spec(size, fill, swap_rb, mean, std, alpha, beta, dtype) -> Spec:
     dst_w, dst_h = _size(size, "size")
     border = _border(fill, "fill")
     dtype = np.dtype(dtype)
-    if dtype not in (np.float32, np.float16):
-        raise TypeError(f"dtype must be np.float32 or np.float16 (storage), not {dtype}")
+    if dtype not in (np.float32, np.float16) and not dtypes.is_bfloat16(dtype):
+        raise TypeError(f"dtype must be np.float32, np.float16 or ml_dtypes.bfloat16 (storage), not {dtype}")
     alpha = float(alpha)
     if not np.isfinite(alpha):
         raise ValueError(f"alpha must be finite, got {alpha}")

@@ -3,7 +3,7 @@
 ##
 ## Parameters:
 ##   mode     'blob': float planar [N, 3, H, W] in storage `st`;  'hwc': uint8 [N, H, W, 3]
-##   st       Storage of the blob (float32 or float16), None for 'hwc'
+##   st       Storage of the blob (float32, float16 or bfloat16), None for 'hwc'
 ##   swap_rb  blob channel c is source channel 2 - c
 ##   vec      destination pixels per work-item, consecutive in a row, computed as one floatN
 ##            (dst_w % vec == 0). CPUs: 16, GPUs: 2 (fewer if dst_w is not a multiple).
@@ -59,6 +59,7 @@
 // OpenCL contracts a*b+c into fma by default; the rounding below must be exactly the one
 // OpenCV performs, so every fused multiply-add is written out and nothing else is fused.
 #pragma OPENCL FP_CONTRACT OFF
+${st.helpers() if st is not None else ''}
 // x + 1.5 * 2^23 - 1.5 * 2^23 rounds x to an integer, half to even, for |x| < 2^22; the
 // bits of x + 1.5 * 2^23 then hold that integer plus 0x4B400000.
 #define ROUND_MAGIC 12582912.0f
@@ -68,7 +69,7 @@
 %if word_loads:
 typedef struct __attribute__((packed)) { uint v; } unaligned_uint;
 %endif
-%if packed_stores and mode == 'blob' and not st.is_half and vec > 1:
+%if packed_stores and mode == 'blob' and not st.narrow and vec > 1:
 typedef struct __attribute__((packed)) { ${V} v; } unaligned_${V};
 %endif
 
@@ -218,7 +219,7 @@ __kernel void letterbox_blob(
     {
         const ${V} k = (${V})(scale${c}), s = (${V})(shift${c});
         const ${V} value = ${FMA('level%d' % ch[c], 'k', 's')};
-%if not packed_stores or st.is_half or vec == 1:
+%if not packed_stores or st.narrow or vec == 1:
         ${st.storen(vec, 'value', '(o + %d * plane)' % c, '0')};
 %else:
         // One vector store (vstoren is a library call on PoCL), unaligned: the output may be

@@ -1,0 +1,47 @@
+"""bfloat16, the storage type the ops take besides float32 and float16.
+
+On the host a bfloat16 array is a numpy array of ``ml_dtypes.bfloat16`` (the dtype JAX and
+TensorFlow use). ml_dtypes is optional: it is imported only by :func:`bfloat16`, and an array
+of that dtype is recognised by its name, so nothing here imports it for a float32 or float16
+call. On the device a bfloat16 element is a ``ushort`` holding the high half of a float
+(:class:`clkernels.templates.Storage`).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["BFLOAT16", "bfloat16", "is_bfloat16", "same", "name_of"]
+
+# The name op tables list where a dtype is expected (launch.Param): the dtype object itself
+# would need ml_dtypes at import time.
+BFLOAT16 = "bfloat16"
+
+
+def bfloat16() -> np.dtype:
+    """``np.dtype(ml_dtypes.bfloat16)``; an ImportError that says how to get it."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise ImportError("bfloat16 arrays need the ml_dtypes package: pip install ml_dtypes") from None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def is_bfloat16(dtype) -> bool:
+    """Whether ``dtype`` is ml_dtypes' bfloat16 (or the name ``"bfloat16"``)."""
+    if isinstance(dtype, str):
+        return dtype == BFLOAT16
+    try:
+        d = np.dtype(dtype)
+    except TypeError:
+        return False
+    return d.name == BFLOAT16 and d.itemsize == 2
+
+
+def same(dtype, allowed) -> bool:
+    """Whether ``dtype`` is ``allowed`` (a numpy dtype, or :data:`BFLOAT16`)."""
+    return is_bfloat16(dtype) if is_bfloat16(allowed) else np.dtype(dtype) == allowed
+
+
+def name_of(dtype) -> str:
+    """How errors spell a dtype (``np.float32``, ``ml_dtypes.bfloat16``)."""
+    return "ml_dtypes.bfloat16" if is_bfloat16(dtype) else f"np.{np.dtype(dtype)}"
