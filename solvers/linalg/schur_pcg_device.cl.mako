@@ -44,7 +44,6 @@ ${common.fp64_pragma()}
 #pragma OPENCL FP_CONTRACT OFF
 <%
     T = C * (C + 1) // 2
-    UNROLL = 4      # camera_partials_split's observations per step
     tri = [(a, b) for a in range(C) for b in range(a, C)]
 %>
 typedef ${REAL} real;
@@ -253,25 +252,7 @@ __kernel void camera_partials_split(__global const real *restrict Jcc,     // (n
     if (s >= nseg || state[S_STATUS] != RUNNING) return;
     acc sum = 0.0;
     const int end = seg_start[s + 1];
-    // ${UNROLL} observations at a time: their indices, then their w and F entries, are loaded
-    // before any is used, so the loads' latencies overlap (one at a time, each w waited for its
-    // index: the kernel was latency-bound); the sum still adds them one by one, in order.
-    int k = seg_start[s];
-    for (; k + ${UNROLL} <= end; k += ${UNROLL}) {
-%for u in range(UNROLL):
-        const int o${u} = obs[k + ${u}];
-%endfor
-%for u in range(UNROLL):
-        __global const real *f${u} = Jcc + (size_t)(k + ${u}) * ${R * C} + a;
-%for j in range(R):
-        const real w${u}_${j} = w[${R} * o${u} + ${j}], f${u}_${j} = f${u}[${C * j}];
-%endfor
-%endfor
-%for u in range(UNROLL):
-        sum += ${' + '.join(f'f{u}_{j} * w{u}_{j}' for j in range(R))};
-%endfor
-    }
-    for (; k < end; ++k) {
+    for (int k = seg_start[s]; k < end; ++k) {
         const int o = obs[k];
         __global const real *f = Jcc + (size_t)k * ${R * C} + a;
         sum += ${' + '.join(f'f[{C * j}] * w[{R} * o + {j}]' for j in range(R))};
