@@ -52,11 +52,14 @@ CASES = {
 
 # The products' layouts: fused (CPUs); the GPU layout with project_points staging its groups'
 # observations in local memory, with groups of 2 points of which those with more than 4
-# observations read theirs directly, and without staging.
+# observations read theirs directly, the same through the wide kernel, and without staging.
 LAYOUTS = {"fused": dict(SPLIT_LAYOUT=False),
            "gpu-layout": dict(SPLIT_LAYOUT=True),
            "gpu-layout-some-unstaged": dict(SPLIT_LAYOUT=True, STAGE_POINTS=2, STAGE_MAX_OBSERVATIONS=4),
-           "gpu-layout-unstaged": dict(SPLIT_LAYOUT=True, STAGED_PROJECTION=False)}
+           "gpu-layout-unstaged": dict(SPLIT_LAYOUT=True, STAGED_PROJECTION=False),
+           # the wide kernel (4 observations) beside a narrow one of 1
+           "gpu-layout-wide": dict(SPLIT_LAYOUT=True, STAGE_POINTS=2, STAGE_MAX_OBSERVATIONS=4,
+                                   STAGE_LOCAL_FRACTIONS=(1e-12, 1.0), STAGE_WIDE=True)}
 
 
 def _layout(monkeypatch, name):
@@ -89,7 +92,7 @@ def test_device_cg_matches_host_cg(device, case, max_segment, layout, monkeypatc
     cl_neq = NormalEquationsCL(st, r, jc, jp, cs)
     pcg = cs.device_pcg()
     assert (pcg.nseg > st.nc) == (max_segment == 2)
-    if layout == "gpu-layout-some-unstaged":      # both kinds of group are there
+    if layout in ("gpu-layout-some-unstaged", "gpu-layout-wide"):      # both kinds of group are there
         counts = np.diff(np.asarray(st.pt).searchsorted(np.arange(0, st.npt + 2, 2).clip(max=st.npt)))
         assert pcg.stage == 4 and (counts > 4).any() and (counts <= 4).any()
     pcg.bind_jacobian(cl_neq.Jc_dev, cl_neq.Jp_dev, cl_neq.r_dev)
@@ -174,7 +177,7 @@ def test_staged_projection_gives_the_unstaged_bits(device, monkeypatch):
     st, r, jc, jp, neq, Vinv, Dc2 = _system(seed=7)
     Pinv = neq._schur_jacobi(Vinv, Dc2)
     got = {}
-    for layout in ("gpu-layout", "gpu-layout-some-unstaged", "gpu-layout-unstaged"):
+    for layout in ("gpu-layout", "gpu-layout-some-unstaged", "gpu-layout-wide", "gpu-layout-unstaged"):
         with monkeypatch.context() as m:
             _layout(m, layout)
             cs = ClStructure(st, device)

@@ -39,11 +39,15 @@ SPLIT_LAYOUT = None
 SPLIT_MIN_OBSERVATIONS = 200_000
 # The GPU layout's project_points stages each work-group's observations in local memory (see the
 # template): True on in that layout, False off; STAGE_POINTS points per work-group, at most
-# STAGE_MAX_OBSERVATIONS of their observations staged (local memory for them capped at half the
-# device's), groups with more read theirs directly.
+# STAGE_MAX_OBSERVATIONS of their observations staged, groups with more read theirs directly.
+# Two kernels where the capacities differ: local memory for the observations capped at each of
+# STAGE_LOCAL_FRACTIONS of the device's; the wider serves a problem whose mean group would not fit
+# the smaller (STAGE_WIDE None; True / False force it, for the tests).
 STAGED_PROJECTION = True
 STAGE_POINTS = 64
 STAGE_MAX_OBSERVATIONS = 512
+STAGE_LOCAL_FRACTIONS = (0.5, 1.0)
+STAGE_WIDE = None
 # Iterations enqueued between two reads of the state (the reads overlap the next batch).
 CHECK_EVERY = 4
 RESIDUAL_RESET_PERIOD = 10
@@ -56,11 +60,15 @@ FAIL_RHO, FAIL_BETA, FAIL_ALPHA = -1, -2, -3
 STEP, STEP_NO_R, RESET = 1, 2, 3
 
 
-def stage_capacity(runtime, R, P, dtype) -> int:
-    """Observations per work-group that project_points stages (its t and E rows in local memory):
-    STAGE_MAX_OBSERVATIONS, or fewer where they would take over half the device's local memory."""
+def stage_capacities(runtime, R, P, dtype) -> tuple:
+    """Observations per work-group that the staged project_points kernels hold (their t and E
+    rows in local memory), smaller first, without repeats: STAGE_MAX_OBSERVATIONS, or fewer
+    where they would take over a fraction (STAGE_LOCAL_FRACTIONS) of the device's local memory.
+    They depend on the device alone (a new problem size builds nothing)."""
     per_observation = R * (1 + P) * np.dtype(dtype).itemsize
-    return max(1, min(STAGE_MAX_OBSERVATIONS, runtime.info.local_mem_bytes // 2 // per_observation))
+    caps = (max(1, min(STAGE_MAX_OBSERVATIONS, int(runtime.info.local_mem_bytes * f) // per_observation))
+            for f in STAGE_LOCAL_FRACTIONS)
+    return tuple(sorted(set(caps)))
 
 
 def accumulator_dtype(runtime) -> np.dtype:
@@ -184,10 +192,12 @@ class DevicePCG:
         # states[i % 2] and writes states[(i + 1) % 2].
         self.states = (sums(8), sums(8))
         # Both layouts are in the program (the choice above depends on the size, and a new size
-        # must build nothing); STAGE depends on the device alone.
-        stage = stage_capacity(rt, R, P, dtype) if STAGED_PROJECTION else 0
-        self.stage = stage if split else 0
-        prg = get_program(TEMPLATE, rt, C=C, P=P, R=R, L=L, STAGE=stage, LP=STAGE_POINTS,
+        # must build nothing), and both staging capacities, which depend on the device alone.
+        stages = stage_capacities(rt, R, P, dtype) if STAGED_PROJECTION else ()
+        wide = len(stages) > 1 and (STAGE_WIDE if STAGE_WIDE is not None
+                                    else n * STAGE_POINTS > stages[0] * max(1, npt))
+        self.stage = (stages[-1] if wide else stages[0]) if split and stages else 0
+        prg = get_program(TEMPLATE, rt, C=C, P=P, R=R, L=L, STAGES=stages, LP=STAGE_POINTS,
                           REAL=ctype(dtype), ACC=ctype(self.acc))
         self._program = prg
         # Kernel objects of this instance alone, one per use and state parity, their arguments
@@ -199,7 +209,8 @@ class DevicePCG:
         # project_points of p, of x and (at the start) of the residuals, per parity; on GPUs
         # camera_rows first makes t = F v for p and x
         layout = "_split" if split else ""
-        self.k_project = {(v, s): K("project_points" + layout) for v in ("p", "x", "f") for s in (0, 1)}
+        project = "project_points" + layout + ("_wide" if split and wide else "")
+        self.k_project = {(v, s): K(project) for v in ("p", "x", "f") for s in (0, 1)}
         self.k_rows = {(v, s): K("camera_rows") for v in ("p", "x") for s in (0, 1)} if split else {}
         self.k_order = K("camera_order_blocks") if split else None
         self.k_partials = [K("camera_partials" + layout) for s in (0, 1)]
