@@ -28,9 +28,9 @@
 ## E (n, R, P), row-major.
 ## Parameters: C, P, R (camera, point and residual block sizes, from the model); REAL (storage
 ## type) and ACC (the type of sums and of the CG state: double where the device has it); L (the
-## work-group size of the cg_* kernels, a power of two); STAGES (empty, or the observations per
-## work-group of LP points that project_points_split, then project_points_split_wide, stage in
-## local memory; LP is also camera_rows' work-group of rows).
+## work-group size of the cg_* kernels, a power of two); STAGED (whether project_points_split
+## stages each work-group of LP points' observations in local memory, as many as its `cap`
+## argument says; LP is also camera_rows' work-group of rows).
 ## Both layouts of the products are in every program, chosen per solve by its size, never a
 ## render parameter (a new size builds nothing): the fused one (project_points computes F v itself,
 ## camera_partials has one work-item per run) and the split one of GPUs (camera_rows first, then
@@ -143,24 +143,34 @@ __kernel void camera_order_blocks(__global const real *restrict Jc,    // (n, R,
     Jcc[i] = Jc[(size_t)obs[k] * ${R * C} + (i - k * ${R * C})];
 }
 
-## project_points_split staged in local memory, for groups of at most `cap` observations
-<%def name="staged_projection(name, cap)">
+%if STAGED:
+// A work-group's ${LP} points have contiguous observations (sorted by point): the group copies
+// their t and E rows into local memory side by side (coalesced), each work-item then works on
+// its own point there, w replaces t in place, and the group writes w back side by side. Read
+// one point's rows per work-item straight from global memory, neighbouring work-items are
+// observations apart and a GPU's loads serve them poorly. A group whose points have more than
+// `cap` observations reads them directly (the same arithmetic, so the same bits). The local
+// buffers are arguments, sized per solve: less local memory leaves room for more work-groups at
+// once, more serves problems whose groups would overflow it (H200, float64: a final-size solve,
+// about 416 observations per group, took 0.16 s with room for 512 and 0.46 s with 375; at venice
+// size, about 324, 375 was 12% faster).
 __kernel __attribute__((reqd_work_group_size(${LP}, 1, 1)))
-void ${name}(__global const real *restrict Jp,      // (n, R, P)
-             __global const int *restrict pt_start, // (npt + 1)
-             __global const real *restrict Vinv,    // (npt, P, P)
-             __global const real *restrict t,       // (n, R): F v, or f
-             __global real *restrict w,             // (n, R)
-             __global const acc *restrict state,
-             const int npt)
+void project_points_split(__global const real *restrict Jp,      // (n, R, P)
+                          __global const int *restrict pt_start, // (npt + 1)
+                          __global const real *restrict Vinv,    // (npt, P, P)
+                          __global const real *restrict t,       // (n, R): F v, or f
+                          __global real *restrict w,             // (n, R)
+                          __global const acc *restrict state,
+                          const int npt,
+                          __local real *restrict lt,             // (cap, R)
+                          __local real *restrict lE,             // (cap, R, P)
+                          const int cap)
 {
-    __local real lt[${cap * R}];
-    __local real lE[${cap * R * P}];
     if (state[S_STATUS] != RUNNING) return;         // the same for every work-item
     const int p = get_global_id(0), lid = get_local_id(0);
     const int p0 = get_group_id(0) * ${LP}, p1 = min(p0 + ${LP}, npt);
     const int s0 = pt_start[p0], count = pt_start[p1] - s0;
-    if (count > ${cap}) {                           // the whole group: no barrier waits
+    if (count > cap) {                              // the whole group: no barrier waits
         if (p >= npt) return;
         const int s = pt_start[p], e = pt_start[p + 1];
 ${project_point('t')}
@@ -176,22 +186,6 @@ ${project_point('lt', 'lt', '__local', 'lE')}
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int i = lid; i < count * ${R}; i += ${LP}) w[(size_t)s0 * ${R} + i] = lt[i];
 }
-</%def>
-%if STAGES:
-// A work-group's ${LP} points have contiguous observations (sorted by point): the group copies
-// their t and E rows into local memory side by side (coalesced), each work-item then works on
-// its own point there, w replaces t in place, and the group writes w back side by side. Read
-// one point's rows per work-item straight from global memory, neighbouring work-items are
-// observations apart and a GPU's loads serve them poorly. A group whose points have more
-// observations than the kernel stages reads them directly (the same arithmetic, so the same
-// bits). Two capacities where they differ: the smaller leaves room for more work-groups at once,
-// the wider (project_points_split_wide) serves problems whose groups would mostly overflow the
-// smaller (H200, float64: 0.16 s instead of 0.46 s over a final-size solve, whose 64 points hold
-// about 416 observations; at venice size, about 324, the smaller is 12% faster).
-${staged_projection('project_points_split', STAGES[0])}
-%if len(STAGES) > 1:
-${staged_projection('project_points_split_wide', STAGES[1])}
-%endif
 %else:
 __kernel void project_points_split(__global const real *restrict Jp,      // (n, R, P)
                                    __global const int *restrict pt_start, // (npt + 1)

@@ -40,9 +40,9 @@ SPLIT_MIN_OBSERVATIONS = 200_000
 # The GPU layout's project_points stages each work-group's observations in local memory (see the
 # template): True on in that layout, False off; STAGE_POINTS points per work-group, at most
 # STAGE_MAX_OBSERVATIONS of their observations staged, groups with more read theirs directly.
-# Two kernels where the capacities differ: local memory for the observations capped at each of
-# STAGE_LOCAL_FRACTIONS of the device's; the wider serves a problem whose mean group would not fit
-# the smaller (STAGE_WIDE None; True / False force it, for the tests).
+# Local memory for them: STAGE_LOCAL_FRACTIONS[0] of the device's, or all of
+# STAGE_LOCAL_FRACTIONS[1] for a problem whose mean group would not fit that (STAGE_WIDE None;
+# True / False force either, for the tests).
 STAGED_PROJECTION = True
 STAGE_POINTS = 64
 STAGE_MAX_OBSERVATIONS = 512
@@ -192,12 +192,12 @@ class DevicePCG:
         # states[i % 2] and writes states[(i + 1) % 2].
         self.states = (sums(8), sums(8))
         # Both layouts are in the program (the choice above depends on the size, and a new size
-        # must build nothing), and both staging capacities, which depend on the device alone.
+        # must build nothing); the staging's capacity is a kernel argument, chosen here.
         stages = stage_capacities(rt, R, P, dtype) if STAGED_PROJECTION else ()
         wide = len(stages) > 1 and (STAGE_WIDE if STAGE_WIDE is not None
                                     else n * STAGE_POINTS > stages[0] * max(1, npt))
         self.stage = (stages[-1] if wide else stages[0]) if split and stages else 0
-        prg = get_program(TEMPLATE, rt, C=C, P=P, R=R, L=L, STAGES=stages, LP=STAGE_POINTS,
+        prg = get_program(TEMPLATE, rt, C=C, P=P, R=R, L=L, STAGED=bool(stages), LP=STAGE_POINTS,
                           REAL=ctype(dtype), ACC=ctype(self.acc))
         self._program = prg
         # Kernel objects of this instance alone, one per use and state parity, their arguments
@@ -209,8 +209,7 @@ class DevicePCG:
         # project_points of p, of x and (at the start) of the residuals, per parity; on GPUs
         # camera_rows first makes t = F v for p and x
         layout = "_split" if split else ""
-        project = "project_points" + layout + ("_wide" if split and wide else "")
-        self.k_project = {(v, s): K(project) for v in ("p", "x", "f") for s in (0, 1)}
+        self.k_project = {(v, s): K("project_points" + layout) for v in ("p", "x", "f") for s in (0, 1)}
         self.k_rows = {(v, s): K("camera_rows") for v in ("p", "x") for s in (0, 1)} if split else {}
         self.k_order = K("camera_order_blocks") if split else None
         self.k_partials = [K("camera_partials" + layout) for s in (0, 1)]
@@ -241,6 +240,10 @@ class DevicePCG:
         self._split_kit = None
         self._jacobian = None
         self._jcc_current = False   # whether Jcc holds the bound Jacobian's F (GPU layout)
+        # project_points_split's local buffers for t and E rows, and their capacity (staged only)
+        item = dtype.itemsize
+        self._staging = (cl.LocalMemory(self.stage * R * item), cl.LocalMemory(self.stage * R * P * item),
+                         np.int32(self.stage)) if self.stage else ()
         # Kernel events of the solves (for a profile; None: not kept) and bytes read back.
         self.events = None
         self.bytes_to_host = self.bytes_to_device = 0
@@ -285,7 +288,7 @@ class DevicePCG:
             if self.split:
                 k.set_args(Jp_dev.data, self.pt_start.data, self.Vinv.data,
                            r_dev.data if v == "f" else self.t.data, self.w.data, self.states[s].data,
-                           np.int32(self.npt))
+                           np.int32(self.npt), *self._staging)
             else:
                 k.set_args(Jc_dev.data, Jp_dev.data, self.cam.data, self.pt_start.data, self.Vinv.data,
                            vectors[v], self.w.data, self.states[s].data, np.int32(self.npt),
