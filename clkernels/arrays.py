@@ -73,8 +73,9 @@ def to_device(runtime: Runtime, a, name: str = "array") -> cla.Array:
 
 
 # upload(): on GPUs, arrays of at least STAGED_UPLOAD_MIN_BYTES cross in chunks of STAGE_CHUNK_BYTES
-# through two pinned staging buffers (pageable memory crossed at about 3.4 GB/s on the H200
-# machine). None: on GPUs only; True / False: always / never (the tests force it on CPU devices).
+# through two pinned staging buffers (H200 machine, 2.32 GB of indices and observations: 0.34-0.38 s
+# against 0.43-0.47 s as one write from pageable memory). STAGED_UPLOAD None: on GPUs only;
+# True / False: always / never (the tests force it on CPU devices).
 STAGED_UPLOAD = None
 STAGED_UPLOAD_MIN_BYTES = 64 << 20
 STAGE_CHUNK_BYTES = 16 << 20

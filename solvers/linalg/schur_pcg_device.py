@@ -40,9 +40,9 @@ SPLIT_MIN_OBSERVATIONS = 200_000
 # The GPU layout's project_points stages each work-group's observations in local memory (see the
 # template): True on in that layout, False off; STAGE_POINTS points per work-group, at most
 # STAGE_MAX_OBSERVATIONS of their observations staged, groups with more read theirs directly.
-# Local memory for them: STAGE_LOCAL_FRACTIONS[0] of the device's, or all of
-# STAGE_LOCAL_FRACTIONS[1] for a problem whose mean group would not fit that (STAGE_WIDE None;
-# True / False force either, for the tests).
+# The local memory they take: the first of STAGE_LOCAL_FRACTIONS of the device's, or the second
+# for a problem whose mean group would not fit the first (STAGE_WIDE None; True / False force
+# either, for the tests).
 STAGED_PROJECTION = True
 STAGE_POINTS = 64
 STAGE_MAX_OBSERVATIONS = 512
@@ -61,8 +61,8 @@ STEP, STEP_NO_R, RESET = 1, 2, 3
 
 
 def stage_capacities(runtime, R, P, dtype) -> tuple:
-    """Observations per work-group that the staged project_points kernels hold (their t and E
-    rows in local memory), smaller first, without repeats: STAGE_MAX_OBSERVATIONS, or fewer
+    """The observations per work-group that the staged project_points kernel may be given room
+    for (their t and E rows in local memory), smaller first, without repeats: STAGE_MAX_OBSERVATIONS, or fewer
     where they would take over a fraction (STAGE_LOCAL_FRACTIONS) of the device's local memory.
     They depend on the device alone (a new problem size builds nothing)."""
     per_observation = R * (1 + P) * np.dtype(dtype).itemsize
