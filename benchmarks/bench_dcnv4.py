@@ -30,6 +30,9 @@
              (their kernel time over our as-called time), ``pipelined_ratio``.
              ``max_rel_diff``: the outputs' largest difference over the largest |official|.
 
+Every section runs in float32 and float16, and in bfloat16 (``ml_dtypes.bfloat16``) where
+ml_dtypes is installed; the official forward takes bfloat16 as well (its backward does not).
+
 The official operator is built from sources staged by ``benchmarks/peers/stage_cuda_peers.sh``
 into ``.peers/cuda`` (see ``benchmarks/cuda_peers.py``), only where torch sees a CUDA device
 and the OpenCL device is a GPU; elsewhere its columns stay empty and the report says why.
@@ -62,9 +65,18 @@ PAPER_HALF_MS = 0.404
 # --quick); the torch grid_sample peer in `shapes` runs at these too.
 AS_CALLED_SHAPES = ((64, 56, 56, 32), (64, 28, 28, 64), (1, 200, 320, 16))
 SECTIONS = ("check", "ladder", "shapes", "tuning", "as-called")
-TOLERANCE = {np.float32: 1e-5, np.float16: 2e-3}  # ours vs the official, relative to max |official|
+try:                # bfloat16 rows where ml_dtypes is installed (the official forward takes it too)
+    import ml_dtypes
+    BF16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:
+    BF16 = None
+DTYPES = (np.float32, np.float16) + ((BF16,) if BF16 is not None else ())
+# Ours against a reference, relative to its largest magnitude: the storage's rounding of the
+# result (2^-11 half, 2^-8 bfloat16) with room for the float sums before it.
+TOLERANCE = {np.dtype(np.float32): 1e-5, np.dtype(np.float16): 2e-3}
+if BF16 is not None:
+    TOLERANCE[BF16] = 1.6e-2
 COPY_CEILING = harness.H200_COPY_BYTES_PER_S
-DTYPES = (np.float32, np.float16)
 
 
 def make_problem(rt, n, h, w, g, c, dtype, seed=0):
@@ -125,7 +137,7 @@ def check(report, rt, torch):
         ref = torch_dcnv4(torch, tx, tom, o)
         ref.backward(torch.tensor(gos.astype(np.float64)))
         ref = ref.detach().numpy()
-        tol = 1e-5 if dtype == np.float32 else 2e-3
+        tol = TOLERANCE[np.dtype(dtype)]
         variants = [(name, cfg) for name, cfg in LADDER] + [("device default", None)]
         for name, cfg in variants:
             out = dcnv4_module.dcnv4(xs, oms, **dataclasses.asdict(o), device=rt, config=cfg)
@@ -182,7 +194,8 @@ def ladder(report, rt, args, n):
             # Ratios to the float32 DCNv3-style rung, as the paper's 1.45 / 0.606 / 0.404.
             row = dict(case=f"ladder N={n} 56x56 G=4 C=32", variant=name, dtype=np.dtype(dtype).name,
                        timing=t, bytes_moved=forward_bytes(x, om), vs_first_rung=first[np.float32] / t.median)
-            paper = PAPER_MS[rung] if dtype == np.float32 else (PAPER_HALF_MS if rung == 3 else None)
+            paper = PAPER_MS[rung] if dtype == np.float32 else \
+                (PAPER_HALF_MS if rung == 3 and dtype == np.float16 else None)
             if paper:
                 row.update(paper_ms=paper, paper_vs_first=PAPER_MS[0] / paper)
             report.add(**row)
@@ -274,7 +287,7 @@ def as_called(report, rt, args, official, failures):
                 tx, tom = cuda_peers.to_cuda(x), cuda_peers.to_cuda(om)
                 official.check(tx, tom, o.kernel_h, o.kernel_w, o.remove_center)
                 fn = lambda: official.forward(tx, tom, **opts)  # noqa: E731
-                err = harness.rel_err(ours, fn().cpu().numpy())
+                err = harness.rel_err(ours, cuda_peers.to_numpy(fn()))
                 ev = cuda_peers.median(cuda_peers.time_events(fn, args.warmup, args.repeat))
                 ac = cuda_peers.median(cuda_peers.time_as_called(fn, args.warmup, args.calls))
                 pp = cuda_peers.median(cuda_peers.time_pipelined(fn, args.pipeline, args.warmup,
@@ -286,7 +299,7 @@ def as_called(report, rt, args, official, failures):
                            pipelined_ratio=pp / pipe.median, max_rel_diff=err,
                            official_spec="d_stride={} block_thread={}{}".format(
                                *spec["forward"], " (table)" if spec["from_table"] else ""))
-                if not err < TOLERANCE[dtype]:
+                if not err < TOLERANCE[np.dtype(dtype)]:
                     failures.append(f"as called N={n} {h}x{w} C={c} {name}: ours vs official {err:.2e}")
                 del tx, tom
             report.add(**row)

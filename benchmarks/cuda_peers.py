@@ -403,12 +403,26 @@ def describe(peer) -> str:
 
 
 def to_cuda(a, dtype=None):
-    """A CUDA tensor holding a numpy or pyopencl array's values (a copy through the host)."""
+    """A CUDA tensor holding a numpy or pyopencl array's values (a copy through the host);
+    ml_dtypes.bfloat16 becomes torch.bfloat16 on the same bits."""
     import numpy as np
     import torch
     host = np.ascontiguousarray(a.get() if hasattr(a, "get") else a)
-    t = torch.from_numpy(host).cuda()
+    if host.dtype.name == "bfloat16":
+        t = torch.from_numpy(host.view(np.int16)).view(torch.bfloat16).cuda()
+    else:
+        t = torch.from_numpy(host).cuda()
     return t if dtype is None else t.to(dtype)
+
+
+def to_numpy(t):
+    """A tensor's values on the host as numpy (torch.bfloat16 as ml_dtypes.bfloat16)."""
+    import torch
+    t = t.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
 
 
 # ---------------------------------------------------------------- timers
