@@ -38,11 +38,7 @@ def check_array(a, name: str, dtypes: Iterable, ndim: Optional[int] = None,
         except Exception:
             raise TypeError(f"{name} must be a numpy array or pyopencl.array.Array, "
                             f"not {type(a).__name__}") from None
-    if not any(dtypes_.same(a.dtype, d) for d in dtypes):
-        allowed = [d if dtypes_.is_bfloat16(d) else np.dtype(d) for d in dtypes]
-        names = " or ".join(str(d) for d in allowed)
-        raise TypeError(f"{name} has dtype {a.dtype}, expected {names}; "
-                        f"convert it with {name}.astype({dtypes_.name_of(allowed[0])})")
+    dtypes_.require(name, a.dtype, dtypes)
     if ndim is not None and a.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(a.shape)}")
     if shape is not None:

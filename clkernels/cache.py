@@ -272,7 +272,8 @@ def _canonical(value) -> Optional[str]:
         return f"{type(value).__module__}.{type(value).__qualname__}:{token()}"
     import numpy as np
     if isinstance(value, np.dtype):     # (bfloat16's str is a plain '<V2': named instead)
-        return f"dtype:{'bfloat16' if value.name == 'bfloat16' else value.str}"
+        from .dtypes import BFLOAT16, is_bfloat16
+        return f"dtype:{BFLOAT16 if is_bfloat16(value) else value.str}"
     if isinstance(value, np.generic):
         return f"{value.dtype.str}:{value.item()!r}"
     return None

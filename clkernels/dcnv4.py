@@ -338,7 +338,7 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
         cfg = dataclasses.replace(cfg, channels_per_item=cpw,
                                   vector_width=math.gcd(cpw, cfg.vector_width))
     # The input gradient is accumulated by float atomics in float32: in the output itself for
-    # float32, else in a temporary converted to half at the end.
+    # float32, else in a temporary converted to its 16-bit storage at the end.
     temps, steps = [], []
     acc, to_storage = launch.accumulator(rt, input.dtype, outputs[0], 0, temps, steps)
     pix_groups = n * ho * wo * opts.group
@@ -354,13 +354,13 @@ def _backward_owner_plan(rt, info, outputs, input, offset_mask, opts: DCNv4Optio
     n, h, w, ho, wo, p = (int(s) for s in (*input.shape[:3], *offset_mask.shape[1:]))
     slots = opts.group_channels // cfg.channels_per_item
     program = _program(rt, info, "backward_owner", input.dtype, opts, cfg)
-    half = Storage(input.dtype).narrow
+    narrow = Storage(input.dtype).narrow
     # Each work-item zeroes its own slice of the float32 accumulator; for 16-bit storage the
     # kernel also writes the converted gradient.
-    temps = [launch.Buffer("g_input_float32", input.shape, np.float32)] if half else []
+    temps = [launch.Buffer("g_input_float32", input.shape, np.float32)] if narrow else []
     if slots > 1:
         temps.append(launch.Buffer("partial", (slots, n * ho * wo, opts.group * opts.taps * 3), np.float32))
-    outs = [Tmp(0), Out(0)] if half else [Out(0)]
+    outs = [Tmp(0), Out(0)] if narrow else [Out(0)]
     outs.append(Tmp(len(temps) - 1) if slots > 1 else Out(1))   # offset gradients, or their partials
     owner = launch.kernel_for_plan(program, "dcnv4_backward_owner")
     # Each work-item's sums run in its own fixed order: the work-group size changes no bit.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["BFLOAT16", "bfloat16", "is_bfloat16", "same", "name_of"]
+__all__ = ["BFLOAT16", "bfloat16", "is_bfloat16", "same", "name_of", "allowed", "require"]
 
 # The name op tables list where a dtype is expected (launch.Param): the dtype object itself
 # would need ml_dtypes at import time.
@@ -45,3 +45,20 @@ def same(dtype, allowed) -> bool:
 def name_of(dtype) -> str:
     """How errors spell a dtype (``np.float32``, ``ml_dtypes.bfloat16``)."""
     return "ml_dtypes.bfloat16" if is_bfloat16(dtype) else f"np.{np.dtype(dtype)}"
+
+
+def allowed(dtypes) -> tuple:
+    """A table of allowed dtypes as numpy dtypes, :data:`BFLOAT16` kept as its name."""
+    return tuple(d if is_bfloat16(d) else np.dtype(d) for d in dtypes)
+
+
+def require(name: str, dtype, dtypes, why: str = "") -> None:
+    """A TypeError naming the argument ``name`` and the fix unless ``dtype`` is one of
+    ``dtypes`` (``why``: what the error adds after the list, e.g. " like input")."""
+    if dtype in dtypes:     # the usual case, and fast (a launch checks every array it takes)
+        return
+    if not any(same(dtype, d) for d in dtypes):
+        dtypes = allowed(dtypes)
+        names = " or ".join(str(d) for d in dtypes)
+        raise TypeError(f"{name} has dtype {dtype}, expected {names}{why}; "
+                        f"convert it with {name}.astype({name_of(dtypes[0])})")

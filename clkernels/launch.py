@@ -46,18 +46,16 @@ class Param:
     def __init__(self, name: str, dtypes: Sequence = (), ndim: Optional[int] = None,
                  like: Optional[str] = None):
         self.name, self.ndim, self.like = name, ndim, like
-        self.dtypes = tuple(d if dtypes_.is_bfloat16(d) else np.dtype(d) for d in dtypes)
+        self.dtypes = dtypes_.allowed(dtypes)
         if not self.dtypes and like is None:
             raise ValueError(f"Param {name!r} needs dtypes or like=")
 
     def check(self, a, dtype_of: dict):
         """Named errors for a wrong dtype or number of dimensions."""
-        allowed = (dtype_of[self.like],) if self.like is not None else self.dtypes
-        if not any(dtypes_.same(a.dtype, d) for d in allowed):
-            names = " or ".join(str(d) for d in allowed)
-            why = f" like {self.like}" if self.like is not None else ""
-            raise TypeError(f"{self.name} has dtype {a.dtype}, expected {names}{why}; "
-                            f"convert it with {self.name}.astype({dtypes_.name_of(allowed[0])})")
+        if self.like is not None:
+            dtypes_.require(self.name, a.dtype, (dtype_of[self.like],), f" like {self.like}")
+        else:
+            dtypes_.require(self.name, a.dtype, self.dtypes)
         if self.ndim is not None and a.ndim != self.ndim:
             raise ValueError(f"{self.name} must have {self.ndim} dimensions, got shape {tuple(a.shape)}")
 
