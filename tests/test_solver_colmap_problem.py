@@ -10,7 +10,7 @@ pycolmap = pytest.importorskip("pycolmap")
 import solvers
 from solvers import colmap
 from solvers.colmap.cli import main as colmap_main
-from solvers.colmap.problem import angle_axis_to_quaternion, quaternion_to_angle_axis
+from solvers.colmap.rotations import angle_axis_to_quaternion, quaternion_to_angle_axis
 
 
 def synthetic(tmp_path, n_images=12, per_image_cameras=False, model="SIMPLE_RADIAL", seed=0):

@@ -92,7 +92,6 @@ def _main(parser, args, comm=None) -> int:
     # The output folder checked before the model is read or solved (solvers.io.cli_output).
     if cli_output.report(cli_output.check([("--out", args.out, True), ("--checkpoint", args.checkpoint, False)])):
         return 2
-    import os
     import solvers
     from . import io, problem
     from ..loop.checkpoint import cli_options
@@ -145,7 +144,7 @@ def _main(parser, args, comm=None) -> int:
     status = 0 if result.usable else 1
     if args.out:
         problem.update_reconstruction(rec, result)
-        binary = args.binary or (not args.text and os.path.isfile(os.path.join(args.model, "cameras.bin")))
+        binary = args.binary or (not args.text and io.is_binary_model(args.model))
         # A write that fails now keeps the refined model in a fallback folder and names it.
         failed = cli_output.write_or_keep(lambda f: io.write_model(rec, f, binary=binary), args.out, "--out",
                                           args.checkpoint)

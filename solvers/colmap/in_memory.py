@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .model import Reconstruction, validate
+from .model import CAMERA_SENSOR, Reconstruction, validate
 
 
 def _pycolmap():
@@ -37,8 +37,13 @@ def _rigid(pycolmap, q, t):
     return pycolmap.Rigid3d(pycolmap.Rotation3d([qx, qy, qz, qw]), np.asarray(t, np.float64))
 
 
+def _member(enum, value):
+    """The member of a pycolmap enum (SensorType, CameraModelId) whose value is ``value``."""
+    return next(m for m in enum.__members__.values() if int(m.value) == int(value))
+
+
 def _sensor_type(pycolmap, value):
-    return next(t for t in pycolmap.SensorType.__members__.values() if int(t.value) == int(value))
+    return _member(pycolmap.SensorType, value)
 
 
 def from_pycolmap(reconstruction, observed_only: bool = False) -> Reconstruction:
@@ -215,7 +220,7 @@ def _new(pycolmap, model: Reconstruction):
         in_frames = set()
         for k, fid in enumerate(model.frame_ids):
             for t, _, did in model.frame_data[s[k]:s[k + 1]]:
-                if int(t) == 0 and int(did) in image_rows:
+                if int(t) == CAMERA_SENSOR and int(did) in image_rows:
                     im = image(image_rows[int(did)])
                     im.frame_id = int(fid)
                     rec.add_image(im)
@@ -236,7 +241,7 @@ def _new(pycolmap, model: Reconstruction):
 
 
 def _model_name(pycolmap, model_id):
-    return next(m.name for m in pycolmap.CameraModelId.__members__.values() if int(m.value) == int(model_id))
+    return _member(pycolmap.CameraModelId, model_id).name
 
 
 def bundle_adjust(reconstruction, **options):
@@ -254,10 +259,9 @@ def bundle_adjust(reconstruction, **options):
     problem_options = {k: v for k, v in options.items() if k in takes}
     solve_options = {k: v for k, v in options.items() if k not in takes}
     if isinstance(reconstruction, str):
-        from .io import read_model, write_model
-        import os
+        from .io import is_binary_model, read_model, write_model
         model = read_model(reconstruction)
-        binary = os.path.isfile(os.path.join(reconstruction, "cameras.bin"))
+        binary = is_binary_model(reconstruction)
     else:
         model = from_pycolmap(reconstruction, observed_only=True)
     prob = problem_from_reconstruction(model, **problem_options)

@@ -46,6 +46,12 @@ class ColmapFormatError(ValueError):
 
 # ---------------------------------------------------------------------------------- reading
 
+def is_binary_model(path: str) -> bool:
+    """Whether the model in folder ``path`` is binary (its ``cameras.bin`` is there): how
+    :func:`read_model` reads it, and how a model read from there is written back."""
+    return os.path.isfile(os.path.join(path, "cameras.bin"))
+
+
 def read_model(path: str) -> Reconstruction:
     """Read the model in folder ``path``: binary if ``cameras.bin`` is there, else text."""
     if not os.path.isdir(path):

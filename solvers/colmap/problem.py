@@ -21,8 +21,9 @@ import numpy as np
 
 from ..models import cameras
 from . import priors as pose_prior
-from .rotations import (angle_axis_to_quaternion, quaternion_multiply, quaternion_to_angle_axis,  # noqa: F401
-                        quaternion_to_matrix)
+from .model import CAMERA_SENSOR
+from .rotations import (angle_axis_to_quaternion, matrix_to_quaternion, quaternion_multiply,
+                        quaternion_to_angle_axis, quaternion_to_matrix)
 
 _MODEL_IDS = {m.colmap_id: m for m in cameras.MODELS.values() if m.colmap_id is not None}
 FIX_CHOICES = ("gauge", "first-two-poses", "none")
@@ -202,7 +203,6 @@ def transformed(rec, s, R, t):
     rotations turned by ``R^T`` and translations scaled (``cam_from_new_world``), rigs'
     sensor_from_rig translations scaled; the images see the same pixels."""
     import dataclasses
-    from .rotations import matrix_to_quaternion
     q_inv = matrix_to_quaternion(R.T[None])[0]
 
     def poses(qvec, tvec):
@@ -248,7 +248,7 @@ def image_frames(rec):
     frame_of = np.full(n, -1, np.int64)
     image_rows, _ = _rows_of(rec.image_ids, rec.frame_data[:, 2])
     owner = np.repeat(np.arange(rec.frame_ids.size), np.diff(rec.frame_data_start))
-    hit = (rec.frame_data[:, 0] == 0) & np.isin(rec.frame_data[:, 2], rec.image_ids)    # camera data
+    hit = (rec.frame_data[:, 0] == CAMERA_SENSOR) & np.isin(rec.frame_data[:, 2], rec.image_ids)
     frame_of[image_rows[hit]] = owner[hit]
     if (frame_of < 0).any():
         k = int(np.flatnonzero(frame_of < 0)[0])
@@ -259,7 +259,7 @@ def image_frames(rec):
     rig_row, _ = _rows_of(rec.rig_ids, rec.frame_rig_ids[frame_of])
     for j in range(sensors.shape[0]):
         rig = int(np.searchsorted(start, j, side="right") - 1)
-        mine = (rig_row == rig) & (rec.image_camera_ids == sensors[j, 1]) & (sensors[j, 0] == 0)
+        mine = (rig_row == rig) & (rec.image_camera_ids == sensors[j, 1]) & (sensors[j, 0] == CAMERA_SENSOR)
         sensor_of[mine] = j
     return frame_of, sensor_of
 
