@@ -38,7 +38,7 @@ import time
 import warnings
 from typing import Dict, List, Optional
 
-__all__ = ["cache_dir", "device_identity", "program_key", "load_binary", "store_binary",
+__all__ = ["cache_dir", "device_identity", "program_key", "load_binary", "store_binary", "writable", "has_binary",
            "render_key", "load_render", "store_render", "stats", "made", "entries", "clear", "CacheWarning"]
 
 ENV = "PYCLAD_CACHE_DIR"
@@ -126,6 +126,31 @@ def _write_atomic(path: str, data: bytes) -> bool:
             except OSError:
                 pass
         return False
+
+
+_writable: Dict[str, bool] = {}
+
+
+def writable() -> bool:
+    """Whether entries can be written to the cache's folder (tried once per folder and process)."""
+    top = os.path.join(cache_dir(), "programs")
+    ok = _writable.get(top)
+    if ok is None:
+        try:
+            os.makedirs(top, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=top)
+            os.close(fd)
+            os.unlink(tmp)
+            ok = True
+        except OSError:
+            ok = False
+        _writable[top] = ok
+    return ok
+
+
+def has_binary(key: str) -> bool:
+    """Whether an entry for ``key`` exists (not whether it is whole: :func:`load_binary` checks)."""
+    return os.path.exists(_path("programs", key))
 
 
 def _read(path: str) -> Optional[bytes]:

@@ -5,24 +5,28 @@ Templates are named by their path from the directory that holds the packages, e.
 include the shared one with ``<%namespace name="common" file="/clkernels/common.cl.mako"/>``.
 A program is made once per (source, options, context, device) and kept for the process; its
 binary is kept on disk (:mod:`clkernels.cache`), so another process loads it instead of building.
+A caller that knows the programs it is about to need names them to :func:`prefetch`, which builds
+the missing ones side by side in worker processes (:mod:`clkernels.build_pool`).
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
 import threading
 import time
 import warnings
-from typing import Dict, Iterable, Tuple
+from typing import Callable, Dict, Iterable, Optional, Tuple
 
 import numpy as np
 import pyopencl as cl
 
-from . import cache, dtypes, simulator
+from . import build_pool, cache, dtypes, simulator
 from .runtime import Runtime, get_runtime
 
-__all__ = ["render", "render_string", "build", "get_program", "program_for", "kernel", "BuildError", "ctype", "storage",
+__all__ = ["render", "render_string", "build", "get_program", "program_for", "prefetch", "Request",
+           "template_request", "kernel", "BuildError", "ctype", "storage",
            "Storage", "FP64Error"]
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -138,6 +142,10 @@ def _load(sha: str, runtime: Runtime, options: tuple, name: str):
     t0 = time.perf_counter()
     ident = _identity(runtime)
     pkey = cache.program_key(sha, options, ident)
+    worker_error = build_pool.wait(pkey)     # a worker process building it (prefetch): its binary
+    if worker_error is not None:
+        warnings.warn(f"a build worker process failed on {name or 'a program'} ({worker_error.splitlines()[0]}); "
+                      "building it in this process", cache.CacheWarning, stacklevel=4)
     binary = cache.load_binary(pkey, ident)
     if binary is None:
         return None
@@ -220,6 +228,16 @@ def program_for(name: str, params: dict, make_source, runtime: Runtime = None,
 
 
 def _indexed(name: str, params: dict, make_source, runtime: Runtime, options: tuple) -> cl.Program:
+    sha, get_source, local = _resolve(name, params, make_source, runtime, options)
+    program = _program(sha, get_source, runtime, options, name)
+    if local is not None:
+        _rendered[local] = sha
+    return program
+
+
+def _resolve(name: str, params: dict, make_source, runtime: Runtime, options: tuple):
+    """``(sha, get_source, local key)`` of a request: the source's sha256 from this process' renders
+    or the disk's render index without making the source, else made now."""
     try:
         local = (name, tuple(sorted(params.items())))
         sha = _rendered.get(local)
@@ -247,10 +265,56 @@ def _indexed(name: str, params: dict, make_source, runtime: Runtime, options: tu
         get_source = lambda: text  # noqa: E731
     else:
         get_source = lambda: _sources.get(sha) or source()  # noqa: E731
-    program = _program(sha, get_source, runtime, options, name)
-    if local is not None:
-        _rendered[local] = sha
-    return program
+    return sha, get_source, local
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """A program a caller is about to ask for, for :func:`prefetch`: ``get_program``'s template
+    and parameters (``make_source`` None), or ``program_for``'s name, parameters and source maker."""
+    name: str
+    params: dict
+    make_source: Optional[Callable[[], str]] = None
+    options: tuple = ()
+
+
+def template_request(template: str, options: Iterable[str] = (), **params) -> Request:
+    """The :class:`Request` of ``get_program(template, runtime, options, **params)``."""
+    return Request(template, params, None, tuple(options))
+
+
+def prefetch(requests: Iterable[Optional[Request]], runtime: Runtime = None) -> int:
+    """Start building, side by side in worker processes (:mod:`clkernels.build_pool`), the programs
+    of ``requests`` (None entries are skipped) that neither this process nor the binary cache has,
+    when there are at least two; later ``get_program``/``program_for`` calls for them wait for their
+    worker and load the binary. Returns how many went to workers. A hint only: what it misses
+    is built when asked for, as without it."""
+    runtime = get_runtime(runtime)
+    if not simulator.binary_cache_ok(runtime) or not build_pool.enabled():
+        return 0
+    ident = _identity(runtime)
+    jobs = []
+    for r in requests:
+        if r is None:
+            continue
+        if r.make_source is None:
+            options = tuple(r.options) + simulator.build_options(runtime, r.name)
+            make = (lambda r=r: render(r.name, **r.params))
+        else:
+            options, make = tuple(r.options), r.make_source
+        sha, get_source, local = _resolve(r.name, r.params, make, runtime, options)
+        if (sha, options, runtime.context.int_ptr, runtime.device.int_ptr) in _programs:
+            continue
+        pkey = cache.program_key(sha, options, ident)
+        if cache.has_binary(pkey) or build_pool.pending(pkey) or any(j[0] == pkey for j in jobs):
+            continue
+        jobs.append((pkey, get_source(), options, r.name))
+        if local is not None:
+            _rendered[local] = sha
+    if len(jobs) < 2:     # one build is as fast here as in a worker, without the worker's start
+        return 0
+    build_pool.submit(ident, jobs)
+    return len(jobs)
 
 
 # ---------------------------------------------------------------- dtypes in templates

@@ -117,6 +117,18 @@ class BatchFunction:
             self._sources[key] = self._impl.source(*key)
         return self._sources[key]
 
+    def program_request(self, runtime, jacobians: bool = True):
+        """The program a device call (values and Jacobians, or values alone) builds on ``runtime``,
+        as a :class:`clkernels.templates.Request` for :func:`clkernels.templates.prefetch`; None
+        where the backend runs no source or its source has no parameters to be cached by."""
+        if not self._impl.on_device:
+            return None
+        params = self._impl.source_params(jacobians, self._impl.variant(runtime, jacobians))
+        if params is None:
+            return None
+        return templates.Request(f"pyclad/{self._impl.name}", params,
+                                 lambda: self._source(jacobians, runtime))
+
     def values(self, params, index, data=None, device=None, index_checked=False, devices=None):
         """Outputs ``(N, m)`` for every tuple.
 
@@ -324,11 +336,9 @@ class BatchFunction:
         key = (runtime.context.int_ptr, runtime.device.int_ptr, jacobians)
         plan = self._plans.get(key)
         if plan is None:
-            variant = self._impl.variant(runtime, jacobians)
-            params = self._impl.source_params(jacobians, variant)
-            make = lambda: self._source(jacobians, runtime)  # noqa: E731
-            program = (templates.build(make(), runtime) if params is None else
-                       templates.program_for(f"pyclad/{self._impl.name}", params, make, runtime))
+            request = self.program_request(runtime, jacobians)
+            program = (templates.build(self._source(jacobians, runtime), runtime) if request is None else
+                       templates.program_for(request.name, request.params, request.make_source, runtime))
             kernel = launch.kernel_for_plan(program, self._impl.kernel_name_for(runtime))
             wg = self._impl.work_group(runtime, kernel, jacobians)
             plan = self._plans[key] = _Plan(kernel, wg, self._impl.lanes(runtime))

@@ -28,7 +28,7 @@ from clkernels import arrays
 # host's). One class with clkernels' (the launch layer raises it too), also named here.
 from clkernels.memory import DeviceMemoryError, available as available_memory  # noqa: F401
 from clkernels.launch import presets, release_kernels
-from clkernels.templates import ctype, get_program
+from clkernels.templates import ctype, get_program, prefetch, template_request
 
 from ..loop.step import LoopState, StepSolution
 from ..linalg.linear_solver import linear_solver
@@ -55,6 +55,15 @@ def device_bytes(n_obs: int, n_cameras: int, n_points: int, C: int = 9, P: int =
     per_cam = b * (15 * C + T + 2 * C * C) + 8 * (2 * T + C) + 4 * 3
     per_pt = b * (9 * P + 2 * P * P) + 4
     return int(n_obs * per_obs + n_cameras * per_cam + n_points * per_pt + (1 << 20))
+
+
+def program_request(rt, C, P, R, loss: str, dtype, blocks: tuple, copies: bool):
+    """The iterations' program (:class:`DeviceState` builds exactly this one), for
+    :func:`clkernels.templates.prefetch`. ``L``: the reductions' work-group size."""
+    from ..linalg.schur_pcg_device import accumulator_dtype
+    return template_request(TEMPLATE, C=C, P=P, R=R, L=arrays.work_group_size(rt, None, 64 if rt.info.is_cpu else 256),
+                            LOSS=loss, REAL=ctype(dtype), ACC=ctype(accumulator_dtype(rt)), BLOCKS=blocks,
+                            COPIES=copies)
 
 
 def device_unavailable_reason(evaluator, options, runtime):
@@ -106,6 +115,7 @@ class DeviceState(LoopState):
         entry), ``count`` (nc * C, bool) the one copy of each entry that the norms count. The
         gradient and the column norms are summed over the copies, and sparse_schur solves for
         the problem's columns (:class:`solvers.general.key_copies_device.KeyCopies`)."""
+        from ..linalg import schur_pcg_device
         from ..linalg.schur_pcg_device import DevicePCG, accumulator_dtype
         ev = evaluator
         # A queue without timestamps unless they are asked for: the iterations make thousands of
@@ -141,6 +151,16 @@ class DeviceState(LoopState):
             from ..general.key_copies_device import KeyCopies
             column, count = copies
             self.copies = KeyCopies(rt, column, int(np.max(column, initial=-1)) + 1, C, R)
+        blocks = (C,) if camera_blocks is None else tuple(int(b) for b in camera_blocks)
+        if sum(blocks) != C or min(blocks) < 1:
+            raise ValueError(f"camera_blocks {camera_blocks} must be positive sizes that add up to C = {C}")
+        entry = linear_solver(options.linear_solver)
+        # Every program of the solve named at once: those the binary cache lacks are built side by
+        # side in worker processes while this one goes on (a cold start's cost is the compiler's).
+        own = program_request(rt, C, P, R, ev.loss.name, self.dtype, blocks, self.copies is not None)
+        prefetch([own, schur_pcg_device.program_request(rt, C, P, R, self.dtype),
+                  *entry.device.program_requests(rt, C, P, R, nc, need, entry),
+                  *(self.fn.program_request(rt, jacobians) for jacobians in (True, False))], rt)
         # The Evaluator's camera order: sorted once for everything that needs it.
         dev = ev.device_observations
         if dev is not None:     # ordered on the device (solvers.ba.observations_device)
@@ -152,18 +172,12 @@ class DeviceState(LoopState):
         # The linear solver of the step (solvers.linalg.linear_solver), after the CG's buffers, which
         # every method shares (the back-substitution, V^-1, Dc^2).
         self.bytes_needed = need
-        entry = linear_solver(options.linear_solver)
         self.linear = entry.device(self, entry)
         # The reductions' work-group size, and their number of groups (fixed per device, so the
         # sums run in the same order every time).
-        self.L = arrays.work_group_size(rt, None, 64 if rt.info.is_cpu else 256)
+        self.L = own.params["L"]
         self.groups = max(1, (2 if rt.info.is_cpu else 4) * rt.info.compute_units)
-        blocks = (C,) if camera_blocks is None else tuple(int(b) for b in camera_blocks)
-        if sum(blocks) != C or min(blocks) < 1:
-            raise ValueError(f"camera_blocks {camera_blocks} must be positive sizes that add up to C = {C}")
-        prg = get_program(TEMPLATE, rt, C=C, P=P, R=R, L=self.L, LOSS=ev.loss.name,
-                          REAL=ctype(self.dtype), ACC=ctype(self.acc), BLOCKS=blocks,
-                          COPIES=self.copies is not None)
+        prg = get_program(TEMPLATE, rt, **own.params)
         # Kernel objects of this instance alone, each argument set when it changes.
         self.k = presets(prg, self)
         # Small groups on CPUs, as DevicePCG's (schur_jacobi has the most live values).

@@ -14,7 +14,7 @@ import pyopencl as cl
 
 from clkernels import arrays
 from clkernels.launch import presets
-from clkernels.templates import get_program
+from clkernels.templates import get_program, template_request
 
 TEMPLATE = "solvers/linalg/dense_cholesky_device.cl.mako"
 NOT_POSITIVE_DEFINITE = 2        # the flag bit the template sets
@@ -56,6 +56,11 @@ def dense_bytes(n: int, nb: int = 32) -> int:
     return 8 * (m * m + 2 * m + m * nb) + 4
 
 
+def solve_group(info, NB: int) -> int:
+    """solve_small's work-group size: up to 256 items, a multiple of the block size."""
+    return max(NB, min(256, info.max_work_group_size) // NB * NB)
+
+
 class DenseCholesky:
     """The buffers and kernels of one ``n x n`` dense Cholesky on the device (see the module)."""
 
@@ -79,12 +84,17 @@ class DenseCholesky:
         self.b, self.z = f64(self.m), f64(self.m)
         self.diag = f64(self.m * self.NB)
         self.flag = arrays.scratch(rt, 1, np.int32)
-        # solve_small's group: up to 256 items, a multiple of the block size.
-        self.LS = max(self.NB, min(256, rt.info.max_work_group_size) // self.NB * self.NB)
+        self.LS = solve_group(rt.info, self.NB)
         prg = get_program(TEMPLATE, rt, NB=self.NB, RT=self.RT, LS=self.LS)
         self.k = presets(prg, self)      # this instance's own kernels, arguments set when they change
         self._m = np.int32(self.m)
         self.events = None        # a list to keep (name, event) pairs for a profile, or None
+
+    @staticmethod
+    def program_request(runtime, block: tuple = None):
+        """The program an instance on ``runtime`` builds, for :func:`clkernels.templates.prefetch`."""
+        NB, RT = block or block_sizes(runtime.info)
+        return template_request(TEMPLATE, NB=NB, RT=RT, LS=solve_group(runtime.info, NB))
 
     @property
     def nbytes(self) -> int:

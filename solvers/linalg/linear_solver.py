@@ -74,6 +74,11 @@ class DeviceIterativeSchur:
     def __init__(self, state, entry):
         self.st = state
 
+    @staticmethod
+    def program_requests(runtime, C, P, R, nc, other_bytes, entry):
+        """The programs it builds beyond the state's and the CG's: none."""
+        return []
+
     def close(self):
         """Nothing of its own: its kernels are the state's and the CG's."""
 
@@ -131,6 +136,13 @@ class DeviceExplicitSchur:
                                         camera_order=st.ev.camera_order(), copies=st.copies,
                                         pattern=st.ev.reduced_pattern, dense=entry.dense)
         self.description = self.system.description
+
+    @staticmethod
+    def program_requests(runtime, C, P, R, nc, other_bytes, entry):
+        """The programs it will build, for :func:`clkernels.templates.prefetch` (a guess where the
+        factorisation's place depends on the pattern, which is made later)."""
+        from .sparse_schur_device import DeviceSparseSchur
+        return DeviceSparseSchur.program_requests(runtime, C, P, R, nc, other_bytes, entry.dense)
 
     @property
     def nbytes(self):

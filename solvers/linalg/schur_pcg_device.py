@@ -19,7 +19,7 @@ import pyopencl as cl
 
 from clkernels import arrays
 from clkernels.launch import owned_kernel
-from clkernels.templates import ctype, get_program
+from clkernels.templates import ctype, get_program, template_request
 
 from . import inputs_device
 from ..ba import ordering
@@ -69,6 +69,20 @@ def stage_capacities(runtime, R, P, dtype) -> tuple:
     caps = (max(1, min(STAGE_MAX_OBSERVATIONS, int(runtime.info.local_mem_bytes * f) // per_observation))
             for f in STAGE_LOCAL_FRACTIONS)
     return tuple(sorted(set(caps)))
+
+
+def program_request(runtime, C, P, R, dtype):
+    """The CG's program (both layouts, the staging's capacity an argument) for
+    :func:`clkernels.templates.prefetch`; :class:`DevicePCG` builds exactly this one."""
+    stages = stage_capacities(runtime, R, P, dtype) if STAGED_PROJECTION else ()
+    return template_request(TEMPLATE, C=C, P=P, R=R, L=work_items_per_group(runtime), STAGED=bool(stages),
+                            LP=STAGE_POINTS, REAL=ctype(dtype), ACC=ctype(accumulator_dtype(runtime)))
+
+
+def work_items_per_group(runtime) -> int:
+    """The cg_* kernels' work-groups (one work-item per camera): small on CPUs, where PoCL runs
+    a group per core, so a few tens of cameras still make groups for both cores."""
+    return 8 if runtime.info.is_cpu else 64
 
 
 def accumulator_dtype(runtime) -> np.dtype:
@@ -166,9 +180,7 @@ class DevicePCG:
         self._seen_cams = np.flatnonzero(np.diff(cam_seg) > 0)
         self._seen_first_run = cam_seg[self._seen_cams]
         self.seg_start, self.cam_seg = i32(seg_start), i32(cam_seg)
-        # The cg_* kernels' work-groups (one work-item per camera): small on CPUs, where PoCL runs
-        # a group per core, so a few tens of cameras still make groups for both cores.
-        self.L = L = 8 if rt.info.is_cpu else 64
+        self.L = L = work_items_per_group(rt)
         self.G = G = max(1, -(-nc // L))               # groups of cg_start/advance/direction
         self.G_pq = G_pq = max(1, -(-(C * nc) // L))   # cg_product's, one item per camera entry
         # scratch: written by kernels and read by later ones (see arrays.scratch on the simulator)
@@ -197,8 +209,7 @@ class DevicePCG:
         wide = len(stages) > 1 and (STAGE_WIDE if STAGE_WIDE is not None
                                     else n * STAGE_POINTS > stages[0] * max(1, npt))
         self.stage = (stages[-1] if wide else stages[0]) if split and stages else 0
-        prg = get_program(TEMPLATE, rt, C=C, P=P, R=R, L=L, STAGED=bool(stages), LP=STAGE_POINTS,
-                          REAL=ctype(dtype), ACC=ctype(self.acc))
+        prg = get_program(TEMPLATE, rt, **program_request(rt, C, P, R, dtype).params)
         self._program = prg
         # Kernel objects of this instance alone, one per use and state parity, their arguments
         # set once (here and in bind_jacobian): an iteration is then five enqueues and nothing

@@ -15,7 +15,7 @@ import numpy as np
 
 from clkernels import arrays
 from clkernels.launch import Preset, owned_kernel
-from clkernels.templates import get_program
+from clkernels.templates import get_program, template_request
 
 from ..ba import ordering
 
@@ -172,6 +172,13 @@ class ReducedCameraSystem:
                                             + pattern.ngroups * 2 * C * P)
 
     @staticmethod
+    def program_request(runtime, C, P, R, out, whole_run=None):
+        """The program of one output (``out``: None for the assembly's kernels, "blocks" or
+        "dense" for reduced_blocks'), for :func:`clkernels.templates.prefetch`."""
+        whole_run = runtime.info.is_cpu if whole_run is None else bool(whole_run)
+        return template_request(TEMPLATE, C=C, P=P, R=R, OUT=out, WHOLE_RUN=whole_run)
+
+    @staticmethod
     def _key(name, out):
         return name, (None if name != "reduced_blocks" else out)     # the template's OUT
 
@@ -185,8 +192,8 @@ class ReducedCameraSystem:
     def _kernel(self, name, out):
         key = self._key(name, out)
         if key not in self._k:
-            prg = get_program(TEMPLATE, self.rt, C=self.C, P=self.P, R=self.R, OUT=key[1],
-                              WHOLE_RUN=self.whole_run)
+            prg = get_program(TEMPLATE, self.rt, **self.program_request(self.rt, self.C, self.P, self.R, key[1],
+                                                                        self.whole_run).params)
             self._k[key] = Preset(owned_kernel(prg, name, self))   # this instance's own, arguments set when they change
         return self._k[key]
 

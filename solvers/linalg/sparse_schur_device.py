@@ -117,6 +117,17 @@ class DeviceSparseSchur:
         # be reused at their old sizes by the next solve's buffers (see arrays.keep_on_simulator).
         arrays.keep_on_simulator(runtime, self)
 
+    @staticmethod
+    def program_requests(runtime, C, P, R, num_cameras, other_bytes=0, dense=False):
+        """The programs a system of ``num_cameras`` cameras builds, for
+        :func:`clkernels.templates.prefetch`: the assembly's, and the dense output with the device's
+        Cholesky where the matrix would be factorised there, else the blocks' (the pattern's fill,
+        made later, can move a factorisation from LAPACK to CHOLMOD, never onto the device)."""
+        on_device = choose_factorisation(runtime.info, C * num_cameras, other_bytes, 0.0, dense) == "device"
+        out = "dense" if on_device else "blocks"
+        reduced = [ReducedCameraSystem.program_request(runtime, C, P, R, o) for o in (None, out)]
+        return reduced + ([DenseCholesky.program_request(runtime)] if on_device else [])
+
     def close(self):
         """The solve is over: the kernel objects go back to their pools (launch.release_kernels)."""
         release_kernels(self.system, *([self.dense] if self.dense is not None else []))

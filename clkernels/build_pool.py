@@ -1,0 +1,156 @@
+"""Builds from source in worker processes, side by side, into the binary cache.
+
+Why processes: a driver's compiler is the cold start's cost (NVIDIA's: 0.2-2.5 s a program, about
+6 s for a bundle-adjustment solve's seven), and a driver serialises the builds of one process, so
+threads gain nothing (:mod:`clkernels.warmup`'s measurements in the README). Separate processes
+compile at once, one core each.
+
+How: :func:`clkernels.templates.prefetch` hands the sources of the programs a caller is about to
+ask for, and that the binary cache lacks, to :func:`submit`. Each worker
+(``python -m clkernels.build_worker``) opens the same device (matched by
+:func:`clkernels.cache.device_identity`), builds a source and stores the binary in the cache, as
+the caller's own build would. The caller's later request for the program waits for its worker
+(:func:`wait`) and loads the binary. A worker that fails costs nothing but its time: the caller
+then builds in its own process, which reports a build error as it always did.
+
+Workers start when sources are submitted, at most :func:`max_workers` at once in a process, take
+sources from one queue, and end when it is empty (so no idle process holds a device context). ``PYCLAD_BUILD_PROCESSES=0`` turns them off; a number caps them.
+Left off on the Oclgrind simulator (no binary cache there), under MPI (each rank is already a
+process; forking from a rank is fragile) and when the cache cannot be written.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future
+from typing import Deque, Dict, List, Optional, Tuple
+
+from . import cache
+
+__all__ = ["ENV", "max_workers", "enabled", "submit", "wait", "pending"]
+
+ENV = "PYCLAD_BUILD_PROCESSES"
+_MPI_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # where clkernels is imported from
+
+_lock = threading.Lock()
+_pending: Dict[str, Future] = {}        # program key -> the worker's result (None or an error text)
+
+
+def max_workers() -> int:
+    """How many worker processes a batch may start: ``$PYCLAD_BUILD_PROCESSES``, else the cores
+    this process may use (at most 8)."""
+    text = os.environ.get(ENV, "").strip()
+    if text:
+        try:
+            return max(0, int(text))
+        except ValueError:
+            raise ValueError(f"{ENV}={text!r}: give a number of worker processes (0 turns them off)") from None
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return min(8, cores)
+
+
+def enabled() -> bool:
+    """Whether builds may go to worker processes here (see the module docstring)."""
+    if max_workers() < 1 or any(os.environ.get(v) for v in _MPI_VARIABLES):
+        return False
+    return cache.writable()
+
+
+class _Worker:
+    """One ``python -m clkernels.build_worker`` process."""
+
+    def __init__(self, identity: str):
+        env = dict(os.environ)
+        # The worker imports clkernels from where this process did.
+        env["PYTHONPATH"] = _ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        self.proc = subprocess.Popen([sys.executable, "-m", "clkernels.build_worker", identity],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     env=env, text=True, bufsize=1)
+
+    def build(self, job: dict) -> Optional[str]:
+        """The job's error text, or None once its binary is in the cache."""
+        try:
+            self.proc.stdin.write(json.dumps(job) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+            return json.loads(line).get("error") if line else f"the worker ended (exit {self.proc.poll()})"
+        except (OSError, ValueError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+
+    def close(self):
+        try:
+            self.proc.stdin.close()      # the worker ends at the end of its input
+        except OSError:
+            pass
+
+
+_queues: Dict[str, Deque[Tuple[Future, dict]]] = {}   # device identity -> jobs not yet taken
+_live: Dict[str, int] = {}                             # device identity -> workers running
+
+
+def _serve(identity: str) -> None:
+    """A worker's thread: start the process, build jobs of ``identity`` until none is left, end."""
+    worker, error = None, None
+    try:
+        worker = _Worker(identity)
+    except OSError as exc:
+        error = f"could not start a build worker process: {exc}"
+    while True:
+        with _lock:
+            queue = _queues[identity]
+            if not queue:
+                _live[identity] -= 1
+                break
+            future, job = queue.popleft()
+        future.set_result(error if worker is None else worker.build(job))
+    if worker is not None:
+        worker.close()
+
+
+def submit(identity: str, jobs: List[Tuple[str, str, tuple, str]]) -> None:
+    """Build ``jobs`` — ``(program key, source, options, name)`` — in worker processes for the
+    device of ``identity``, at most :func:`max_workers` at once in this process (workers end when
+    no job is left); :func:`wait` on a key blocks until its binary is in the cache (or the worker
+    failed)."""
+    limit = max_workers()
+    if limit < 1:
+        return
+    start = 0
+    with _lock:
+        queue = _queues.setdefault(identity, collections.deque())
+        # The longest sources first: a batch ends about when its largest build does.
+        for key, source, options, name in sorted(jobs, key=lambda j: -len(j[1])):
+            if key not in _pending:
+                _pending[key] = future = Future()
+                queue.append((future, {"key": key, "source": source, "options": list(options), "name": name}))
+        live = _live.get(identity, 0)
+        start = max(0, min(limit, live + len(queue)) - live)
+        _live[identity] = live + start
+    for _ in range(start):
+        threading.Thread(target=_serve, args=(identity,), daemon=True, name="clkernels-build-worker").start()
+
+
+def pending(key: str) -> bool:
+    with _lock:
+        return key in _pending
+
+
+def wait(key: str) -> Optional[str]:
+    """Wait for the worker building ``key``, if any; returns its error text (None: built, or no
+    worker had it)."""
+    with _lock:
+        future = _pending.get(key)
+    if future is None:
+        return None
+    error = future.result()
+    with _lock:
+        _pending.pop(key, None)
+    return error
