@@ -26,12 +26,13 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import Future
 from typing import Deque, Dict, List, Optional, Tuple
 
 from . import cache
 
-__all__ = ["ENV", "max_workers", "enabled", "submit", "wait", "pending"]
+__all__ = ["ENV", "max_workers", "enabled", "start", "submit", "wait", "pending"]
 
 ENV = "PYCLAD_BUILD_PROCESSES"
 _MPI_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
@@ -94,18 +95,29 @@ class _Worker:
 
 _queues: Dict[str, Deque[Tuple[Future, dict]]] = {}   # device identity -> jobs not yet taken
 _live: Dict[str, int] = {}                             # device identity -> workers running
+_idle: Dict[str, int] = {}                             # of them, started ahead and not yet given a job
+_arrived = threading.Condition(_lock)                  # notified when jobs are queued
+LINGER_S = 30.0       # how long a worker started ahead (start()) waits for its first job
 
 
-def _serve(identity: str) -> None:
-    """A worker's thread: start the process, build jobs of ``identity`` until none is left, end."""
+def _serve(identity: str, linger: float) -> None:
+    """A worker's thread: start the process, build jobs of ``identity`` until none is left, end.
+    A worker started ahead (``linger`` > 0) first waits that long for jobs to come."""
     worker, error = None, None
     try:
         worker = _Worker(identity)
     except OSError as exc:
         error = f"could not start a build worker process: {exc}"
+    deadline = time.monotonic() + linger
+    idle = linger > 0
     while True:
-        with _lock:
+        with _arrived:
             queue = _queues[identity]
+            while not queue and idle and time.monotonic() < deadline:
+                _arrived.wait(deadline - time.monotonic())
+            if idle:
+                _idle[identity] -= 1
+                idle = False
             if not queue:
                 _live[identity] -= 1
                 break
@@ -113,6 +125,27 @@ def _serve(identity: str) -> None:
         future.set_result(error if worker is None else worker.build(job))
     if worker is not None:
         worker.close()
+
+
+def _start_workers(identity: str, count: int, linger: float) -> None:
+    for _ in range(count):
+        threading.Thread(target=_serve, args=(identity, linger), daemon=True, name="clkernels-build-worker").start()
+
+
+def start(identity: str, count: Optional[int] = None, linger: float = LINGER_S) -> int:
+    """Start worker processes for the device of ``identity`` now, before their sources are known, so
+    that their start (the interpreter, pyopencl, the device's context: about a second) overlaps the
+    caller's own; each waits up to ``linger`` seconds for a job. Returns how many were started."""
+    if not enabled():
+        return 0
+    with _lock:
+        _queues.setdefault(identity, collections.deque())
+        live = _live.get(identity, 0)
+        n = max(0, min(max_workers() if count is None else count, max_workers()) - live)
+        _live[identity] = live + n
+        _idle[identity] = _idle.get(identity, 0) + n
+    _start_workers(identity, n, linger)
+    return n
 
 
 def submit(identity: str, jobs: List[Tuple[str, str, tuple, str]]) -> None:
@@ -123,8 +156,7 @@ def submit(identity: str, jobs: List[Tuple[str, str, tuple, str]]) -> None:
     limit = max_workers()
     if limit < 1:
         return
-    start = 0
-    with _lock:
+    with _arrived:
         queue = _queues.setdefault(identity, collections.deque())
         # The longest sources first: a batch ends about when its largest build does.
         for key, source, options, name in sorted(jobs, key=lambda j: -len(j[1])):
@@ -132,10 +164,10 @@ def submit(identity: str, jobs: List[Tuple[str, str, tuple, str]]) -> None:
                 _pending[key] = future = Future()
                 queue.append((future, {"key": key, "source": source, "options": list(options), "name": name}))
         live = _live.get(identity, 0)
-        start = max(0, min(limit, live + len(queue)) - live)
-        _live[identity] = live + start
-    for _ in range(start):
-        threading.Thread(target=_serve, args=(identity,), daemon=True, name="clkernels-build-worker").start()
+        n = max(0, min(limit - live, len(queue) - _idle.get(identity, 0)))
+        _live[identity] = live + n
+        _arrived.notify_all()
+    _start_workers(identity, n, 0.0)
 
 
 def pending(key: str) -> bool:

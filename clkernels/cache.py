@@ -39,7 +39,7 @@ import warnings
 from typing import Dict, List, Optional
 
 __all__ = ["cache_dir", "device_identity", "program_key", "load_binary", "store_binary", "writable", "has_binary",
-           "render_key", "load_render", "store_render", "stats", "made", "entries", "clear", "CacheWarning"]
+           "render_key", "load_render", "store_render", "code_seen", "stats", "made", "entries", "clear", "CacheWarning"]
 
 ENV = "PYCLAD_CACHE_DIR"
 BUILD_LOG_ENV = "PYCLAD_BUILD_LOG"
@@ -327,8 +327,22 @@ def load_render(key: str) -> Optional[str]:
     return text
 
 
+_code_marked = False
+
+
 def store_render(key: str, source_sha: str) -> bool:
-    return _write_atomic(_path("renders", key), source_sha.encode() + b"\n")
+    global _code_marked
+    ok = _write_atomic(_path("renders", key), source_sha.encode() + b"\n")
+    if ok and not _code_marked:
+        _code_marked = _write_atomic(_path("renders", "code-" + code_fingerprint()), b"")
+    return ok
+
+
+def code_seen() -> bool:
+    """Whether a process running this very code (:func:`code_fingerprint`) has stored renders in
+    this cache: its programs are then likely there too. False on a first run and after an update,
+    where a caller may start build workers ahead (:func:`clkernels.templates.start_build_workers`)."""
+    return os.path.exists(_path("renders", "code-" + code_fingerprint()))
 
 
 # ---------------------------------------------------------------------------- listing

@@ -25,7 +25,7 @@ import pyopencl as cl
 from . import build_pool, cache, dtypes, simulator
 from .runtime import Runtime, get_runtime
 
-__all__ = ["render", "render_string", "build", "get_program", "program_for", "prefetch", "Request",
+__all__ = ["render", "render_string", "build", "get_program", "program_for", "prefetch", "start_build_workers", "Request",
            "template_request", "kernel", "BuildError", "ctype", "storage",
            "Storage", "FP64Error"]
 
@@ -266,6 +266,17 @@ def _resolve(name: str, params: dict, make_source, runtime: Runtime, options: tu
     else:
         get_source = lambda: _sources.get(sha) or source()  # noqa: E731
     return sha, get_source, local
+
+
+def start_build_workers(runtime: Runtime = None) -> int:
+    """Start build worker processes now (:func:`clkernels.build_pool.start`) where this code has not
+    filled the binary cache yet (a first run, or the first after an update), so that they are ready
+    when :func:`prefetch` hands them sources; a command-line tool calls it before reading its input.
+    Returns how many were started (0 where the cache looks warm)."""
+    runtime = get_runtime(runtime)
+    if not simulator.binary_cache_ok(runtime) or not build_pool.enabled() or cache.code_seen():
+        return 0
+    return build_pool.start(_identity(runtime))
 
 
 @dataclasses.dataclass(frozen=True)

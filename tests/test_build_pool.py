@@ -59,6 +59,7 @@ _PREFETCH = textwrap.dedent("""
             body = "a[get_global_id(0)] += undeclared_name;"
         return "__kernel void add(__global int *a) { " + body + " }"
     requests = [templates.Request("test/add", {"i": i}, (lambda i=i: source(i))) for i in range(3)]
+    ahead = templates.start_build_workers(rt) if sys.argv[2] == "ahead" else None
     sent = templates.prefetch(requests, rt)
     out, errors = [], []
     with warnings.catch_warnings(record=True) as caught:
@@ -74,7 +75,7 @@ _PREFETCH = textwrap.dedent("""
             prg.add(rt.queue, (4,), None, buf)
             cl.enqueue_copy(rt.queue, a, buf)
             out.append(a.tolist())
-    print(json.dumps({"sent": sent, "out": out, "errors": errors, "stats": cache.stats(), "made": cache.made(),
+    print(json.dumps({"sent": sent, "ahead": ahead, "seen": cache.code_seen(), "out": out, "errors": errors, "stats": cache.stats(), "made": cache.made(),
                       "warnings": [str(w.message) for w in caught if issubclass(w.category, cache.CacheWarning)]}))
 """)
 
@@ -99,6 +100,16 @@ def test_prefetched_programs_are_built_by_workers_and_loaded_by_the_caller(real_
     again = _prefetch(real_device, tmp_path)
     assert again["sent"] == 0 and again["out"] == r["out"]
     assert len(_log_lines(tmp_path)) == 3
+
+
+def test_workers_started_ahead_take_the_sources_on_a_cold_cache_only(real_device, tmp_path):
+    r = _prefetch(real_device, tmp_path, "ahead")
+    assert r["ahead"] >= 1 and r["sent"] == 3 and r["seen"]
+    assert r["out"] == [[1] * 4, [2] * 4, [3] * 4]
+    assert r["stats"]["source_builds"] == 0 and len(_log_lines(tmp_path)) == 3
+    # This code has filled the cache now: no workers ahead, nothing to build.
+    again = _prefetch(real_device, tmp_path, "ahead")
+    assert again["ahead"] == 0 and again["sent"] == 0 and len(_log_lines(tmp_path)) == 3
 
 
 def test_a_failing_worker_leaves_the_build_error_to_the_caller(real_device, tmp_path):

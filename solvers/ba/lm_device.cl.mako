@@ -90,6 +90,14 @@ acc observation_rho(__global const real *ro, int finite, const acc a, const acc 
     return finite ? rho[0] : NAN;
 }
 
+// The kernels come in two halves, built as two programs (-D LM_PART=0 and =1, the same source)
+// so that NVIDIA's compiler, 1.9-2.4 s for the whole, builds them side by side in two processes
+// (clkernels.build_pool); without LM_PART, one program has both.
+#ifndef LM_PART
+#define LM_PART 2
+#endif
+#if LM_PART != 1
+
 __kernel void residual_cost(__global const real *restrict r,   // (n, R)
                             __global acc *restrict value,     // (n)
                             const int n, const acc a, const acc b)
@@ -304,6 +312,9 @@ ${column_norm2()}
     const acc s = enabled ? 1.0 / (1.0 + sqrt(col2)) : 1.0;
     ${put('s', 's')}
 }
+
+#endif
+#if LM_PART != 0
 
 __kernel void lm_diagonal(${cd_arg}__global const real *restrict B, __global const real *restrict V,
                           ${vec_args('s')}, ${vec_args('diag', False)},
@@ -556,3 +567,4 @@ ${group_fold('acc0', 'acc1', 'runtime')}
         scalars[slot + 1] = buf1[0];
     }
 }
+#endif

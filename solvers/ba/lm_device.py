@@ -57,13 +57,16 @@ def device_bytes(n_obs: int, n_cameras: int, n_points: int, C: int = 9, P: int =
     return int(n_obs * per_obs + n_cameras * per_cam + n_points * per_pt + (1 << 20))
 
 
-def program_request(rt, C, P, R, loss: str, dtype, blocks: tuple, copies: bool):
-    """The iterations' program (:class:`DeviceState` builds exactly this one), for
-    :func:`clkernels.templates.prefetch`. ``L``: the reductions' work-group size."""
+PARTS = ("-D LM_PART=0", "-D LM_PART=1")    # the template's two halves (see its LM_PART)
+
+
+def program_requests(rt, C, P, R, loss: str, dtype, blocks: tuple, copies: bool):
+    """The iterations' programs, one per half of the template (:class:`DeviceState` builds
+    exactly these), for :func:`clkernels.templates.prefetch`. ``L``: the reductions' work-group size."""
     from ..linalg.schur_pcg_device import accumulator_dtype
-    return template_request(TEMPLATE, C=C, P=P, R=R, L=arrays.work_group_size(rt, None, 64 if rt.info.is_cpu else 256),
-                            LOSS=loss, REAL=ctype(dtype), ACC=ctype(accumulator_dtype(rt)), BLOCKS=blocks,
-                            COPIES=copies)
+    params = dict(C=C, P=P, R=R, L=arrays.work_group_size(rt, None, 64 if rt.info.is_cpu else 256), LOSS=loss,
+                  REAL=ctype(dtype), ACC=ctype(accumulator_dtype(rt)), BLOCKS=blocks, COPIES=copies)
+    return [template_request(TEMPLATE, (part,), **params) for part in PARTS]
 
 
 def device_unavailable_reason(evaluator, options, runtime):
@@ -157,8 +160,8 @@ class DeviceState(LoopState):
         entry = linear_solver(options.linear_solver)
         # Every program of the solve named at once: those the binary cache lacks are built side by
         # side in worker processes while this one goes on (a cold start's cost is the compiler's).
-        own = program_request(rt, C, P, R, ev.loss.name, self.dtype, blocks, self.copies is not None)
-        prefetch([own, schur_pcg_device.program_request(rt, C, P, R, self.dtype),
+        own = program_requests(rt, C, P, R, ev.loss.name, self.dtype, blocks, self.copies is not None)
+        prefetch([*own, schur_pcg_device.program_request(rt, C, P, R, self.dtype),
                   *entry.device.program_requests(rt, C, P, R, nc, need, entry),
                   *(self.fn.program_request(rt, jacobians) for jacobians in (True, False))], rt)
         # The Evaluator's camera order: sorted once for everything that needs it.
@@ -175,11 +178,12 @@ class DeviceState(LoopState):
         self.linear = entry.device(self, entry)
         # The reductions' work-group size, and their number of groups (fixed per device, so the
         # sums run in the same order every time).
-        self.L = own.params["L"]
+        self.L = own[0].params["L"]
         self.groups = max(1, (2 if rt.info.is_cpu else 4) * rt.info.compute_units)
-        prg = get_program(TEMPLATE, rt, **own.params)
         # Kernel objects of this instance alone, each argument set when it changes.
-        self.k = presets(prg, self)
+        self.k = {}
+        for r in own:
+            self.k.update(presets(get_program(TEMPLATE, rt, r.options, **r.params), self))
         # Small groups on CPUs, as DevicePCG's (schur_jacobi has the most live values).
         self.ls = arrays.work_group_size(rt, self.k["schur_jacobi"].kernel, 8 if rt.info.is_cpu else 64)
         real = lambda size: arrays.scratch(rt, max(1, int(size)), self.dtype)  # noqa: E731 (storage)

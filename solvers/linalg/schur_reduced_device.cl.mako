@@ -180,6 +180,9 @@ __kernel void pair_partials(__global const double *restrict GZ,        // (ngrou
 %endif
 %else:
 
+// B's stored upper-triangle index of entry (i, j), i * C + j.
+__constant int UPPER[${C * C}] = {${', '.join(str(upper[(i, j)]) for i in range(C) for j in range(C))}};
+
 __kernel void reduced_blocks(__global const double *restrict B,          // (nc, T) upper triangles
                              __global const double *restrict dc2,        // (nc, C)
                              __global const double *restrict partial,    // (nruns, C, C)
@@ -194,21 +197,21 @@ __kernel void reduced_blocks(__global const double *restrict B,          // (nc,
     if (k >= nblocks) return;
     const int a = block_row[k], b = block_col[k];
     int finite = 1;
-%for i in range(C):
-%for j in range(C):
-    {
+    // A loop over the block's entries, not unrolled C x C times: unrolled, this one kernel took
+    // NVIDIA's compiler 1.6-1.9 s (the cold start's longest build) for no faster reads.
+    for (int ij = 0; ij < ${C * C}; ++ij) {
+        const int i = ij / ${C}, j = ij - i * ${C};
         double v = 0.0;
-        for (int s = block_run[k]; s < block_run[k + 1]; ++s) v += partial[(size_t)s * ${C * C} + ${i * C + j}];
-        v = a == b ? (B[(size_t)a * ${T} + ${upper[(i, j)]}] ${f'+ dc2[(size_t)a * {C} + {i}] ' if i == j else ''}- v) : -v;
+        for (int s = block_run[k]; s < block_run[k + 1]; ++s) v += partial[(size_t)s * ${C * C} + ij];
+        const size_t at = (size_t)a * ${T} + UPPER[ij];
+        v = a == b ? ((i == j ? B[at] + dc2[(size_t)a * ${C} + i] : B[at]) - v) : -v;
         finite &= isfinite(v);
 %if OUT == 'blocks':
-        out[(size_t)k * ${C * C} + ${i * C + j}] = v;
+        out[(size_t)k * ${C * C} + ij] = v;
 %else:
-        out[(size_t)(b * ${C} + ${j}) * ld + a * ${C} + ${i}] = v;
+        out[(size_t)(b * ${C} + j) * ld + a * ${C} + i] = v;
 %endif
     }
-%endfor
-%endfor
     if (!finite) atomic_or(flag, NOT_FINITE);
 }
 %endif

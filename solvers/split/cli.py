@@ -83,6 +83,7 @@ def run(parser, args, main) -> int:
         except UsageError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+        start_build_workers(args)
         return main(parser, args, None)
     try:
         from mpi4py import MPI
@@ -114,6 +115,22 @@ def run(parser, args, main) -> int:
         sys.stderr.flush()
         comm.Abort(2)
     return status
+
+
+def start_build_workers(args) -> None:
+    """Where the program cache is cold for this code, start build worker processes now
+    (:func:`clkernels.templates.start_build_workers`), so that their start overlaps the imports and
+    the reading of the input; the solve then hands them its programs. Not for the host path or a
+    split over several devices."""
+    if getattr(args, "backend", None) == "numpy" or getattr(args, "devices", None):
+        return
+    import clkernels
+    import pyopencl as cl
+    from clkernels import templates
+    try:
+        templates.start_build_workers(getattr(args, "device", None))
+    except (clkernels.NoPlatformError, clkernels.DeviceNotFoundError, cl.Error):
+        pass    # no usable device: the command reports it (or takes the host path) as it always did
 
 
 def only_root_prints(comm) -> bool:
