@@ -97,7 +97,7 @@ _queues: Dict[str, Deque[Tuple[Future, dict]]] = {}   # device identity -> jobs 
 _live: Dict[str, int] = {}                             # device identity -> workers running
 _idle: Dict[str, int] = {}                             # of them, started ahead and not yet given a job
 _arrived = threading.Condition(_lock)                  # notified when jobs are queued
-LINGER_S = 30.0       # how long a worker started ahead (start()) waits for its first job
+LINGER_S = 10.0       # how long a worker started ahead (start()) waits for its first job
 
 
 def _serve(identity: str, linger: float) -> None:

@@ -90,13 +90,14 @@ acc observation_rho(__global const real *ro, int finite, const acc a, const acc 
     return finite ? rho[0] : NAN;
 }
 
-// The kernels come in two halves, built as two programs (-D LM_PART=0 and =1, the same source)
-// so that NVIDIA's compiler, 1.9-2.4 s for the whole, builds them side by side in two processes
-// (clkernels.build_pool); without LM_PART, one program has both.
-#ifndef LM_PART
-#define LM_PART 2
+// The kernels come in three parts, built as three programs of the same source (-D LM_PARTS=1, 2
+// and 4, a bit each) so that NVIDIA's compiler, 1.9-2.4 s for the whole, builds them side by side
+// in worker processes (clkernels.build_pool); schur_jacobi, the slowest to compile, is a part of
+// its own. Without LM_PARTS, one program has all.
+#ifndef LM_PARTS
+#define LM_PARTS 7
 #endif
-#if LM_PART != 1
+#if LM_PARTS & 1
 
 __kernel void residual_cost(__global const real *restrict r,   // (n, R)
                             __global acc *restrict value,     // (n)
@@ -314,7 +315,7 @@ ${column_norm2()}
 }
 
 #endif
-#if LM_PART != 0
+#if LM_PARTS & 2
 
 __kernel void lm_diagonal(${cd_arg}__global const real *restrict B, __global const real *restrict V,
                           ${vec_args('s')}, ${vec_args('diag', False)},
@@ -416,6 +417,8 @@ ${cholesky_inverse(P, 'm', 'inv')}
 %endif
 }
 
+#endif
+#if LM_PARTS & 4
 // The Schur-Jacobi preconditioner per camera: the inverse of B + Dc^2 - (its runs' sums of
 // G V^-1 G^T, from schur_pcg_device's jacobi_blocks). A block that is not positive definite is written
 // as it is, with failed[c] = 1: the host then inverts every block by a pseudo-inverse, as
@@ -460,6 +463,8 @@ ${cholesky_inverse(C, 'm', 'inv')}
     for (int j = 0; j < ${C * C}; ++j) out[j] = ok ? inv[j] : m[j];
     failed[c] = !ok;
 }
+#endif
+#if LM_PARTS & 2
 
 // The step from the linear solution: y = raw / s (the scaled variables), step = -y, delta = step s
 // (back in the parameters' units, rounded as the host path rounds), candidate = x + delta.

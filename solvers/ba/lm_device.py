@@ -57,11 +57,11 @@ def device_bytes(n_obs: int, n_cameras: int, n_points: int, C: int = 9, P: int =
     return int(n_obs * per_obs + n_cameras * per_cam + n_points * per_pt + (1 << 20))
 
 
-PARTS = ("-D LM_PART=0", "-D LM_PART=1")    # the template's two halves (see its LM_PART)
+PARTS = ("-D LM_PARTS=1", "-D LM_PARTS=2", "-D LM_PARTS=4")    # the template's three parts (its LM_PARTS)
 
 
 def program_requests(rt, C, P, R, loss: str, dtype, blocks: tuple, copies: bool):
-    """The iterations' programs, one per half of the template (:class:`DeviceState` builds
+    """The iterations' programs, one per part of the template (:class:`DeviceState` builds
     exactly these), for :func:`clkernels.templates.prefetch`. ``L``: the reductions' work-group size."""
     from ..linalg.schur_pcg_device import accumulator_dtype
     params = dict(C=C, P=P, R=R, L=arrays.work_group_size(rt, None, 64 if rt.info.is_cpu else 256), LOSS=loss,
