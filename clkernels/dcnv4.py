@@ -470,8 +470,12 @@ def _torch_function():
     return torch_autograd.autograd_function("DCNv4Function", dcnv4, dcnv4_backward, (True, True))
 
 
-def torch_dcnv4(input, offset_mask, *, device=None, **options):
-    """:func:`dcnv4` on CPU torch tensors, differentiable with respect to both (autograd)."""
-    torch_autograd.check_cpu((input, offset_mask), ("input", "offset_mask"), "torch_dcnv4")
+def torch_dcnv4(input, offset_mask, *, device=None, allow_host_copy=False, **options):
+    """:func:`dcnv4` on torch tensors, differentiable with respect to both (autograd). CPU tensors
+    run on ``device`` (an OpenCL device); CUDA tensors on the OpenCL device of their GPU, in memory
+    shared with CUDA, and the result is a CUDA tensor (:mod:`clkernels.interop.torch_cuda`). Where
+    that is not possible, an :class:`~clkernels.interop.torch_cuda.InteropUnavailable` says why;
+    ``allow_host_copy=True`` then takes the host path instead, with a warning once."""
     opts = dataclasses.asdict(DCNv4Options(**options))  # checks the options now, not in backward
-    return _torch_function().apply(input, offset_mask, dict(opts, device=device))
+    return torch_autograd.apply(_torch_function(), (input, offset_mask), dict(opts, device=device), "torch_dcnv4",
+                                ("input", "offset_mask"), allow_host_copy)

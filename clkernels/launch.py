@@ -422,7 +422,7 @@ class LaunchOp:
     def _outputs(self, rt: Runtime, plan: LaunchPlan, out, on_device: bool) -> list:
         """Device arrays for the outputs: the caller's (``out=``, checked) or pooled ones. For
         numpy results the device array is pooled and ``out`` is filled afterwards."""
-        pool = rt.pool
+        pool = rt.pool if rt.output_pool is None else rt.output_pool
         if out is None:   # the common case, without the checks of a caller's arrays
             return [wrap(rt, spec, pool.allocate(spec.nbytes) if spec.nbytes else None)
                     for spec in plan.outputs]

@@ -342,6 +342,9 @@ class Runtime:
         # Launch plans (clkernels.launch) keyed per op and call signature. They hold kernels
         # of this context, so they live with it.
         self.plans: dict = {}
+        # Where a launch's outputs come from instead of the pool, while it is set: an object with
+        # allocate(nbytes) -> buffer (clkernels.interop's memory shared with CUDA, for one call).
+        self.output_pool = None
 
     @property
     def pool(self):

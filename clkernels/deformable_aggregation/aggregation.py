@@ -478,11 +478,14 @@ def _torch_function():
         (True, False, False, True, True))
 
 
-def deformable_aggregation_torch(mc_ms_feat, spatial_shape, scale_start_index, sampling_location, weights):
-    """:func:`deformable_aggregation` on CPU tensors, differentiable with ``torch.autograd``."""
+def deformable_aggregation_torch(mc_ms_feat, spatial_shape, scale_start_index, sampling_location, weights, *,
+                                 allow_host_copy=False):
+    """:func:`deformable_aggregation` on torch tensors, differentiable with ``torch.autograd``: CPU
+    tensors, or CUDA tensors on the OpenCL device of their GPU with a CUDA result (as
+    :func:`clkernels.torch_dcnv4`; ``allow_host_copy`` likewise)."""
     tensors = (mc_ms_feat, spatial_shape, scale_start_index, sampling_location, weights)
-    torch_autograd.check_cpu(tensors, _NAMES, "deformable_aggregation_torch")
-    return _torch_function().apply(*tensors)
+    return torch_autograd.apply(_torch_function(), tensors, {}, "deformable_aggregation_torch", _NAMES,
+                                allow_host_copy)
 
 
 def __getattr__(name):

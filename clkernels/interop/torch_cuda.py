@@ -1,0 +1,236 @@
+"""PyTorch CUDA tensors in and out of the OpenCL ops, with no host round trip.
+
+One :class:`CudaBridge` per CUDA device: the OpenCL device with the same UUID
+(``cl_khr_device_uuid`` against ``torch.cuda.get_device_properties(i).uuid``), its own in-order
+queue, and a :class:`~clkernels.interop.pool.SharedPool` of memory that both APIs address. A call
+(:meth:`CudaBridge.run`):
+
+1. takes each input tensor as it is where it already lives in the pool (contiguous, at a block's
+   start), else copies it into a pool tensor: one device-to-device copy on the tensor's current
+   stream (integer tables, a few numbers each, go to the host instead: the ops read them there);
+2. waits for the current CUDA stream (a host wait: the inputs are written), acquires the pool
+   buffers for OpenCL, runs the op with its outputs allocated in the pool (no copy), releases the
+   buffers and waits for the queue (a host wait: the outputs are written before torch reads them);
+3. returns the outputs as tensors over their pool blocks.
+
+The two host waits stand in for external semaphores (``cl_khr_external_semaphore``), which the
+NVIDIA driver offers and this module does not use yet; ``benchmarks/bench_torch_interop.py``
+measures what they cost.
+
+A GPU or driver without what this needs raises :class:`InteropUnavailable`, naming it.
+"""
+from __future__ import annotations
+
+import threading
+import warnings
+from typing import Dict, Sequence
+
+import numpy as np
+import pyopencl as cl
+import pyopencl.array as cla
+
+from .. import dtypes
+from ..runtime import get_runtime, list_devices, runtime_for_queue
+from . import cuda_driver, opencl_external
+from .pool import CudaView, SharedPool
+
+__all__ = ["InteropUnavailable", "CudaBridge", "bridge_for", "host_copy_warning"]
+
+
+class InteropUnavailable(RuntimeError):
+    """CUDA tensors cannot reach the OpenCL device of their GPU (the message says why and what to do)."""
+
+
+_TYPESTR = {"float32": "<f4", "float64": "<f8", "float16": "<f2", "int32": "<i4", "int64": "<i8",
+            "uint8": "|u1", "bfloat16": "<u2"}
+
+
+def _numpy_dtype(tensor_dtype):
+    import torch
+    if tensor_dtype == torch.bfloat16:
+        return dtypes.bfloat16()
+    return np.dtype(str(tensor_dtype).replace("torch.", ""))
+
+
+class _Outputs:
+    """A launch's output allocator during one call (Runtime.output_pool): pool blocks, each
+    acquired for OpenCL as it is handed out, listed so that unclaimed ones go back."""
+
+    def __init__(self, bridge: "CudaBridge"):
+        self.bridge, self.blocks = bridge, []
+
+    def allocate(self, nbytes: int):
+        block = self.bridge.pool.allocate(nbytes)
+        self.blocks.append(block)
+        self.bridge.acquire.acquire(self.bridge.queue, [block.buffer])
+        return block.buffer
+
+
+class CudaBridge:
+    """CUDA device ``index`` and the OpenCL device of the same GPU (see the module docstring)."""
+
+    def __init__(self, index: int):
+        import torch
+        self.index = int(index)
+        self.torch_device = torch.device("cuda", self.index)
+        if not torch.cuda.is_available():
+            raise InteropUnavailable("this PyTorch has no CUDA device (torch.cuda.is_available() is False); "
+                                     "pass CPU tensors, or allow_host_copy=True")
+        uuid = str(torch.cuda.get_device_properties(self.index).uuid).replace("-", "").lower()
+        if uuid.startswith("gpu"):
+            uuid = uuid[3:]
+        seen, match = [], None
+        for d in list_devices():
+            u = opencl_external.device_uuid(d) if "cl_khr_device_uuid" in d.extensions else None
+            seen.append(f"{d.platform.name.strip()}: {d.name} ({u.hex() if u else 'no UUID'})")
+            if u is not None and u.hex() == uuid and match is None:
+                match = d
+        if match is None:
+            raise InteropUnavailable(
+                f"no OpenCL device is the GPU of cuda:{self.index} (UUID {uuid}); OpenCL devices: "
+                f"{'; '.join(seen) or 'none'}. Install the GPU vendor's OpenCL driver (NVIDIA's ICD, "
+                "libnvidia-opencl, or ROCm's OpenCL), or pass allow_host_copy=True to take the host path")
+        missing = opencl_external.missing_extensions(match)
+        if missing:
+            raise InteropUnavailable(
+                f"the OpenCL driver of {match.name!r} lacks {', '.join(missing)}, which sharing CUDA memory "
+                "needs; update the driver, or pass allow_host_copy=True to take the host path")
+        self.cl_device = match
+        context = get_runtime(match).context
+        self.queue = cl.CommandQueue(context, match)
+        self.rt = runtime_for_queue(self.queue)
+        try:
+            self.pool = SharedPool(self.index, context, match, self.queue)
+            self.acquire = opencl_external.Acquire(match.platform)
+        except (cuda_driver.CudaError, opencl_external.ExternalMemoryError) as exc:
+            raise InteropUnavailable(f"CUDA memory cannot be shared with {match.name!r}: {exc}") from exc
+        self._lock = threading.Lock()
+
+    # -- tensors and the pool ------------------------------------------------------------------
+    def _event(self):
+        import torch
+        e = torch.cuda.Event()
+        e.record(torch.cuda.current_stream(self.index))
+        return e
+
+    def _view(self, block, shape, dtype):
+        import torch
+        name = str(dtype).replace("torch.", "")
+        view = CudaView(self.pool, block, shape, _TYPESTR[name] if name in _TYPESTR else None, self._event)
+        t = torch.as_tensor(view, device=self.torch_device)
+        return t.view(torch.bfloat16) if dtype == torch.bfloat16 else t
+
+    def empty(self, shape, dtype):
+        """A tensor of ``shape`` and ``dtype`` in the pool (its values undefined)."""
+        import torch
+        shape = tuple(int(s) for s in shape)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+        if nbytes == 0:
+            return torch.empty(shape, dtype=dtype, device=self.torch_device)
+        return self._view(self.pool.allocate(nbytes), shape, dtype)
+
+    def in_pool(self, t):
+        """``t`` itself where it is a contiguous tensor at the start of a pool block, else a copy
+        into the pool (one device-to-device copy on the current stream)."""
+        if t.is_contiguous() and t.numel():
+            block = self.pool.block_of_ptr(t.untyped_storage().data_ptr())
+            if block is not None and t.data_ptr() == block.ptr:
+                return t, block
+        new = self.empty(t.shape, t.dtype)
+        if not t.numel():
+            return new, None
+        new.copy_(t)
+        return new, self.pool.block_of_ptr(new.data_ptr())
+
+    def _cl_array(self, t, block):
+        dtype = _numpy_dtype(t.dtype)
+        if block is None:
+            return cla.empty(self.queue, tuple(t.shape), dtype)
+        return cla.Array(self.queue, tuple(t.shape), dtype, data=block.buffer)
+
+    def _tensor(self, a, outputs: _Outputs):
+        """An op's output (a device array in a pool block, a numpy array, or a passthrough) as a tensor."""
+        import torch
+        if isinstance(a, cla.Array):
+            dtype = torch.bfloat16 if dtypes.is_bfloat16(a.dtype) else getattr(torch, a.dtype.name)
+            if a.size == 0 or a.base_data is None:
+                return torch.empty(a.shape, dtype=dtype, device=self.torch_device)
+            block = self.pool.block_of_buffer(a.base_data)
+            if block is None or a.offset:
+                raise RuntimeError("an op's output is not in the shared pool (an op that ignores its "
+                                   "runtime's output_pool); this is a bug in clkernels")
+            outputs.blocks.remove(block)
+            return self._view(block, a.shape, dtype)
+        if isinstance(a, np.ndarray):
+            return torch.from_numpy(a).to(self.torch_device)
+        return a
+
+    # -- a call ----------------------------------------------------------------------------------
+    def run(self, fn, args: Sequence, n_outputs: int = 1):
+        """``fn(*arrays)`` with the CUDA tensors of ``args`` as OpenCL device arrays over pool
+        memory (integer tensors as host arrays); its device-array results as CUDA tensors."""
+        import torch
+        kept, blocks, arrays = [], [], []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                if a.device != self.torch_device:
+                    raise ValueError(f"a tensor is on {a.device}, another on {self.torch_device}; "
+                                     "put the op's tensors on one device")
+                if not (a.is_floating_point() or a.dtype == torch.bfloat16):
+                    arrays.append(a.detach().cpu().numpy())      # an index table: the ops read it on the host
+                    continue
+                t, block = self.in_pool(a.detach())
+                kept.append(t)
+                if block is not None:
+                    blocks.append(block.buffer)
+                arrays.append(self._cl_array(t, block))
+            else:
+                arrays.append(a)
+        outputs = _Outputs(self)
+        with self._lock:
+            torch.cuda.current_stream(self.index).synchronize()    # the inputs are written
+            self.rt.output_pool = outputs
+            try:
+                if blocks:
+                    self.acquire.acquire(self.queue, blocks)
+                result = fn(*arrays)
+                used = blocks + [b.buffer for b in outputs.blocks]
+                if used:
+                    self.acquire.release(self.queue, used)
+                self.queue.finish()                              # the outputs are written
+            finally:
+                self.rt.output_pool = None
+        try:
+            if n_outputs == 1 and not isinstance(result, (tuple, list)):
+                return self._tensor(result, outputs)
+            return tuple(self._tensor(r, outputs) for r in result)
+        finally:
+            for block in outputs.blocks:        # made but not returned (an error, or outputs dropped)
+                self.pool.give_back(block)
+            del kept
+
+
+_bridges: Dict[int, CudaBridge] = {}
+_bridges_lock = threading.Lock()
+
+
+def bridge_for(device) -> CudaBridge:
+    """The :class:`CudaBridge` of a CUDA ``torch.device`` (made once per device)."""
+    import torch
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with _bridges_lock:
+        bridge = _bridges.get(index)
+        if bridge is None:
+            bridge = _bridges[index] = CudaBridge(index)
+        return bridge
+
+
+_warned_host = set()
+
+
+def host_copy_warning(what: str, why: str) -> None:
+    """Warn once per op that CUDA tensors take the host path (allow_host_copy=True)."""
+    if what in _warned_host:
+        return
+    _warned_host.add(what)
+    warnings.warn(f"{what}: CUDA tensors go through host memory ({why})", RuntimeWarning, stacklevel=4)

@@ -1,0 +1,148 @@
+"""CUDA tensors through the OpenCL ops on the same GPU (clkernels.interop): skipped where PyTorch
+has no CUDA device or no OpenCL device shares memory with it (CI's machine has neither; the GPU
+machine runs these). The references are the CPU tensors' path on the same OpenCL device."""
+import gc
+import importlib
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+from clkernels.interop.torch_cuda import InteropUnavailable, bridge_for  # noqa: E402
+
+try:
+    BRIDGE = bridge_for(torch.device("cuda", 0))
+except InteropUnavailable as exc:       # a CUDA GPU whose OpenCL driver cannot share memory: say why
+    pytest.skip(f"no memory sharing here: {exc}", allow_module_level=True)
+
+dcnv4_module = importlib.import_module("clkernels.dcnv4")
+from clkernels.deformable_aggregation import deformable_aggregation_torch  # noqa: E402
+from test_deformable_aggregation import problem, smooth_locations  # noqa: E402
+
+CUDA = torch.device("cuda", 0)
+OPTS = dict(group=4, group_channels=16, offset_scale=0.5)
+CPU_DEVICE = BRIDGE.cl_device        # the CPU tensors' path on the same OpenCL device
+
+
+def _dcnv4_inputs(seed=0, n=2, h=9, w=11, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, h, w, 64, generator=g).to(dtype)
+    om = (torch.randn(n, h, w, 4 * 27 + 4, generator=g) * 0.5).to(dtype)
+    go = torch.randn(n, h, w, 64, generator=g).to(dtype)
+    return x, om, go
+
+
+def _run_dcnv4(x, om, go):
+    x, om = x.clone().requires_grad_(), om.clone().requires_grad_()
+    out = dcnv4_module.torch_dcnv4(x, om, device=CPU_DEVICE if x.device.type == "cpu" else None, **OPTS)
+    out.backward(go)
+    return out.detach(), x.grad, om.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_dcnv4_values_and_gradients_match_the_cpu_tensors_path(dtype):
+    x, om, go = _dcnv4_inputs(dtype=dtype)
+    want = _run_dcnv4(x, om, go)
+    got = _run_dcnv4(x.to(CUDA), om.to(CUDA), go.to(CUDA))
+    assert all(g.device == CUDA for g in got)
+    assert torch.equal(got[0].cpu(), want[0])                # the same kernel: the same bits
+    tol = 1e-5 if dtype == torch.float32 else 1e-2           # the GPU's backward sums with atomics
+    for g, w in zip(got[1:], want[1:]):
+        torch.testing.assert_close(g.cpu().float(), w.float(), rtol=tol, atol=tol)
+
+
+def test_outputs_live_in_the_shared_pool_and_feed_the_next_call_without_a_copy(monkeypatch):
+    x, om, _ = _dcnv4_inputs()
+    x, om = x.to(CUDA), om.to(CUDA)
+    out = dcnv4_module.torch_dcnv4(x, om, **OPTS)
+    assert BRIDGE.pool.block_of_ptr(out.data_ptr()) is not None
+    copies = []
+    original = BRIDGE.in_pool
+
+    def counting(t):
+        result = original(t)
+        copies.append(result[0].data_ptr() != t.data_ptr())
+        return result
+    monkeypatch.setattr(BRIDGE, "in_pool", counting)
+    again = dcnv4_module.torch_dcnv4(out, om, **OPTS)
+    assert copies == [False, True]       # out was in the pool; om (from torch's allocator) was copied
+    assert torch.equal(again.cpu(), dcnv4_module.torch_dcnv4(out.cpu(), om.cpu(), device=CPU_DEVICE, **OPTS))
+
+
+def test_deformable_aggregation_matches_and_passes_gradcheck_on_the_gpu():
+    rng = np.random.default_rng(13)
+    feat, shape, start, loc, weights = problem(rng, bs=1, A=2, P=2, cams=2, C=4, G=2, special=False)
+    loc = smooth_locations(rng, loc, shape, margin=0.05)
+    loc[0, 0, 0, 0] = [1.5, 0.5]
+    cpu = (torch.from_numpy(feat), torch.from_numpy(shape.astype(np.int64)), torch.from_numpy(start.astype(np.int64)),
+           torch.from_numpy(loc), torch.from_numpy(weights))
+    gpu = tuple(t.to(CUDA) for t in cpu)
+    for t in (gpu[0], gpu[3], gpu[4]):
+        t.requires_grad_()
+    out = deformable_aggregation_torch(*gpu)
+    assert out.device == CUDA
+    import clkernels
+    with clkernels.use_device(CPU_DEVICE):
+        want = deformable_aggregation_torch(*cpu)
+    torch.testing.assert_close(out.detach().cpu(), want, rtol=1e-6, atol=1e-6)
+    # float32 kernels: gradcheck's steps and tolerances as the CPU test's (no op takes float64)
+    assert torch.autograd.gradcheck(deformable_aggregation_torch, gpu, eps=1e-3, atol=2e-3, rtol=2e-3,
+                                    nondet_tol=1e-5)
+
+
+def test_work_on_another_stream_is_waited_for():
+    """The input is made by a long chain of kernels on a side stream, the op called in that
+    stream's context: it reads the finished input."""
+    x, om, _ = _dcnv4_inputs(seed=3, n=4, h=32, w=32)
+    want = dcnv4_module.torch_dcnv4(x * 0.5, om, device=CPU_DEVICE, **OPTS)
+    side = torch.cuda.Stream()
+    big = torch.randn(4096, 4096, device=CUDA)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        for _ in range(20):                 # tens of milliseconds of work before the input is ready
+            big = big @ big * 1e-3
+        xs = x.to(CUDA, non_blocking=True) * 0.5 + big[0, 0] * 0
+        out = dcnv4_module.torch_dcnv4(xs, om.to(CUDA), **OPTS)
+    torch.cuda.synchronize()
+    assert torch.equal(out.cpu(), want)
+
+
+def test_a_thousand_calls_keep_the_pool_the_same_size():
+    x, om, _ = _dcnv4_inputs(seed=5)
+    x, om = x.to(CUDA), om.to(CUDA)
+    for _ in range(10):
+        dcnv4_module.torch_dcnv4(x, om, **OPTS)
+    gc.collect()
+    before = BRIDGE.pool.stats()["bytes_held"]
+    for _ in range(1000):
+        out = dcnv4_module.torch_dcnv4(x, om, **OPTS)
+    del out
+    gc.collect()
+    assert BRIDGE.pool.stats()["bytes_held"] == before
+
+
+def test_a_tensor_freed_while_torch_still_reads_it_is_not_reused_too_early():
+    """An output read by queued work on a side stream and dropped there: its block waits for that
+    stream (the event recorded when it came back), so the calls that follow on the default stream,
+    whose input copies take returned blocks, do not overwrite what the side stream still reads."""
+    x, om, _ = _dcnv4_inputs(seed=7)
+    x, om = x.to(CUDA), om.to(CUDA)
+    first = dcnv4_module.torch_dcnv4(x, om, **OPTS)
+    want = first.double().sum().item()
+    side = torch.cuda.Stream()
+    big = torch.randn(4096, 4096, device=CUDA)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        for _ in range(20):                  # tens of milliseconds of work, then the read of `first`
+            big = big @ big * 1e-3
+        total = first.double().sum() + big[0, 0].double() * 0
+        del first
+        gc.collect()
+    for seed in range(5):                    # inputs of the same size copied into returned blocks
+        xi = _dcnv4_inputs(seed=100 + seed)[0].to(CUDA)
+        dcnv4_module.torch_dcnv4(xi, om, **OPTS)
+    torch.cuda.synchronize()
+    assert total.item() == want
