@@ -70,7 +70,7 @@ def cost(report, torch, bridge, repeat):
              "acquire + release of one buffer": lambda: (bridge.acquire.acquire(q, [block.buffer]),
                                                         bridge.acquire.release(q, [block.buffer])),
              "idle queue finish": q.finish,
-             "tensor view of a pool block": lambda: bridge._view(block, (1024,), torch.float32)}
+             "tensor view of a pool block": lambda: bridge.view(block, (1024,), torch.float32)}
     for name, fn in parts.items():
         report.add(case="interop parts", variant=name, timing=wall(fn, q.finish, repeat=repeat * 50))
     bridge.pool.give_back(block)

@@ -65,6 +65,12 @@ def graph(packages):
 
 # namedtuple's public API, spelled with an underscore so as not to clash with field names.
 NAMEDTUPLE_API = {"_replace", "_asdict", "_fields", "_make"}
+# Other projects' underscored names that are their only way to something, each with why.
+THIRD_PARTY_API = {
+    # torch.Tensor's version counter: the one way to tell that a tensor changed in place
+    # (clkernels.interop reads an index table from the GPU once per tensor and version).
+    "_version",
+}
 
 
 def private_reaches(packages):
@@ -85,7 +91,7 @@ def private_reaches(packages):
             for n in ast.walk(tree):
                 if (isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__")
                         and not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"))
-                        and n.attr not in own and n.attr not in NAMEDTUPLE_API):
+                        and n.attr not in own and n.attr not in NAMEDTUPLE_API | THIRD_PARTY_API):
                     found.append(f"{name}:{n.lineno} reaches {ast.unparse(n)}")
     return found
 

@@ -150,10 +150,10 @@ def test_a_tensor_freed_while_torch_still_reads_it_is_not_reused_too_early():
 
 def test_index_tables_are_read_again_when_they_change():
     t = torch.tensor([[1, 2], [3, 4]], dtype=torch.int32, device=CUDA)
-    assert BRIDGE._host_table(t).tolist() == [[1, 2], [3, 4]]
-    assert BRIDGE._host_table(t) is BRIDGE._host_table(t)        # read once while unchanged
+    assert BRIDGE.host_table(t).tolist() == [[1, 2], [3, 4]]
+    assert BRIDGE.host_table(t) is BRIDGE.host_table(t)        # read once while unchanged
     t.add_(1)                                                    # in place: a new version
-    assert BRIDGE._host_table(t).tolist() == [[2, 3], [4, 5]]
+    assert BRIDGE.host_table(t).tolist() == [[2, 3], [4, 5]]
     u = t.clone()
     u[0, 0] = 9                                                  # another tensor: its own values
-    assert BRIDGE._host_table(u).tolist() == [[9, 3], [4, 5]]
+    assert BRIDGE.host_table(u).tolist() == [[9, 3], [4, 5]]

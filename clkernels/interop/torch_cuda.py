@@ -115,14 +115,16 @@ class CudaBridge:
         e.record(torch.cuda.current_stream(self.index))
         return e
 
-    def _view(self, block, shape, dtype):
+    def view(self, block, shape, dtype):
+        """A tensor of ``shape`` and ``dtype`` over ``block`` (from its start), owning it: the block
+        returns to the pool when the tensor and its views are gone."""
         import torch
         name = str(dtype).replace("torch.", "")
         view = CudaView(self.pool, block, shape, _TYPESTR[name] if name in _TYPESTR else None, self._event)
         t = torch.as_tensor(view, device=self.torch_device)
         return t.view(torch.bfloat16) if dtype == torch.bfloat16 else t
 
-    def _host_table(self, t):
+    def host_table(self, t):
         """An integer tensor's values on the host, read once per tensor and version: the ops' index
         tables (a few numbers) are the same tensors call after call, and each read is a sync."""
         # Keyed by the tensor object itself (a weak reference), not its address: a new tensor at a
@@ -143,7 +145,7 @@ class CudaBridge:
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if nbytes == 0:
             return torch.empty(shape, dtype=dtype, device=self.torch_device)
-        return self._view(self.pool.allocate(nbytes), shape, dtype)
+        return self.view(self.pool.allocate(nbytes), shape, dtype)
 
     def in_pool(self, t):
         """``t`` itself where it is a contiguous tensor at the start of a pool block, else a copy
@@ -181,7 +183,7 @@ class CudaBridge:
                 raise RuntimeError("an op's output is not in the shared pool (an op that ignores its "
                                    "runtime's output_pool); this is a bug in clkernels")
             outputs.blocks.remove(block)
-            return self._view(block, a.shape, dtype)
+            return self.view(block, a.shape, dtype)
         if isinstance(a, np.ndarray):
             return torch.from_numpy(a).to(self.torch_device)
         return a
@@ -198,7 +200,7 @@ class CudaBridge:
                     raise ValueError(f"a tensor is on {a.device}, another on {self.torch_device}; "
                                      "put the op's tensors on one device")
                 if not (a.is_floating_point() or a.dtype == torch.bfloat16):
-                    arrays.append(self._host_table(a))          # an index table: the ops read it on the host
+                    arrays.append(self.host_table(a))          # an index table: the ops read it on the host
                     continue
                 t, block = self.in_pool(a.detach())
                 kept.append(t)
