@@ -146,6 +146,7 @@ def test_a_bad_worker_count_names_the_variable(monkeypatch):
     assert build_pool.max_workers() == 3
 
 
+@pytest.mark.oclgrind
 def test_nothing_goes_to_workers_on_the_simulator():
     sims = [d for d in clkernels.list_devices() if DeviceInfo.of(d).is_simulator]
     if not sims:
