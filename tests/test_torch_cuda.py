@@ -157,3 +157,22 @@ def test_index_tables_are_read_again_when_they_change():
     u = t.clone()
     u[0, 0] = 9                                                  # another tensor: its own values
     assert BRIDGE.host_table(u).tolist() == [[9, 3], [4, 5]]
+
+
+def test_the_dcnv4_module_on_cuda_tensors_matches_it_on_cpu_ones():
+    from clkernels.torch import DCNv4
+    import clkernels
+    torch.manual_seed(1)
+    m = DCNv4(channels=64, group=4, dw_kernel_size=3, center_feature_scale=True)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    x = torch.randn(2, 81, 64)
+    with clkernels.use_device(CPU_DEVICE):
+        want = m(x)
+    got = m.to(CUDA)(x.to(CUDA))
+    assert got.device == CUDA
+    # The linear layers run in cuBLAS on one side and on the CPU on the other: float32 rounding.
+    torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=1e-4, atol=1e-4)
+    got.square().mean().backward()
+    assert all(p.grad is not None and p.grad.device == CUDA for p in m.parameters())

@@ -1,0 +1,110 @@
+"""``torch.nn`` modules over the ops, for CPU and CUDA tensors (imports torch; the rest of
+clkernels does not).
+
+- :class:`DCNv4`: the official DCNv4 module's constructor and ``forward(input, shape=None)``:
+  ``input`` (N, L, C) with L = H W, a value projection, offsets and masks from a linear layer
+  (after a depthwise convolution when ``dw_kernel_size`` is given), the deformable convolution
+  (:func:`clkernels.torch_dcnv4`), the optional centre feature scale, and an output projection.
+  The parameters have the official names and initialisation, so a state dict of the official
+  module loads into it.
+- :class:`DeformableAggregation`: ``forward(mc_ms_feat, spatial_shape, scale_start_index,
+  sampling_location, weights)``, Sparse4D's ``DeformableAggregationFunction.apply`` as a module.
+
+CUDA tensors run on the OpenCL device of their GPU (:mod:`clkernels.interop.torch_cuda`);
+``allow_host_copy=True`` lets them take the host path where that is not possible.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .dcnv4 import torch_dcnv4
+from .deformable_aggregation import deformable_aggregation_torch
+
+__all__ = ["DCNv4", "DeformableAggregation"]
+
+
+class DCNv4(nn.Module):
+    """DCNv4 as a module (see the module docstring). ``channels`` must divide into ``group``
+    groups; any group width works (the official kernel wants a multiple of 16)."""
+
+    def __init__(self, channels=64, kernel_size=3, stride=1, pad=1, dilation=1, group=4, offset_scale=1.0,
+                 dw_kernel_size=None, center_feature_scale=False, remove_center=False, output_bias=True,
+                 without_pointwise=False, allow_host_copy=False, **kwargs):
+        super().__init__()
+        if channels % group:
+            raise ValueError(f"channels ({channels}) must be a multiple of group ({group})")
+        self.channels, self.kernel_size, self.stride, self.pad = channels, kernel_size, stride, pad
+        self.dilation, self.group, self.group_channels = dilation, group, channels // group
+        self.offset_scale, self.dw_kernel_size = offset_scale, dw_kernel_size
+        self.center_feature_scale, self.remove_center = center_feature_scale, int(remove_center)
+        self.without_pointwise, self.allow_host_copy = without_pointwise, allow_host_copy
+        taps = group * (kernel_size * kernel_size - self.remove_center)
+        if dw_kernel_size is not None:
+            self.offset_mask_dw = nn.Conv2d(channels, channels, dw_kernel_size, stride=1,
+                                            padding=(dw_kernel_size - 1) // 2, groups=channels)
+        # Offsets (2 per tap) and masks (1 per tap), padded to a multiple of 8 as the official layout.
+        self.offset_mask = nn.Linear(channels, int(math.ceil(taps * 3 / 8) * 8))
+        if not without_pointwise:
+            self.value_proj = nn.Linear(channels, channels)
+            self.output_proj = nn.Linear(channels, channels, bias=output_bias)
+        self.reset_parameters()
+        if center_feature_scale:
+            self.center_feature_scale_proj_weight = nn.Parameter(torch.zeros(group, channels))
+            self.center_feature_scale_proj_bias = nn.Parameter(torch.zeros(group))
+
+    def reset_parameters(self):
+        """Offsets and masks start at zero; the projections Xavier-uniform with zero bias."""
+        nn.init.zeros_(self.offset_mask.weight)
+        nn.init.zeros_(self.offset_mask.bias)
+        if not self.without_pointwise:
+            for layer in (self.value_proj, self.output_proj):
+                nn.init.xavier_uniform_(layer.weight)
+                if layer.bias is not None:
+                    nn.init.zeros_(layer.bias)
+
+    def forward(self, input, shape=None):
+        """``input`` (N, L, C) -> (N, L, C); ``shape`` = (H, W) with H W = L (default: a square)."""
+        n, length, c = input.shape
+        if shape is not None:
+            h, w = (int(v) for v in shape)
+        else:
+            h = w = int(round(length ** 0.5))
+        if h * w != length:
+            raise ValueError(f"input has L = {length} positions, not H x W = {h} x {w}; pass shape=(H, W)")
+        x = input if self.without_pointwise else self.value_proj(input)
+        x = x.reshape(n, h, w, -1)
+        source = input
+        if self.dw_kernel_size is not None:
+            image = input.reshape(n, h, w, c).permute(0, 3, 1, 2)
+            source = self.offset_mask_dw(image).permute(0, 2, 3, 1).reshape(n, length, c)
+        offset_mask = self.offset_mask(source).reshape(n, h, w, -1)
+        projected = x
+        x = torch_dcnv4(x.contiguous(), offset_mask.contiguous(), kernel_h=self.kernel_size, kernel_w=self.kernel_size,
+                        stride_h=self.stride, stride_w=self.stride, pad_h=self.pad, pad_w=self.pad,
+                        dilation_h=self.dilation, dilation_w=self.dilation, group=self.group,
+                        group_channels=self.group_channels, offset_scale=self.offset_scale,
+                        remove_center=bool(self.remove_center), allow_host_copy=self.allow_host_copy)
+        if self.center_feature_scale:
+            # Per group, a sigmoid gate between the convolution and the projected value.
+            gate = torch.sigmoid(nn.functional.linear(x, self.center_feature_scale_proj_weight,
+                                                      self.center_feature_scale_proj_bias))
+            gate = gate.repeat_interleave(self.group_channels, dim=-1)
+            x = x * (1 - gate) + projected * gate
+        x = x.reshape(n, length, -1)
+        return x if self.without_pointwise else self.output_proj(x)
+
+
+class DeformableAggregation(nn.Module):
+    """Sparse4D's deformable aggregation as a module: ``forward(mc_ms_feat, spatial_shape,
+    scale_start_index, sampling_location, weights)`` -> (bs, anchors, channels)."""
+
+    def __init__(self, allow_host_copy=False):
+        super().__init__()
+        self.allow_host_copy = allow_host_copy
+
+    def forward(self, mc_ms_feat, spatial_shape, scale_start_index, sampling_location, weights):
+        return deformable_aggregation_torch(mc_ms_feat, spatial_shape, scale_start_index, sampling_location,
+                                            weights, allow_host_copy=self.allow_host_copy)
