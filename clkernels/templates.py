@@ -214,8 +214,13 @@ def get_program(template: str, runtime: Runtime = None, options: Iterable[str] =
     (:mod:`clkernels.cache`: a render of known parameters goes to its binary without Mako), with
     the simulator's build options for the template (clkernels.simulator.build_options)."""
     runtime = get_runtime(runtime)
-    options = tuple(options) + simulator.build_options(runtime, template)
-    return _indexed(template, params, lambda: render(template, **params), runtime, options)
+    return _indexed(template, params, lambda: render(template, **params), runtime,
+                    _template_options(runtime, template, options))
+
+
+def _template_options(runtime: Runtime, template: str, options) -> tuple:
+    """A template's build options on ``runtime``: the caller's and the simulator's for it."""
+    return tuple(options) + simulator.build_options(runtime, template)
 
 
 def program_for(name: str, params: dict, make_source, runtime: Runtime = None,
@@ -308,8 +313,8 @@ def prefetch(requests: Iterable[Optional[Request]], runtime: Runtime = None) -> 
     for r in requests:
         if r is None:
             continue
-        if r.make_source is None:
-            options = tuple(r.options) + simulator.build_options(runtime, r.name)
+        if r.make_source is None:      # get_program's request: its options and its render
+            options = _template_options(runtime, r.name, r.options)
             make = (lambda r=r: render(r.name, **r.params))
         else:
             options, make = tuple(r.options), r.make_source

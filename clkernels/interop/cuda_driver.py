@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import threading
 from typing import Optional
 
@@ -142,7 +143,6 @@ class ExportableAllocation:
             d.lib.cuMemRelease(self.handle)
             self.handle = ctypes.c_ulonglong()
         if self.fd >= 0:
-            import os
             try:
                 os.close(self.fd)
             except OSError:
