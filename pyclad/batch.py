@@ -35,6 +35,16 @@ BACKENDS = tuple(backends.BACKENDS)   # ("auto", "codegen", "tape", "numpy")
 CODEGEN_NODE_LIMIT = 20000
 
 
+
+def _cuda_device(arrays):
+    """The CUDA device of the first torch CUDA tensor among ``arrays`` (torch is not imported)."""
+    for a in arrays:
+        if type(a).__module__.split(".")[0] == "torch":
+            device = getattr(a, "device", None)
+            if device is not None and device.type == "cuda":
+                return device
+    return None
+
 class BatchFunction:
     """A Python function traced once into a graph and compiled for batched evaluation.
 
@@ -147,6 +157,12 @@ class BatchFunction:
         return out, tuple(jacs)
 
     def _dispatch(self, params, index, data, jacobians, device, index_checked, devices):
+        cuda = _cuda_device([*(params if isinstance(params, (list, tuple)) else [params]), index, data])
+        if cuda is not None:
+            if device is not None or devices is not None:
+                raise ValueError("CUDA tensors run on the OpenCL device of their own GPU: leave device= "
+                                 "and devices= out")
+            return self._run_cuda(cuda, params, index, data, jacobians, index_checked)
         if devices is None:
             return self._run(params, index, data, jacobians, device, index_checked)
         if device is not None:
@@ -155,6 +171,23 @@ class BatchFunction:
             raise ValueError(f"devices= splits the work across OpenCL devices; backend "
                              f"{self.backend!r} runs on the host")
         return self._run_split(params, index, data, jacobians, devices)
+
+    def _run_cuda(self, cuda, params, index, data, jacobians, index_checked):
+        """CUDA tensors in, CUDA tensors out, through memory that the GPU's OpenCL device shares
+        with CUDA (:mod:`clkernels.interop.torch_cuda`; the index stays on the device)."""
+        if not self._impl.on_device:
+            raise ValueError(f"backend {self.backend!r} runs on the host; CUDA tensors need a device backend")
+        from clkernels.interop.torch_cuda import bridge_for
+        params = list(params) if isinstance(params, (list, tuple)) else [params]
+        G = len(params)
+        tensors = [*params, index] + ([data] if data is not None else [])
+
+        def call(*arrays):
+            out, jacs = self._run_op(list(arrays[:G]), arrays[G], arrays[G + 1] if data is not None else None,
+                                     jacobians, None, index_checked)
+            return (out, *jacs)
+        results = bridge_for(cuda).run(call, tensors, n_outputs=1 + (G if jacobians else 0), host_ints=False)
+        return results[0], list(results[1:])
 
     def _run_split(self, params, index, data, jacobians, devices):
         """:meth:`_run`'s result for host arrays, the tuples split across ``devices``

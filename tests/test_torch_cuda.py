@@ -176,3 +176,27 @@ def test_the_dcnv4_module_on_cuda_tensors_matches_it_on_cpu_ones():
     torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=1e-4, atol=1e-4)
     got.square().mean().backward()
     assert all(p.grad is not None and p.grad.device == CUDA for p in m.parameters())
+
+
+@pytest.mark.parametrize("backend", ["codegen", "tape"])
+def test_batch_function_takes_and_returns_cuda_tensors(backend):
+    """Values and Jacobians of every observation's Snavely residual from CUDA tensors (the index
+    stays on the GPU), equal to the same call with numpy arrays on the same OpenCL device."""
+    import pyclad as pc
+    from solvers.models.snavely import snavely_residual
+    rng = np.random.default_rng(4)
+    cams = rng.normal(0, 0.1, (7, 9))
+    cams[:, 6] = 500 + rng.random(7)
+    cams[:, 5] = -5
+    pts = rng.normal(0, 1, (40, 3))
+    index = np.stack([rng.integers(0, 7, 300), rng.integers(0, 40, 300)], axis=1).astype(np.int32)
+    obs = rng.normal(0, 50, (300, 2))
+    f = pc.BatchFunction(snavely_residual, params=(9, 3), data=2, backend=backend, device=CPU_DEVICE)
+    want, want_j = f.values_and_jacobians([cams, pts], index, data=obs)
+    t = lambda a: torch.from_numpy(a).to(CUDA)  # noqa: E731
+    got, got_j = f.values_and_jacobians([t(cams), t(pts)], t(index), data=t(obs))
+    assert got.device == CUDA and all(j.device == CUDA for j in got_j)
+    np.testing.assert_array_equal(got.cpu().numpy(), want)
+    for g, w in zip(got_j, want_j):
+        np.testing.assert_array_equal(g.cpu().numpy(), w)
+    assert torch.equal(f.values([t(cams), t(pts)], t(index), data=t(obs)).cpu(), torch.from_numpy(want))

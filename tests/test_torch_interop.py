@@ -99,3 +99,22 @@ def test_a_runtimes_output_pool_receives_the_outputs(device):
     again = dcnv4(cla.to_device(q, x), cla.to_device(q, om), group=2, group_channels=16)
     assert len(pool.sizes) == 1
     np.testing.assert_array_equal(again.get(), want)
+
+
+def test_batch_function_sends_cuda_tensors_to_the_interop():
+    """BatchFunction tells CUDA tensors by their type's module and device, without importing
+    torch itself; device= with them is an error, and without CUDA the interop says why."""
+    import pyclad as pc
+
+    class CudaTensorLike:
+        def __init__(self):
+            self.device = torch.device("cuda:0")
+    CudaTensorLike.__module__ = "torch.testing_stand_in"
+    f = pc.BatchFunction(lambda a, b: [a[0] * b[0]], params=(1, 1))
+    x = CudaTensorLike()
+    with pytest.raises(ValueError, match="leave device= and devices= out"):
+        f.values([x, x], x, device="pocl")
+    if not torch.cuda.is_available():
+        from clkernels.interop.torch_cuda import InteropUnavailable
+        with pytest.raises(InteropUnavailable, match="no CUDA device"):
+            f.values([x, x], x)

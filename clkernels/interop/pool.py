@@ -67,9 +67,14 @@ class SharedPool:
             self.bytes_held += size
         return block
 
-    def give_back(self, block: Block, cuda_event=None) -> None:
+    def give_back(self, block: Block, cuda_event=None, settled: bool = False) -> None:
         """``block`` is no longer owned; reusable once the OpenCL queue's work so far and
-        ``cuda_event`` (a torch.cuda.Event recorded on the stream that last used it) are done."""
+        ``cuda_event`` (a torch.cuda.Event recorded on the stream that last used it) are done, or
+        at once where the caller knows that no work reads it (``settled``)."""
+        if settled:
+            with self._lock:
+                self._free.setdefault(block.size, []).append(block)
+            return
         try:
             marker = cl.enqueue_marker(self.queue)
         except cl.Error:        # the context is going away with the process: nothing to wait for
@@ -107,14 +112,19 @@ class CudaView:
     ``torch.as_tensor`` views without a copy; the tensor keeps this object, and with it the block,
     alive. When it goes, the block returns to the pool."""
 
-    def __init__(self, pool: SharedPool, block: Block, shape, typestr: str, event_factory=None):
-        self.pool, self.block, self._event_factory = pool, block, event_factory
+    def __init__(self, pool: SharedPool, block: Block, shape, typestr: str, event_factory=None,
+                 settled: bool = False):
+        """``settled``: the owner waits for all work on the block before letting it go (a call's
+        own copy of an input), so it returns to the free list at once."""
+        self.pool, self.block, self._event_factory, self._settled = pool, block, event_factory, settled
         self.__cuda_array_interface__ = {"shape": tuple(int(s) for s in shape), "typestr": typestr,
                                          "data": (block.ptr, False), "version": 3, "strides": None}
 
     def __del__(self):
         block, self.block = self.block, None
-        if block is not None:
+        if block is not None and self._settled:
+            self.pool.give_back(block, settled=True)
+        elif block is not None:
             event = None
             if self._event_factory is not None:
                 try:

@@ -76,7 +76,7 @@ class CudaBridge:
         self.torch_device = torch.device("cuda", self.index)
         if not torch.cuda.is_available():
             raise InteropUnavailable("this PyTorch has no CUDA device (torch.cuda.is_available() is False); "
-                                     "pass CPU tensors, or allow_host_copy=True")
+                                     "pass CPU tensors (or a torch wrapper allow_host_copy=True)")
         uuid = str(torch.cuda.get_device_properties(self.index).uuid).replace("-", "").lower()
         if uuid.startswith("gpu"):
             uuid = uuid[3:]
@@ -90,12 +90,12 @@ class CudaBridge:
             raise InteropUnavailable(
                 f"no OpenCL device is the GPU of cuda:{self.index} (UUID {uuid}); OpenCL devices: "
                 f"{'; '.join(seen) or 'none'}. Install the GPU vendor's OpenCL driver (NVIDIA's ICD, "
-                "libnvidia-opencl, or ROCm's OpenCL), or pass allow_host_copy=True to take the host path")
+                "libnvidia-opencl, or ROCm's OpenCL), or pass a torch wrapper allow_host_copy=True to take the host path")
         missing = opencl_external.missing_extensions(match)
         if missing:
             raise InteropUnavailable(
                 f"the OpenCL driver of {match.name!r} lacks {', '.join(missing)}, which sharing CUDA memory "
-                "needs; update the driver, or pass allow_host_copy=True to take the host path")
+                "needs; update the driver, or pass a torch wrapper allow_host_copy=True to take the host path")
         self.cl_device = match
         context = get_runtime(match).context
         self.queue = cl.CommandQueue(context, match)
@@ -115,12 +115,14 @@ class CudaBridge:
         e.record(torch.cuda.current_stream(self.index))
         return e
 
-    def view(self, block, shape, dtype):
+    def view(self, block, shape, dtype, settled: bool = False):
         """A tensor of ``shape`` and ``dtype`` over ``block`` (from its start), owning it: the block
-        returns to the pool when the tensor and its views are gone."""
+        returns to the pool when the tensor and its views are gone (at once where ``settled``:
+        no work reads it then)."""
         import torch
         name = str(dtype).replace("torch.", "")
-        view = CudaView(self.pool, block, shape, _TYPESTR[name] if name in _TYPESTR else None, self._event)
+        view = CudaView(self.pool, block, shape, _TYPESTR[name] if name in _TYPESTR else None,
+                        None if settled else self._event, settled)
         t = torch.as_tensor(view, device=self.torch_device)
         return t.view(torch.bfloat16) if dtype == torch.bfloat16 else t
 
@@ -138,23 +140,25 @@ class CudaBridge:
         self._tables[id(t)] = (weakref.ref(t), t._version, values)
         return values
 
-    def empty(self, shape, dtype):
-        """A tensor of ``shape`` and ``dtype`` in the pool (its values undefined)."""
+    def empty(self, shape, dtype, settled: bool = False):
+        """A tensor of ``shape`` and ``dtype`` in the pool (its values undefined; ``settled`` as in
+        :meth:`view`)."""
         import torch
         shape = tuple(int(s) for s in shape)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if nbytes == 0:
             return torch.empty(shape, dtype=dtype, device=self.torch_device)
-        return self.view(self.pool.allocate(nbytes), shape, dtype)
+        return self.view(self.pool.allocate(nbytes), shape, dtype, settled)
 
-    def in_pool(self, t):
+    def in_pool(self, t, settled: bool = False):
         """``t`` itself where it is a contiguous tensor at the start of a pool block, else a copy
-        into the pool (one device-to-device copy on the current stream)."""
+        into the pool (one device-to-device copy on the current stream; ``settled`` as in
+        :meth:`view`, for a caller that waits for all work on the copy before dropping it)."""
         if t.is_contiguous() and t.numel():
             block = self.pool.block_of_ptr(t.untyped_storage().data_ptr())
             if block is not None and t.data_ptr() == block.ptr:
                 return t, block
-        new = self.empty(t.shape, t.dtype)
+        new = self.empty(t.shape, t.dtype, settled)
         if not t.numel():
             return new, None
         new.copy_(t)
@@ -189,29 +193,38 @@ class CudaBridge:
         return a
 
     # -- a call ----------------------------------------------------------------------------------
-    def run(self, fn, args: Sequence, n_outputs: int = 1):
+    def run(self, fn, args: Sequence, n_outputs: int = 1, host_ints: bool = True):
         """``fn(*arrays)`` with the CUDA tensors of ``args`` as OpenCL device arrays over pool
-        memory (integer tensors as host arrays); its device-array results as CUDA tensors."""
+        memory (integer tensors as host arrays where ``host_ints``: the vision ops' index tables);
+        its device-array results as CUDA tensors."""
         import torch
+        # The call's own copies of inputs are "settled": this call waits for the stream that writes
+        # them and for the queue that reads them (on an error too) before dropping them, so their
+        # blocks go back to the free list without a marker or an event.
         kept, blocks, arrays = [], [], []
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                if a.device != self.torch_device:
-                    raise ValueError(f"a tensor is on {a.device}, another on {self.torch_device}; "
-                                     "put the op's tensors on one device")
-                if not (a.is_floating_point() or a.dtype == torch.bfloat16):
-                    arrays.append(self.host_table(a))          # an index table: the ops read it on the host
-                    continue
-                t, block = self.in_pool(a.detach())
-                kept.append(t)
-                if block is not None:
-                    blocks.append(block.buffer)
-                arrays.append(self._cl_array(t, block))
-            else:
-                arrays.append(a)
+        stream = torch.cuda.current_stream(self.index)
+        try:
+            for a in args:
+                if isinstance(a, torch.Tensor):
+                    if a.device != self.torch_device:
+                        raise ValueError(f"a tensor is on {a.device}, another on {self.torch_device}; "
+                                         "put the op's tensors on one device")
+                    if host_ints and not (a.is_floating_point() or a.dtype == torch.bfloat16):
+                        arrays.append(self.host_table(a))          # an index table: the ops read it on the host
+                        continue
+                    t, block = self.in_pool(a.detach(), settled=True)
+                    kept.append(t)
+                    if block is not None:
+                        blocks.append(block.buffer)
+                    arrays.append(self._cl_array(t, block))
+                else:
+                    arrays.append(a)
+        except BaseException:
+            stream.synchronize()            # the copies made so far are written before they go
+            raise
         outputs = _Outputs(self)
         with self._lock:
-            torch.cuda.current_stream(self.index).synchronize()    # the inputs are written
+            stream.synchronize()                                   # the inputs are written
             self.rt.output_pool = outputs
             try:
                 if blocks:
@@ -220,9 +233,9 @@ class CudaBridge:
                 used = blocks + [b.buffer for b in outputs.blocks]
                 if used:
                     self.acquire.release(self.queue, used)
-                self.queue.finish()                              # the outputs are written
             finally:
                 self.rt.output_pool = None
+                self.queue.finish()         # the outputs are written; nothing reads the inputs any more
         try:
             if n_outputs == 1 and not isinstance(result, (tuple, list)):
                 return self._tensor(result, outputs)
