@@ -178,15 +178,16 @@ class BatchFunction:
         if not self._impl.on_device:
             raise ValueError(f"backend {self.backend!r} runs on the host; CUDA tensors need a device backend")
         from clkernels.interop.torch_cuda import bridge_for
+        bridge = bridge_for(cuda)
         params = list(params) if isinstance(params, (list, tuple)) else [params]
         G = len(params)
         tensors = [*params, index] + ([data] if data is not None else [])
 
-        def call(*arrays):
+        def call(*arrays):      # on the bridge's runtime (its outputs in the shared pool), not self.device
             out, jacs = self._run_op(list(arrays[:G]), arrays[G], arrays[G + 1] if data is not None else None,
-                                     jacobians, None, index_checked)
+                                     jacobians, bridge.rt, index_checked)
             return (out, *jacs)
-        results = bridge_for(cuda).run(call, tensors, n_outputs=1 + (G if jacobians else 0), host_ints=False)
+        results = bridge.run(call, tensors, n_outputs=1 + (G if jacobians else 0), host_ints=False)
         return results[0], list(results[1:])
 
     def _run_split(self, params, index, data, jacobians, devices):

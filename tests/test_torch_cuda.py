@@ -62,8 +62,8 @@ def test_outputs_live_in_the_shared_pool_and_feed_the_next_call_without_a_copy(m
     copies = []
     original = BRIDGE.in_pool
 
-    def counting(t):
-        result = original(t)
+    def counting(t, settled=False):
+        result = original(t, settled)
         copies.append(result[0].data_ptr() != t.data_ptr())
         return result
     monkeypatch.setattr(BRIDGE, "in_pool", counting)
