@@ -313,6 +313,12 @@ def pooled_array(rt: Runtime, shape, dtype, scratch: bool = False) -> cla.Array:
     return a
 
 
+def output_buffer(rt: Runtime, nbytes: int):
+    """A buffer for an op's output: from the runtime's output pool while one is set (memory
+    shared with CUDA, clkernels.interop), else from its queue's pool."""
+    return (rt.pool if rt.output_pool is None else rt.output_pool).allocate(nbytes)
+
+
 def wrap(rt: Runtime, spec: Buffer, data) -> cla.Array:
     # pyopencl's fast constructor path: the shape, strides and size are known to be valid, and
     # the checked path costs about 45 microseconds (numpy reductions over the shape).
@@ -422,9 +428,8 @@ class LaunchOp:
     def _outputs(self, rt: Runtime, plan: LaunchPlan, out, on_device: bool) -> list:
         """Device arrays for the outputs: the caller's (``out=``, checked) or pooled ones. For
         numpy results the device array is pooled and ``out`` is filled afterwards."""
-        pool = rt.pool if rt.output_pool is None else rt.output_pool
         if out is None:   # the common case, without the checks of a caller's arrays
-            return [wrap(rt, spec, pool.allocate(spec.nbytes) if spec.nbytes else None)
+            return [wrap(rt, spec, output_buffer(rt, spec.nbytes) if spec.nbytes else None)
                     for spec in plan.outputs]
         given = _out_tuple(out, len(plan.outputs), self.output_names)
         arrays = []
@@ -434,7 +439,7 @@ class LaunchOp:
                 if on_device:
                     arrays.append(o)
                     continue
-            arrays.append(wrap(rt, spec, pool.allocate(spec.nbytes) if spec.nbytes else None))
+            arrays.append(wrap(rt, spec, output_buffer(rt, spec.nbytes) if spec.nbytes else None))
         return arrays
 
     def _download(self, rt: Runtime, plan: LaunchPlan, outs, out, events):

@@ -9,6 +9,9 @@ clkernels does not).
   module loads into it.
 - :class:`DeformableAggregation`: ``forward(mc_ms_feat, spatial_shape, scale_start_index,
   sampling_location, weights)``, Sparse4D's ``DeformableAggregationFunction.apply`` as a module.
+- :func:`letterbox` and :func:`warp_affine`: :func:`clkernels.letterbox` and
+  :func:`clkernels.warp_affine` on uint8 image tensors (not differentiable), their results on the
+  images' device.
 
 CUDA tensors run on the OpenCL device of their GPU (:mod:`clkernels.interop.torch_cuda`);
 ``allow_host_copy=True`` lets them take the host path where that is not possible.
@@ -17,13 +20,16 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import nn
 
+from . import torch_autograd
 from .dcnv4 import torch_dcnv4
 from .deformable_aggregation import deformable_aggregation_torch
+from .warp_affine import letterbox as _letterbox_arrays, warp_affine as _warp_affine_arrays
 
-__all__ = ["DCNv4", "DeformableAggregation"]
+__all__ = ["DCNv4", "DeformableAggregation", "letterbox", "warp_affine"]
 
 
 class DCNv4(nn.Module):
@@ -108,3 +114,47 @@ class DeformableAggregation(nn.Module):
     def forward(self, mc_ms_feat, spatial_shape, scale_start_index, sampling_location, weights):
         return deformable_aggregation_torch(mc_ms_feat, spatial_shape, scale_start_index, sampling_location,
                                             weights, allow_host_copy=self.allow_host_copy)
+
+
+def _numpy_dtype(dtype):
+    """A torch dtype (or a numpy one) as numpy's (torch.bfloat16 as ml_dtypes.bfloat16)."""
+    from .dtypes import bfloat16
+    if dtype == torch.bfloat16:
+        return bfloat16()
+    if isinstance(dtype, torch.dtype):
+        return np.dtype(str(dtype).replace("torch.", ""))
+    return dtype
+
+
+def _on_images_device(fn, images, wrapper: str, n_outputs: int, allow_host_copy: bool):
+    """``fn(images as an array)`` with its results as tensors on the images' device."""
+    cuda = torch_autograd.check_devices([images], ["images"], wrapper)
+    if cuda is not None:
+        bridge = torch_autograd.cuda_bridge(cuda, wrapper, allow_host_copy)
+        if bridge is not None:
+            return bridge.run(fn, [images], n_outputs=n_outputs, host_ints=False)
+        images = images.cpu()
+    results = fn(torch_autograd.numpy_of(images))
+    results = results if isinstance(results, tuple) else (results,)
+    out = tuple(torch_autograd.tensor_of(r) for r in results)
+    if cuda is not None:
+        out = tuple(t.to(cuda) for t in out)
+    return out if n_outputs > 1 else out[0]
+
+
+def letterbox(images, size=(640, 640), *, dtype=torch.float32, allow_host_copy=False, **options):
+    """:func:`clkernels.letterbox` on a uint8 BGR image tensor, ``[H, W, 3]`` or ``[N, H, W, 3]``:
+    ``(blob, d2i)`` as tensors on the images' device (CPU, or the images' GPU with no host round
+    trip; ``allow_host_copy`` as :func:`clkernels.torch_dcnv4`'s). ``dtype``: a torch dtype
+    (float32, float16 or bfloat16). The other options are :func:`clkernels.letterbox`'s."""
+    np_dtype = _numpy_dtype(dtype)
+    return _on_images_device(lambda im: _letterbox_arrays(im, size, dtype=np_dtype, **options), images,
+                             "clkernels.torch.letterbox", 2, allow_host_copy)
+
+
+def warp_affine(image, M, dsize, border_value=114, *, allow_host_copy=False):
+    """:func:`clkernels.warp_affine` on a uint8 ``[H, W, 3]`` image tensor: the warped image as a
+    tensor on the image's device. ``M``: 2x3, source to destination (a sequence, array or tensor)."""
+    M = M.detach().cpu().numpy() if isinstance(M, torch.Tensor) else M
+    return _on_images_device(lambda im: _warp_affine_arrays(im, M, dsize, border_value), image,
+                             "clkernels.torch.warp_affine", 1, allow_host_copy)

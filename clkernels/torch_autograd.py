@@ -17,7 +17,7 @@ import numpy as np
 
 from . import dtypes
 
-__all__ = ["autograd_function", "check_devices", "apply"]
+__all__ = ["autograd_function", "check_devices", "apply", "cuda_bridge", "numpy_of", "tensor_of"]
 
 
 def check_devices(tensors: Sequence, names: Sequence[str], wrapper: str):
@@ -46,19 +46,27 @@ def apply(function, tensors: Sequence, options: dict, wrapper: str, names: Seque
     cuda = check_devices(tensors, names, wrapper)
     if cuda is None:
         return function.apply(*tensors, options)
-    if options.get("device") is not None:
+    if cuda_bridge(cuda, wrapper, allow_host_copy, options.get("device")) is None:
+        out = function.apply(*(t.cpu() if hasattr(t, "cpu") else t for t in tensors), options)
+        return out.to(cuda)
+    return function.apply(*tensors, options)
+
+
+def cuda_bridge(cuda, wrapper: str, allow_host_copy: bool = False, device=None):
+    """The :class:`~clkernels.interop.torch_cuda.CudaBridge` of CUDA device ``cuda``; where there is
+    none, its error, or with ``allow_host_copy`` None (take the host path; warned once per wrapper).
+    ``device``: the wrapper's ``device=``, which CUDA tensors do not take."""
+    if device is not None:
         raise ValueError(f"{wrapper}: device= chooses the OpenCL device of CPU tensors; CUDA tensors run "
                          "on the OpenCL device of their own GPU (leave device= out)")
     from .interop.torch_cuda import InteropUnavailable, bridge_for, host_copy_warning
     try:
-        bridge_for(cuda)
+        return bridge_for(cuda)
     except InteropUnavailable as exc:
         if not allow_host_copy:
             raise
         host_copy_warning(wrapper, str(exc))
-        out = function.apply(*(t.cpu() if hasattr(t, "cpu") else t for t in tensors), options)
-        return out.to(cuda)
-    return function.apply(*tensors, options)
+        return None
 
 
 def _cuda_device(tensors):
@@ -69,7 +77,7 @@ def _cuda_device(tensors):
     return None
 
 
-def _numpy(t):
+def numpy_of(t):
     """A CPU tensor's memory as a numpy array (torch.bfloat16 as ml_dtypes.bfloat16)."""
     import torch
     if not isinstance(t, torch.Tensor):
@@ -80,7 +88,7 @@ def _numpy(t):
     return t.numpy()
 
 
-def _tensor(a):
+def tensor_of(a):
     """A numpy result as a tensor on its memory (ml_dtypes.bfloat16 as torch.bfloat16)."""
     import torch
     if dtypes.is_bfloat16(a.dtype):
@@ -116,7 +124,7 @@ def autograd_function(name: str, forward: Callable, backward: Callable,
             if cuda is not None:
                 from .interop.torch_cuda import bridge_for
                 return bridge_for(cuda).run(lambda *a: forward(*a, **_cuda_options(options)), tensors)
-            return _tensor(forward(*(_numpy(t) for t in tensors), **options))
+            return tensor_of(forward(*(numpy_of(t) for t in tensors), **options))
 
         @staticmethod
         def backward(ctx, grad_out):
@@ -129,8 +137,8 @@ def autograd_function(name: str, forward: Callable, backward: Callable,
                     n_outputs=sum(differentiable)))
                 out = tuple(next(grads) if d else None for d in differentiable)
             else:
-                grads = iter(backward(_numpy(grad_out), *(_numpy(t) for t in saved), **ctx.options))
-                out = tuple(_tensor(next(grads)) if d else None for d in differentiable)
+                grads = iter(backward(numpy_of(grad_out), *(numpy_of(t) for t in saved), **ctx.options))
+                out = tuple(tensor_of(next(grads)) if d else None for d in differentiable)
             return out + ((None,) if ctx.with_options else ())
 
     Function.__name__ = Function.__qualname__ = name

@@ -200,3 +200,18 @@ def test_batch_function_takes_and_returns_cuda_tensors(backend):
     for g, w in zip(got_j, want_j):
         np.testing.assert_array_equal(g.cpu().numpy(), w)
     assert torch.equal(f.values([t(cams), t(pts)], t(index), data=t(obs)).cpu(), torch.from_numpy(want))
+
+
+def test_letterbox_and_warp_affine_on_cuda_images():
+    from clkernels.torch import letterbox, warp_affine
+    import clkernels
+    rng = np.random.default_rng(9)
+    images = torch.from_numpy(rng.integers(0, 256, (3, 45, 61, 3), dtype=np.uint8))
+    M = torch.tensor([[0.6, 0.1, 3.0], [-0.1, 0.6, 2.0]], dtype=torch.float64)
+    with clkernels.use_device(CPU_DEVICE):
+        want, want_d2i = letterbox(images, (64, 48), dtype=torch.float16)
+        want_w = warp_affine(images[1], M, (40, 30))
+    blob, d2i = letterbox(images.to(CUDA), (64, 48), dtype=torch.float16)
+    warped = warp_affine(images[1].to(CUDA), M, (40, 30))
+    assert blob.device == CUDA and warped.device == CUDA and BRIDGE.pool.block_of_ptr(blob.data_ptr()) is not None
+    assert torch.equal(blob.cpu(), want) and torch.equal(d2i.cpu(), want_d2i) and torch.equal(warped.cpu(), want_w)

@@ -100,3 +100,26 @@ def test_deformable_aggregation_module_is_the_op(device):
         out = DeformableAggregation()(torch.from_numpy(feat), torch.from_numpy(shape), torch.from_numpy(start),
                                       torch.from_numpy(loc), torch.from_numpy(weights))
     np.testing.assert_allclose(out.numpy(), da_reference(feat, shape, start, loc, weights), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_letterbox_and_warp_affine_take_image_tensors(dtype, device):
+    """The torch entry points give the array functions' results, bit for bit, as tensors."""
+    import clkernels
+    from clkernels import letterbox as letterbox_arrays, warp_affine as warp_arrays
+    from clkernels.torch import letterbox, warp_affine
+    rng = np.random.default_rng(2)
+    images = rng.integers(0, 256, (2, 37, 53, 3), dtype=np.uint8)
+    np_dtype = np.float32 if dtype == torch.float32 else __import__("ml_dtypes").bfloat16
+    with clkernels.use_device(device.device):
+        want, want_d2i = letterbox_arrays(images, (32, 24), dtype=np_dtype)
+        blob, d2i = letterbox(torch.from_numpy(images), (32, 24), dtype=dtype)
+        M = np.array([[0.6, 0.1, 3.0], [-0.1, 0.6, 2.0]])
+        warped = warp_affine(torch.from_numpy(images[0]), torch.from_numpy(M), (40, 30))
+        want_warped = warp_arrays(images[0], M, (40, 30))
+    assert blob.dtype == dtype and tuple(blob.shape) == want.shape
+    np.testing.assert_array_equal(blob.view(torch.int16 if dtype == torch.bfloat16 else dtype).numpy(),
+                                  want.view(np.int16) if dtype == torch.bfloat16 else want)
+    np.testing.assert_array_equal(d2i.numpy(), want_d2i)
+    assert warped.dtype == torch.uint8
+    np.testing.assert_array_equal(warped.numpy(), want_warped)

@@ -75,7 +75,7 @@ def _run(images, name: str, spec: Spec, out, device, queue, zero_copy, d2i=None)
     q = rt.queue
     if on_device:
         if out is None:   # pooled, and back to the pool when the caller drops it
-            out = launch.wrap(rt, plan.out, rt.pool.allocate(plan.out.nbytes))
+            out = launch.wrap(rt, plan.out, launch.output_buffer(rt, plan.out.nbytes))
         for chunk in plan.chunks:
             buf, offsets = pack_device(rt, items[chunk.start:chunk.stop], chunk, wait)
             inputs.append(buf)
