@@ -138,10 +138,11 @@ def start(identity: str, count: Optional[int] = None, linger: float = LINGER_S) 
     caller's own; each waits up to ``linger`` seconds for a job. Returns how many were started."""
     if not enabled():
         return 0
+    limit = max_workers()
     with _lock:
         _queues.setdefault(identity, collections.deque())
         live = _live.get(identity, 0)
-        n = max(0, min(max_workers() if count is None else count, max_workers()) - live)
+        n = max(0, min(limit if count is None else count, limit) - live)
         _live[identity] = live + n
         _idle[identity] = _idle.get(identity, 0) + n
     _start_workers(identity, n, linger)

@@ -37,6 +37,16 @@ def is_bfloat16(dtype) -> bool:
     return d.name == BFLOAT16 and d.itemsize == 2
 
 
+def from_torch(dtype):
+    """A torch dtype as the numpy dtype of the same bits (``torch.bfloat16`` as ml_dtypes'),
+    told by its name, so torch is not imported; anything else is returned as it is."""
+    name = str(dtype)
+    if not name.startswith("torch."):
+        return dtype
+    name = name[len("torch."):]
+    return bfloat16() if name == BFLOAT16 else np.dtype(name)
+
+
 def same(dtype, allowed) -> bool:
     """Whether ``dtype`` is ``allowed`` (a numpy dtype, or :data:`BFLOAT16`)."""
     return is_bfloat16(dtype) if is_bfloat16(allowed) else np.dtype(dtype) == allowed

@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 from torch import nn
 
-from . import torch_autograd
+from . import dtypes, torch_autograd
 from .dcnv4 import torch_dcnv4
 from .deformable_aggregation import deformable_aggregation_torch
 from .warp_affine import letterbox as _letterbox_arrays, warp_affine as _warp_affine_arrays
@@ -116,16 +115,6 @@ class DeformableAggregation(nn.Module):
                                             weights, allow_host_copy=self.allow_host_copy)
 
 
-def _numpy_dtype(dtype):
-    """A torch dtype (or a numpy one) as numpy's (torch.bfloat16 as ml_dtypes.bfloat16)."""
-    from .dtypes import bfloat16
-    if dtype == torch.bfloat16:
-        return bfloat16()
-    if isinstance(dtype, torch.dtype):
-        return np.dtype(str(dtype).replace("torch.", ""))
-    return dtype
-
-
 def _on_images_device(fn, images, wrapper: str, n_outputs: int, allow_host_copy: bool):
     """``fn(images as an array)`` with its results as tensors on the images' device."""
     cuda = torch_autograd.check_devices([images], ["images"], wrapper)
@@ -147,7 +136,7 @@ def letterbox(images, size=(640, 640), *, dtype=torch.float32, allow_host_copy=F
     ``(blob, d2i)`` as tensors on the images' device (CPU, or the images' GPU with no host round
     trip; ``allow_host_copy`` as :func:`clkernels.torch_dcnv4`'s). ``dtype``: a torch dtype
     (float32, float16 or bfloat16). The other options are :func:`clkernels.letterbox`'s."""
-    np_dtype = _numpy_dtype(dtype)
+    np_dtype = dtypes.from_torch(dtype)
     return _on_images_device(lambda im: _letterbox_arrays(im, size, dtype=np_dtype, **options), images,
                              "clkernels.torch.letterbox", 2, allow_host_copy)
 

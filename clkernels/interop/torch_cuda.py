@@ -42,17 +42,6 @@ class InteropUnavailable(RuntimeError):
     """CUDA tensors cannot reach the OpenCL device of their GPU (the message says why and what to do)."""
 
 
-_TYPESTR = {"float32": "<f4", "float64": "<f8", "float16": "<f2", "int32": "<i4", "int64": "<i8",
-            "uint8": "|u1", "bfloat16": "<u2"}
-
-
-def _numpy_dtype(tensor_dtype):
-    import torch
-    if tensor_dtype == torch.bfloat16:
-        return dtypes.bfloat16()
-    return np.dtype(str(tensor_dtype).replace("torch.", ""))
-
-
 class _Outputs:
     """A launch's output allocator during one call (Runtime.output_pool): pool blocks, each
     acquired for OpenCL as it is handed out, listed so that unclaimed ones go back."""
@@ -120,9 +109,10 @@ class CudaBridge:
         returns to the pool when the tensor and its views are gone (at once where ``settled``:
         no work reads it then)."""
         import torch
-        name = str(dtype).replace("torch.", "")
-        view = CudaView(self.pool, block, shape, _TYPESTR[name] if name in _TYPESTR else None,
-                        None if settled else self._event, settled)
+        np_dtype = dtypes.from_torch(dtype)
+        # (the array interface has no bfloat16: its bits as uint16, viewed back below)
+        typestr = "<u2" if dtypes.is_bfloat16(np_dtype) else np_dtype.str
+        view = CudaView(self.pool, block, shape, typestr, None if settled else self._event, settled)
         t = torch.as_tensor(view, device=self.torch_device)
         return t.view(torch.bfloat16) if dtype == torch.bfloat16 else t
 
@@ -165,7 +155,7 @@ class CudaBridge:
         return new, self.pool.block_of_ptr(new.data_ptr())
 
     def _cl_array(self, t, block):
-        dtype = _numpy_dtype(t.dtype)
+        dtype = dtypes.from_torch(t.dtype)
         shape = tuple(t.shape)
         if block is None:
             return cla.empty(self.queue, shape, dtype)
@@ -179,7 +169,7 @@ class CudaBridge:
         """An op's output (a device array in a pool block, a numpy array, or a passthrough) as a tensor."""
         import torch
         if isinstance(a, cla.Array):
-            dtype = torch.bfloat16 if dtypes.is_bfloat16(a.dtype) else getattr(torch, a.dtype.name)
+            dtype = getattr(torch, a.dtype.name)      # (ml_dtypes' bfloat16 is named "bfloat16" too)
             if a.size == 0 or a.base_data is None:
                 return torch.empty(a.shape, dtype=dtype, device=self.torch_device)
             block = self.pool.block_of_buffer(a.base_data)
