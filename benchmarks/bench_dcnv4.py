@@ -29,6 +29,11 @@
              vs as called), ``kernel_ratio`` (events vs events), ``events_vs_ours_as_called``
              (their kernel time over our as-called time), ``pipelined_ratio``.
              ``max_rel_diff``: the outputs' largest difference over the largest |official|.
+             Then the backward at the same shapes: ours deterministic (the default) and with
+             float atomics (``deterministic=False``), the official DCNv4Function.backward
+             (float32, float16), timed alike. ``of_bound``: the bytes a call must move (forward:
+             input, offset_mask, output; backward: input, offset_mask, grad_out, both
+             gradients) over the 4.26 TB/s copy ceiling, divided by the as-called time.
 
 Every section runs in float32 and float16, and in bfloat16 (``ml_dtypes.bfloat16``) where
 ml_dtypes is installed; the official forward takes bfloat16 as well (its backward does not).
@@ -146,6 +151,7 @@ def check(report, rt, torch):
             if not err < tol:
                 failures.append(f"forward {name} {np.dtype(dtype).name}: {err:.2e}")
         for name, cfg in [("device default", None), ("atomic 1/work-item", DCNv4Config(1, 1, scatter="atomic")),
+                          ("fixed 2/work-item", DCNv4Config(2, 2, scatter="fixed")),
                           ("atomic 4/work-item", DCNv4Config(4, 4, scatter="atomic")),
                           ("owner 8/work-item", DCNv4Config(8, 8, scatter="owner"))]:
             g_in, g_om = dcnv4_module.dcnv4_backward(gos, xs, oms, **dataclasses.asdict(o), device=rt,
@@ -255,7 +261,10 @@ def tuning(report, rt, args, n):
         configs = [("default", None), ("owner cpw=8", DCNv4Config(8, 8, scatter="owner")),
                    ("atomic cpw=1", DCNv4Config(1, 1, scatter="atomic"))]
         if not rt.info.is_cpu:  # CAS atomics on a CPU: one is enough to show their cost
-            configs += [("atomic cpw=2", DCNv4Config(2, 2, scatter="atomic")),
+            configs += [("fixed cpw=1", DCNv4Config(1, 1, scatter="fixed")),
+                        ("fixed cpw=2", DCNv4Config(2, 2, scatter="fixed")),
+                        ("fixed cpw=4", DCNv4Config(4, 4, scatter="fixed")),
+                        ("atomic cpw=2", DCNv4Config(2, 2, scatter="atomic")),
                         ("atomic cpw=4", DCNv4Config(4, 4, scatter="atomic")),
                         ("atomic cpw=8", DCNv4Config(8, 8, scatter="atomic"))]
         for name, cfg in configs:
@@ -302,12 +311,57 @@ def as_called(report, rt, args, official, failures):
                 if not err < TOLERANCE[np.dtype(dtype)]:
                     failures.append(f"as called N={n} {h}x{w} C={c} {name}: ours vs official {err:.2e}")
                 del tx, tom
+            row["of_bound"] = forward_bytes(x, om) / COPY_CEILING / mine.median
             report.add(**row)
+            as_called_backward(report, rt, args, official, failures, x, om, o, n, h, w, c)
+
+
+def backward_bytes(x, om):
+    """input, offset_mask and grad_out read; both gradients written, once each."""
+    return x.nbytes * 3 + om.nbytes * 2
+
+
+def as_called_backward(report, rt, args, official, failures, x, om, o, n, h, w, c):
+    """The backward as called, deterministic (the default) and with float atomics, beside the
+    official backward (DCNv4Function.backward; float32 and float16, it has no bfloat16 one)."""
+    opts = dataclasses.asdict(o)
+    dtype = np.dtype(x.dtype)
+    go = cla.to_device(rt.queue, np.random.default_rng(3).standard_normal(x.shape, np.float32).astype(dtype))
+    results, official_call, reference = {}, None, None
+    if official is not None and dtype != BF16:
+        tx, tom, tgo = (cuda_peers.to_cuda(a) for a in (x, om, go))
+        official_call = official.backward_call(tgo, tx, tom, **opts)
+        reference = [cuda_peers.to_numpy(t) for t in official_call()]
+    for deterministic in (True, False):
+        call = lambda: clkernels.dcnv4_backward(go, x, om, **opts, device=rt, deterministic=deterministic)  # noqa: E731
+        ours = [a.get() for a in call()]
+        results[deterministic] = ours
+        mine = harness.Timing(cuda_peers.wall_as_called(call, rt.queue.finish, args.warmup, args.calls))
+        kern = harness.time_events(
+            lambda: dcnv4_module.enqueue_backward(rt, go, x, om, o, deterministic=deterministic)[1],
+            warmup=args.warmup, repeat=args.repeat)
+        row = dict(section="as called", case=f"N={n} {h}x{w} G=4 C={c}", dtype=dtype.name,
+                   variant="backward, " + ("deterministic" if deterministic else "float atomics"),
+                   timing=mine, ours_as_called_ms=mine.median * 1e3, ours_kernel_ms=kern.median * 1e3,
+                   of_bound=backward_bytes(x, om) / COPY_CEILING / mine.median)
+        if official_call is not None:
+            err = max(harness.rel_err(a, b) for a, b in zip(ours, reference))
+            ev = cuda_peers.median(cuda_peers.time_events(official_call, args.warmup, args.repeat))
+            ac = cuda_peers.median(cuda_peers.time_as_called(official_call, args.warmup, args.calls))
+            row.update(official_as_called_ms=ac * 1e3, official_events_ms=ev * 1e3,
+                       as_called_ratio=ac / mine.median, kernel_ratio=ev / kern.median, max_rel_diff=err)
+            if not err < 10 * TOLERANCE[dtype]:
+                failures.append(f"as called backward N={n} {h}x{w} C={c} {dtype.name}: ours vs official {err:.2e}")
+        report.add(**row)
+    # The deterministic gradients against the float-atomic ones: the same within float rounding.
+    err = max(harness.rel_err(a, b) for a, b in zip(results[True], results[False]))
+    if not err < 10 * TOLERANCE[dtype]:
+        failures.append(f"as called backward N={n} {h}x{w} C={c} {dtype.name}: deterministic vs atomics {err:.2e}")
 
 
 AS_CALLED_COLUMNS = ["case", "variant", "dtype", "ours_as_called_ms", "ours_pipelined_ms", "ours_kernel_ms",
                      "official_as_called_ms", "official_pipelined_ms", "official_events_ms", "as_called_ratio",
-                     "kernel_ratio", "events_vs_ours_as_called", "pipelined_ratio", "max_rel_diff",
+                     "kernel_ratio", "events_vs_ours_as_called", "pipelined_ratio", "of_bound", "max_rel_diff",
                      "official_spec", "spread"]
 
 

@@ -68,3 +68,69 @@ void bilinear_taps_${real}(${real} h, ${real} w, int H, int W,
     *lw_out = lw;
 }
 </%def>
+
+## Deterministic scatter-add: sums in 64-bit fixed point. Integer addition is associative, so
+## the sum's bits do not depend on the order in which work-items land, unlike float atomics.
+## The scale 2^e is chosen on the device from a bound on every sum: with |term| <= a*b and at
+## most 2^terms_log2 terms per sum, |sum| <= a*b*2^terms_log2, and e puts that at 2^61 (each
+## term's rounding adds at most 1/2, so no sum reaches 2^63). A sum then keeps about
+## 61 - terms_log2 bits below the largest term's size (float32 keeps 24), and the conversion
+## back rounds once. `bound` holds (a, b) as float bits (atomic_max on the bits of
+## non-negative floats orders them as floats) and a flag for a non-finite factor.
+## Terms that are not finite (a NaN or infinite factor, or a product past FLT_MAX) cannot be
+## fixed-point: they go to a float `side` buffer with float atomics, where inf + -inf = NaN
+## and NaN absorbs everything in any order, so that part is order-free too. The side buffer is
+## zeroed and read only when fixed_side_needed says such a term can exist.
+##   fixed_exponent(bound, terms_log2) -> e;  fixed_add(p, side, v, s1, s2): p += v * 2^e
+##   (s1 * s2 = 2^e, two factors so that |e| up to 252 stays within float's range).
+<%def name="fixed_point(info, ptx=False)">
+#pragma OPENCL EXTENSION cl_khr_int64_base_atomics : enable
+inline int fixed_exponent(__global const uint *bound, const int terms_log2)
+{
+    const float a = as_float(bound[0]), b = as_float(bound[1]);
+    if (!(a > 0.0f) || !(b > 0.0f)) return 0;   // every finite term is 0: any scale is exact
+    // a < 2^(ilogb(a) + 1), likewise b.
+    return clamp(61 - (ilogb(a) + 1) - (ilogb(b) + 1) - terms_log2, -252, 252);
+}
+inline int fixed_side_needed(__global const uint *bound)
+{
+    const float a = as_float(bound[0]), b = as_float(bound[1]);
+    // A product of two finite factors can overflow only when their exponents sum past 127.
+    return bound[2] != 0u || (a > 0.0f && b > 0.0f && ilogb(a) + ilogb(b) >= 126);
+}
+inline void fixed_add(volatile __global long *p, volatile __global float *side, const float v,
+                      const float s1, const float s2)
+{
+    if (!isfinite(v)) { atomic_add_float(side, v); return; }
+    const long q = convert_long_rte((v * s1) * s2);
+%if info.vendor == 'nvidia' and ptx:
+    asm volatile("red.global.add.u64 [%0], %1;" :: "l"(p), "l"(q) : "memory");
+%else:
+    atom_add(p, q);
+%endif
+}
+</%def>
+
+## fixed_to_storage: element i of the fixed-point sums as float, plus its side part where one
+## can exist, stored in `dst` (side and dst may be the same float buffer). The conversion from
+## long rounds to nearest even once; the power-of-two scaling is exact.
+<%def name="fixed_to_storage(st)">
+__kernel void fixed_to_storage(__global const long *restrict acc, __global const uint *restrict bound,
+                               __global const float *side, __global ${st.ptr} *dst, const int n,
+                               const int terms_log2)
+{
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    const int e = fixed_exponent(bound, terms_log2);
+    float v = ldexp(convert_float_rte(acc[i]), -e);
+    if (fixed_side_needed(bound)) v += side[i];
+    ${st.store('v', 'dst', 'i')};
+}
+
+// Zeroes the side buffer when a non-finite term can exist (see fixed_point); a no-op otherwise.
+__kernel void fixed_side_fill(__global const uint *restrict bound, __global float *side, const int n)
+{
+    if (!fixed_side_needed(bound)) return;
+    for (int i = get_global_id(0); i < n; i += get_global_size(0)) side[i] = 0.0f;
+}
+</%def>

@@ -2,8 +2,10 @@
 ## float -> storage conversion of the input gradient. Rendered by clkernels/dcnv4.py.
 ##
 ## Parameters:
-##   direction      'forward', 'backward' (scatter with float atomics: GPUs) or 'backward_owner'
+##   direction      'forward', 'backward' (a scatter with atomics: GPUs) or 'backward_owner'
 ##                  (each work-item owns a slice of the input gradient: CPUs, no atomics)
+##   scatter        'backward' only: 'fixed' (64-bit fixed-point atomics: deterministic) or
+##                  'atomic' (float atomics: the last bits depend on the order of arrival)
 ##   info           DeviceInfo (atomics and vendor-specific loads)
 ##   st             Storage of input, offset_mask, output and gradients (float, half or bfloat16)
 ##   group, channels, kernel_h, kernel_w, remove_center: the operator's shape (compile time,
@@ -179,9 +181,12 @@ ${tap_loop_close()}
 ## input pixels, and which output pixels reach a given input pixel is unknown without
 ## sorting every tap by target (the deterministic gather would write, sort and
 ## segment-reduce ~4x the output's size). Two ways to do the scatter, chosen per device:
-##  - 'backward' (GPUs): one work-item per (pixel, group, slot of CPW channels), float
-##    atomics (the hardware's reduction on NVIDIA), as the official operator does. The input
-##    gradient's last bits then depend on the order in which work-items land.
+##  - 'backward' (GPUs): one work-item per (pixel, group, slot of CPW channels) adds its taps
+##    with atomics. scatter='fixed' (the default) adds 64-bit fixed-point terms (common.cl.mako's
+##    fixed_point): integer sums are the same whatever the order, so the input gradient is
+##    deterministic, and it is closer to the exact sum than float atomics. scatter='atomic' adds
+##    floats (the hardware's reduction on NVIDIA), as the official operator does: the last bits
+##    then depend on the order in which work-items land.
 ##  - 'backward_owner' (CPUs, where a float atomic is a compare-and-swap loop, ~50x slower
 ##    than the arithmetic): one work-item owns the input gradient of one (image, group,
 ##    run of CPW channels) and walks every output pixel of that image in order: no atomics,
@@ -205,10 +210,17 @@ ${load_corners('c')}
                         for (int t = 0; t < 4; ++t) {
                             if (idx[t] < 0) continue;
                             const ${vec} add = go[c] * (m * wt[t]);
+%if scatter != 'fixed':
                             __global float *dst = gin + idx[t] * ${GC} + c * ${VW};
+%endif
 %if scatter == 'atomic':
 %for e, comp in enumerate(comps):
                             atomic_add_float(dst + ${e}, add${comp});
+%endfor
+%elif scatter == 'fixed':
+                            const int at = idx[t] * ${GC} + c * ${VW};
+%for e, comp in enumerate(comps):
+                            fixed_add(gfix + at + ${e}, side + at + ${e}, add${comp}, s1, s2);
 %endfor
 %else:
                             *(__global ${vec} *)dst += add;  // this work-item owns dst
@@ -230,6 +242,49 @@ ${load_corners('c')}
 %if direction == 'backward':
 <% SP = slots_p2 %>
 ${common.atomic_add(info, 'float', force_cas=not ptx)}
+%if scatter == 'fixed':
+${common.fixed_point(info, ptx)}
+${common.fixed_to_storage(st)}
+
+## The fixed-point scale's bound (common.cl.mako): the largest finite |grad_out| and |mask|,
+## a flag for a non-finite one; this kernel also zeroes the fixed-point sums, so that the
+## backward needs no separate fill. `bound` is zero on entry. A grid-stride loop, a local
+## reduction, then one atomic max per work-group: the maxima do not depend on the order.
+__kernel void fixed_bound(__global const ${T} *restrict grad_out, const int n_go,
+                          __global const ${T} *restrict offset_mask, const int pix_groups,
+                          const int P, __global uint *restrict bound,
+                          __global long *restrict sums, const int n_sums,
+                          __local float *scratch)
+{
+    const int gid = get_global_id(0), stride = get_global_size(0);
+    float a = 0.0f, b = 0.0f;
+    uint bad = 0u;
+    for (int i = gid; i < n_sums; i += stride) sums[i] = 0;
+    for (int i = gid; i < n_go; i += stride) {
+        const float v = fabs(${st.load('grad_out', 'i')});
+        if (isfinite(v)) a = fmax(a, v); else bad = 1u;
+    }
+    for (int i = gid; i < pix_groups * ${K}; i += stride) {
+        const int pg = i / ${K}, k = i - pg * ${K};
+        const int pix = pg / ${G}, g = pg - pix * ${G};
+        const float v = fabs(${st.load('offset_mask', 'pix * P + g * %d + %d + k' % (3 * K, 2 * K))});
+        if (isfinite(v)) b = fmax(b, v); else bad = 1u;
+    }
+    const int lid = get_local_id(0);
+    __local float *sa = scratch, *sb = scratch + get_local_size(0);
+    __local uint *sbad = (__local uint *)(scratch + 2 * get_local_size(0));
+    sa[lid] = a; sb[lid] = b; sbad[lid] = bad;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lid == 0) {
+        for (int l = 1; l < (int)get_local_size(0); ++l) {
+            a = fmax(a, sa[l]); b = fmax(b, sb[l]); bad |= sbad[l];
+        }
+        atomic_max(bound, as_uint(a));
+        atomic_max(bound + 1, as_uint(b));
+        if (bad) atomic_or(bound + 2, 1u);
+    }
+}
+%endif
 
 ## Work-items: (pixel, group, slot); with SP > 1 a group's slots are SP consecutive lanes of
 ## one work-group (the launcher makes the work-group size a multiple of SP) and their
@@ -237,7 +292,14 @@ ${common.atomic_add(info, 'float', force_cas=not ptx)}
 __kernel void dcnv4_backward(__global const ${T} *restrict input,
                              __global const ${T} *restrict offset_mask,
                              __global const ${T} *restrict grad_out,
+%if scatter == 'fixed':
+                             __global long *restrict grad_fixed,
+                             __global float *grad_side,
+                             __global const uint *restrict bound,
+                             const int terms_log2,
+%else:
                              __global float *restrict grad_input,
+%endif
                              __global ${T} *restrict grad_offset_mask,
                              const int pix_groups,
                              ${kernel_args()}
@@ -255,7 +317,14 @@ __kernel void dcnv4_backward(__global const ${T} *restrict input,
 ${position_setup()}
     const int in_base = n * (H * W * ${GC}) + g * ${C} + slot * ${CPW};
     const __global ${T} *in = input + in_base;
+%if scatter == 'fixed':
+    volatile __global long *gfix = grad_fixed + in_base;
+    volatile __global float *side = grad_side + in_base;
+    const int e = fixed_exponent(bound, terms_log2);
+    const float s1 = ldexp(1.0f, e / 2), s2 = ldexp(1.0f, e - e / 2);
+%else:
     __global float *gin = grad_input + in_base;
+%endif
     __global ${T} *gom = grad_offset_mask + pix * P + g * ${3 * K};
     ${vec} go[${NCH}];
     for (int c = 0; c < ${NCH}; ++c)
@@ -271,7 +340,7 @@ ${tap_loop_open()}
 ${tap_position()}
                 scale = offset_scale * m;
                 if (inside) {
-${tap_gradients('atomic')}
+${tap_gradients(scatter)}
                 }
             }
 %if SP > 1:

@@ -18,8 +18,9 @@ batch size::
   half_w = dil_w*(kernel_w-1)//2, likewise h; it counts when -1 < h < H and -1 < w < W
   (NaN never does); corners outside the input read as zero.
 - float32, float16 or bfloat16 (``ml_dtypes.bfloat16``) storage, float arithmetic. numpy in, numpy out; pyopencl arrays in,
-  device arrays out. The input gradient is accumulated with float atomics (see the template
-  for why), so its last bits may vary between runs; the offset and mask gradients do not.
+  device arrays out. The backward is deterministic by default: on GPUs its input gradient is
+  summed in 64-bit fixed point (see the template), the same bits on every run;
+  ``deterministic=False`` allows float atomics instead.
 
 The kernel's speed switches are those of the paper's ablation (its Table 10): channels per
 work-item, bilinear coefficients reused across them, vector width, storage type. They are
@@ -107,7 +108,9 @@ def offset_mask_channels(group: int, kernel_h: int = 3, kernel_w: int = 3,
 @dataclasses.dataclass(frozen=True)
 class DCNv4Config:
     """The speed switches of the paper's ablation. ``work_group_size`` 0: from the device.
-    ``scatter`` (backward only): "atomic" (GPUs), "owner" (CPUs), "" from the device."""
+    ``scatter`` (backward only): "fixed" (64-bit fixed-point atomics, deterministic: GPUs),
+    "atomic" (float atomics, the last bits vary from run to run), "owner" (no atomics,
+    deterministic: CPUs), "" from the device and ``deterministic``."""
     channels_per_item: int
     vector_width: int
     reuse: bool = True
@@ -123,7 +126,7 @@ class DCNv4Config:
         config_check.boolean(name, "reuse", self.reuse)
         config_check.integer(name, "work_group_size", self.work_group_size, minimum=0,
                              meaning=" (0: chosen from the device)")
-        config_check.choice(name, "scatter", self.scatter, ("", "atomic", "owner"))
+        config_check.choice(name, "scatter", self.scatter, ("", "fixed", "atomic", "owner"))
 
 
 # The paper's Table 10 rungs, in order (A100, N=64, 56x56, 128 channels, G=4: 1.45, 1.53,
@@ -168,14 +171,17 @@ def forward_config(info, group_channels: int, dtype, pixel_groups: int = 0) -> D
     return DCNv4Config(vw, vw, True, 0)
 
 
-def backward_config(info, group_channels: int, dtype, batch: int = 1, group: int = 1) -> DCNv4Config:
+def backward_config(info, group_channels: int, dtype, batch: int = 1, group: int = 1,
+                    deterministic: bool = True) -> DCNv4Config:
     """GPUs: the official 1 or 2 channels per work-item, so a group's channels spread over
-    lanes and the scatter's atomics run in parallel. CPUs: the atomic-free "owner" scatter
+    lanes and the scatter's atomics run in parallel; deterministic: 64-bit fixed-point atomics
+    ("fixed"), else float atomics ("atomic"). A GPU without 64-bit atomics gets the "owner"
+    scatter when deterministic. CPUs: the atomic-free "owner" scatter (deterministic as well)
     with channel runs as wide as still gives every core two work-items."""
-    if not info.is_cpu:
+    if not info.is_cpu and (info.int64_atomics or not deterministic):
         # 2 channels per work-item: 1.5x faster than 1 on an H200 at the paper's shape.
         cpw = 2 if group_channels % 2 == 0 else 1
-        return DCNv4Config(cpw, cpw, True, 0, "atomic")
+        return DCNv4Config(cpw, cpw, True, 0, "fixed" if deterministic else "atomic")
     vw = _largest_divisor(group_channels, (8, 4, 2, 1))
     runs = [d for d in range(group_channels, 0, -vw) if group_channels % d == 0]
     cpw = next((d for d in runs if batch * group * (group_channels // d) >= 2 * info.compute_units),
@@ -186,10 +192,10 @@ def backward_config(info, group_channels: int, dtype, batch: int = 1, group: int
 _ptx_refused: dict = {}  # device -> the build log, when its compiler refused inline PTX
 
 
-def _program(rt, info, direction, dtype, opts: DCNv4Options, cfg: DCNv4Config, slots_p2=1):
+def _program(rt, info, direction, dtype, opts: DCNv4Options, cfg: DCNv4Config, slots_p2=1, scatter=""):
     """Render + build; on NVIDIA try the inline-PTX variant first, and fall back to the
     portable one (remembered per device) if the driver refuses it."""
-    params = dict(direction=direction, info=info, st=Storage(dtype),
+    params = dict(direction=direction, info=info, st=Storage(dtype), scatter=scatter,
                   group=opts.group, channels=opts.group_channels, kernel_h=opts.kernel_h,
                   kernel_w=opts.kernel_w, remove_center=bool(opts.remove_center),
                   cpw=cfg.channels_per_item, vw=cfg.vector_width, reuse=bool(cfg.reuse),
@@ -279,8 +285,11 @@ def _work_group(rt, kernel, cfg: DCNv4Config, wanted: int) -> int:
 
 
 def _split_options(options):
-    """Plan options: the DCNv4Options, or (DCNv4Options, DeviceInfo) when a test pretends a vendor."""
-    return (options, None) if isinstance(options, DCNv4Options) else options
+    """Plan options: the forward's DCNv4Options or the backward's (DCNv4Options, deterministic),
+    or either paired with a DeviceInfo, (options, info), when a test pretends a vendor."""
+    if isinstance(options, DCNv4Options) or (len(options) == 2 and isinstance(options[1], bool)):
+        return options, None
+    return options
 
 
 def _forward_plan(rt, args, options, config) -> launch.LaunchPlan:
@@ -310,22 +319,24 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
     opts, info = _split_options(options)
     info = info or rt.info
     grad_out, input, offset_mask = args
+    opts, deterministic = opts
     n, h, w, ho, wo, p = _geometry(input, offset_mask, opts, grad_out)
     outputs = [launch.Buffer("g_input", input.shape, input.dtype),
                launch.Buffer("g_offset_mask", offset_mask.shape, offset_mask.dtype)]
-    cfg = _check_config(config or backward_config(info, opts.group_channels, input.dtype, n, opts.group),
-                        opts, input.dtype, rt)
+    default = backward_config(info, opts.group_channels, input.dtype, n, opts.group, deterministic)
+    cfg = _check_config(config or default, opts, input.dtype, rt)
     if n == 0:
         return launch.LaunchPlan(outputs)
-    scatter = cfg.scatter or ("owner" if info.is_cpu else "atomic")
+    scatter = cfg.scatter or default.scatter
     if scatter == "owner":
         return _backward_owner_plan(rt, info, outputs, input, offset_mask, opts, cfg)
-    if scatter != "atomic":
-        raise ValueError(f"config.scatter must be 'atomic', 'owner' or '', not {cfg.scatter!r}")
+    if scatter == "fixed" and not info.int64_atomics:
+        raise ValueError(f"config.scatter='fixed' needs 64-bit atomics (cl_khr_int64_base_atomics), "
+                         f"which {info.name} lacks; use scatter='owner' (deterministic) or 'atomic'")
     while True:
         slots_p2 = 1 << (opts.group_channels // cfg.channels_per_item - 1).bit_length()
-        kernel = launch.kernel_for_plan(
-            _program(rt, info, "backward", input.dtype, opts, cfg, slots_p2), "dcnv4_backward")
+        program = _program(rt, info, "backward", input.dtype, opts, cfg, slots_p2, scatter)
+        kernel = launch.kernel_for_plan(program, "dcnv4_backward")
         wg = _work_group(rt, kernel, cfg, max(slots_p2, 64 if info.is_cpu else 256))
         if wg % slots_p2 == 0:
             break
@@ -337,17 +348,59 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
                    if opts.group_channels % d == 0)
         cfg = dataclasses.replace(cfg, channels_per_item=cpw,
                                   vector_width=math.gcd(cpw, cfg.vector_width))
-    # The input gradient is accumulated by float atomics in float32: in the output itself for
-    # float32, else in a temporary converted to its 16-bit storage at the end.
-    temps, steps = [], []
-    acc, to_storage = launch.accumulator(rt, input.dtype, outputs[0], 0, temps, steps)
     pix_groups = n * ho * wo * opts.group
     local = (cl.LocalMemory(2 * 3 * wg * 4),) if slots_p2 > 1 else ()
+    temps, steps = [], []
+    if scatter == "fixed":
+        # The input gradient as 64-bit fixed-point sums (common.cl.mako's fixed_point), then
+        # converted to its storage: see _fixed_point_steps.
+        acc, to_storage = _fixed_point_steps(rt, program, outputs[0], grad_out, pix_groups, p,
+                                             ho * wo * opts.taps, temps, steps)
+    else:
+        # Float atomics in float32: in the output itself for float32, else in a temporary
+        # converted to its 16-bit storage at the end.
+        acc, to_storage = launch.accumulator(rt, input.dtype, outputs[0], 0, temps, steps)
+        acc, to_storage = (acc,), [to_storage] if to_storage is not None else []
     steps.append(launch.step(kernel, (arrays.round_up(pix_groups * slots_p2, wg),), (wg,),
-                             [INPUT_, OFFSET_MASK, GRAD_OUT, acc, Out(1), np.int32(pix_groups),
+                             [INPUT_, OFFSET_MASK, GRAD_OUT, *acc, Out(1), np.int32(pix_groups),
                               *_geometry_args(opts, h, w, ho, wo, p), *local]))
-    steps += [to_storage] if to_storage is not None else []
+    steps += to_storage
     return launch.LaunchPlan(outputs, steps, temps)
+
+
+def _fixed_point_steps(rt, program, g_input: launch.Buffer, grad_out, pix_groups: int, p: int,
+                       taps_per_image: int, temps: list, steps: list):
+    """The deterministic scatter's steps before the backward kernel (appended to ``steps``),
+    its temporaries (to ``temps``), the backward kernel's accumulator arguments, and the steps
+    after it. The bound kernel finds the scale and zeroes the sums; the side buffer for
+    non-finite terms is the float32 output itself, or a float32 temporary for 16-bit storage,
+    zeroed only when needed; the last step converts sums (and side) into the output."""
+    terms_log2 = (taps_per_image - 1).bit_length()   # 2^terms_log2 >= taps adding to one sum
+    size = g_input.size
+    temps += [launch.Buffer("g_input_fixed", g_input.shape, np.int64), launch.Buffer("bound", (4,), np.uint32)]
+    sums, bound = Tmp(len(temps) - 2), Tmp(len(temps) - 1)
+    if Storage(g_input.dtype).narrow:
+        temps.append(launch.Buffer("g_input_side", g_input.shape, np.float32))
+        side = Tmp(len(temps) - 1)
+    else:
+        side = Out(0)
+    steps.append(launch.ZeroStep(rt, launch.TEMP, bound.position, temps[bound.position]))
+    k_bound = launch.kernel_for_plan(program, "fixed_bound")
+    wg = arrays.work_group_size(rt, k_bound, 256)
+    # Enough work-groups to fill the device; each loops over its share.
+    spread = arrays.round_up(min(max(int(grad_out.size), size), rt.info.compute_units * 8 * wg), wg)
+    steps.append(launch.step(k_bound, (spread,), (wg,),
+                             [GRAD_OUT, np.int32(grad_out.size), OFFSET_MASK, np.int32(pix_groups),
+                              np.int32(p), bound, sums, np.int32(size), cl.LocalMemory(3 * 4 * wg)]))
+    k_fill = launch.kernel_for_plan(program, "fixed_side_fill")
+    wg = arrays.work_group_size(rt, k_fill, 256)
+    steps.append(launch.step(k_fill, (arrays.round_up(min(size, rt.info.compute_units * 4 * wg), wg),), (wg,),
+                             [bound, side, np.int32(size)]))
+    k_conv = launch.kernel_for_plan(program, "fixed_to_storage")
+    wg = arrays.work_group_size(rt, k_conv, 256)
+    convert = launch.step(k_conv, (arrays.round_up(size, wg),), (wg,),
+                          [sums, bound, side, Out(0), np.int32(size), np.int32(terms_log2)])
+    return (sums, side, bound, np.int32(terms_log2)), [convert]
 
 
 def _backward_owner_plan(rt, info, outputs, input, offset_mask, opts: DCNv4Options, cfg: DCNv4Config):
@@ -398,11 +451,12 @@ def enqueue_forward(rt, input, offset_mask, opts: DCNv4Options, config: Optional
 
 
 def enqueue_backward(rt, grad_out, input, offset_mask, opts: DCNv4Options,
-                     config: Optional[DCNv4Config] = None, out=None, info=None):
+                     config: Optional[DCNv4Config] = None, out=None, info=None, deterministic=True):
     """Enqueue the backward on device arrays. Returns ``((g_input, g_offset_mask), events)``;
     the events span all of its work (fills, kernels, conversion to float16), as the official
     operator's time does."""
-    return BACKWARD.run((grad_out, input, offset_mask), opts if info is None else (opts, info),
+    options = (opts, bool(deterministic))
+    return BACKWARD.run((grad_out, input, offset_mask), options if info is None else (options, info),
                         config, out=out, queue=rt.queue)
 
 
@@ -449,13 +503,21 @@ def dcnv4(input, offset_mask, kernel_h=3, kernel_w=3, stride_h=1, stride_w=1, pa
 def dcnv4_backward(grad_out, input, offset_mask, kernel_h=3, kernel_w=3, stride_h=1, stride_w=1,
                    pad_h=1, pad_w=1, dilation_h=1, dilation_w=1, group=4, group_channels=32,
                    offset_scale=1.0, remove_center=False, *, out=None, device=None, queue=None,
-                   config: Optional[DCNv4Config] = None, devices=None):
+                   config: Optional[DCNv4Config] = None, devices=None, deterministic=True):
     """Gradients of sum(grad_out * dcnv4(input, offset_mask, ...)): ``(g_input,
     g_offset_mask)`` shaped and typed like ``input`` and ``offset_mask`` (zero in the
     padding tail of offset_mask's last axis). ``out``: a tuple of two arrays (or None).
-    ``devices``: as in :func:`dcnv4`."""
-    opts = _options(kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
-                    group, group_channels, offset_scale, remove_center)
+    ``devices``: as in :func:`dcnv4`.
+
+    ``deterministic`` (default True): the same bits on every run and for every launch
+    configuration of a device. On GPUs the input gradient is then summed in 64-bit fixed
+    point, which is also closer to the exact sum than float atomics; ``False`` allows float
+    atomics (``DCNv4Config(scatter="atomic")``), whose last bits vary from run to run. CPUs
+    are deterministic either way. The offset and mask gradients always are."""
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be True or False, not {deterministic!r}")
+    opts = (_options(kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
+                     group, group_channels, offset_scale, remove_center), deterministic)
     if devices is not None:
         return multi_device.batched(
             "dcnv4_backward",

@@ -2,6 +2,7 @@
 operator's definition, and the backward against central differences of that reference."""
 import dataclasses
 import importlib
+import math
 
 import numpy as np
 import pyopencl.array as cla
@@ -218,9 +219,14 @@ BACKWARD_CASES = {
     "atomic, one slot": (DCNv4Config(6, 2, scatter="atomic"), np.float32),
     "atomic, 3 slots padded to 4, local reduction": (DCNv4Config(2, 2, scatter="atomic"), np.float32),
     "atomic, 6 slots": (DCNv4Config(1, 1, scatter="atomic", work_group_size=8), np.float32),
+    "fixed, one slot": (DCNv4Config(6, 2, scatter="fixed"), np.float32),
+    "fixed, 3 slots padded to 4, local reduction": (DCNv4Config(2, 2, scatter="fixed"), np.float32),
+    "fixed, 6 slots": (DCNv4Config(1, 1, scatter="fixed", work_group_size=8), np.float32),
     "device default": (None, np.float32),
     "half, owner": (DCNv4Config(3, 1, scatter="owner"), np.float16),
     "half, atomic": (DCNv4Config(2, 2, scatter="atomic"), np.float16),
+    "half, fixed": (DCNv4Config(2, 2, scatter="fixed"), np.float16),
+    "bfloat16, fixed": (DCNv4Config(2, 2, scatter="fixed"), BF16),
     "bfloat16, owner": (DCNv4Config(3, 1, scatter="owner"), BF16),
     "bfloat16, owner, channel runs": (DCNv4Config(2, 2, scatter="owner"), BF16),
     "bfloat16, atomic": (DCNv4Config(2, 2, scatter="atomic"), BF16),
@@ -264,15 +270,108 @@ def test_backward_matches_central_differences(device, backward_problem, case):
 
 
 def test_deterministic_gradients(device, backward_problem):
-    """Offset/mask gradients are reduced in a fixed order on both paths; the owner path's
-    input gradient too. (The atomic path's input gradient may differ in its last bits.)"""
+    """Offset/mask gradients are reduced in a fixed order on every path; the owner and fixed
+    paths' input gradient too. (The atomic path's input gradient may differ in its last bits.)"""
     o, x, om, go, _ = backward_problem
-    for cfg in (DCNv4Config(2, 2, scatter="owner"), DCNv4Config(1, 1, scatter="atomic")):
+    for cfg in (DCNv4Config(2, 2, scatter="owner"), DCNv4Config(1, 1, scatter="atomic"),
+                DCNv4Config(1, 1, scatter="fixed")):
         runs = [dcnv4_backward(go, x, om, **call_opts(o), device=device, config=cfg) for _ in range(3)]
         for g_in, g_om in runs[1:]:
             np.testing.assert_array_equal(g_om, runs[0][1])
-            if cfg.scatter == "owner":
+            if cfg.scatter != "atomic":
                 np.testing.assert_array_equal(g_in, runs[0][0])
+
+
+def input_gradient_float64(x, om, go, o: DCNv4Options):
+    """d sum(go * reference) / d x exactly (float64), written from the definition as the
+    transpose of the sampling: each tap's corner weight times mask times grad_out, added at
+    the corner. The forward is linear in x, so this is its gradient without differencing."""
+    x, om, go = (np.asarray(a, np.float64) for a in (x, om, go))
+    n, H, W, _ = x.shape
+    G, C = o.group, o.group_channels
+    ho, wo = go.shape[1:3]
+    taps = [(i, j) for i in range(o.kernel_w) for j in range(o.kernel_h)
+            if not (o.remove_center and i == o.kernel_w // 2 and j == o.kernel_h // 2)]
+    K = len(taps)
+    half_w, half_h = o.dilation_w * (o.kernel_w - 1) // 2, o.dilation_h * (o.kernel_h - 1) // 2
+    oy, ox = np.meshgrid(np.arange(ho), np.arange(wo), indexing="ij")
+    g_x = np.zeros((n, H, W, G, C))
+    gog = go.reshape(n, ho, wo, G, C)
+    for b in range(n):
+        for g in range(G):
+            block = om[b, ..., g * K * 3:(g + 1) * K * 3]
+            for k, (i, j) in enumerate(taps):
+                dx, dy, mask = block[..., 2 * k], block[..., 2 * k + 1], block[..., 2 * K + k]
+                w = ox * o.stride_w - o.pad_w + half_w + (i * o.dilation_w - half_w + dx) * o.offset_scale
+                h = oy * o.stride_h - o.pad_h + half_h + (j * o.dilation_h - half_h + dy) * o.offset_scale
+                with np.errstate(invalid="ignore"):
+                    counts = (h > -1) & (w > -1) & (h < H) & (w < W)
+                h, w = np.where(counts, h, 0.0), np.where(counts, w, 0.0)
+                h0, w0 = np.floor(h).astype(int), np.floor(w).astype(int)
+                lh, lw = h - h0, w - w0
+                for cy, cx, weight in ((h0, w0, (1 - lh) * (1 - lw)), (h0, w0 + 1, (1 - lh) * lw),
+                                       (h0 + 1, w0, lh * (1 - lw)), (h0 + 1, w0 + 1, lh * lw)):
+                    inside = counts & (cy >= 0) & (cy < H) & (cx >= 0) & (cx < W)
+                    scale = np.where(inside, weight * np.where(counts, mask, 0), 0)
+                    np.add.at(g_x[b, :, :, g], (cy[inside], cx[inside]),
+                              scale[inside][:, None] * gog[b][inside][:, g])
+    return g_x.reshape(x.shape)
+
+
+@pytest.mark.parametrize("magnitude", [1.0, 1e30, 1e-30], ids=["unit", "1e30", "1e-30"])
+def test_fixed_point_input_gradient_at_any_scale(device, magnitude):
+    """The fixed-point scale follows the data: grad_out at 1e30 or 1e-30 keeps the input
+    gradient's relative accuracy, against the exact float64 transpose. Many taps land on the
+    same pixels here (offsets of +-0.6 around a 5x5 kernel on a 6x6 input)."""
+    o = DCNv4Options(kernel_h=5, kernel_w=5, pad_h=2, pad_w=2, group=2, group_channels=4, offset_scale=1.0)
+    x, om = make_inputs(o, 2, 6, 6, spread=0.6, seed=11)
+    go = (np.random.default_rng(12).standard_normal((2, 6, 6, 8)) * magnitude).astype(np.float32)
+    exact = input_gradient_float64(x, om, go, o)
+    g_in, _ = dcnv4_backward(go, x, om, **call_opts(o), device=device, config=DCNv4Config(2, 2, scatter="fixed"))
+    assert np.all(np.isfinite(g_in))
+    # float32 products (one rounding each) summed exactly, one rounding at the end.
+    assert_close(g_in, exact, 2e-6, "fixed-point input gradient")
+
+
+def test_fixed_point_non_finite_terms(device):
+    """NaN and infinite grad_out or masks, and products past float's range, reach exactly the
+    input-gradient entries they reach on the float (owner) path: the fixed-point sums hand
+    such terms to a float side buffer, where their sum does not depend on the order."""
+    o = DCNv4Options(group=2, group_channels=4, offset_scale=0.8)
+    x, om = make_inputs(o, 2, 4, 5, spread=1.5, seed=13)
+    go = np.random.default_rng(14).standard_normal((2, 4, 5, 8)).astype(np.float32)
+    cases = {"nan grad_out": (go.copy(), om.copy()), "inf grad_out": (go.copy(), om.copy()),
+             "inf mask": (go.copy(), om.copy()), "overflowing product": (go.copy(), om.copy())}
+    cases["nan grad_out"][0][0, 1, 1, 2] = np.nan
+    cases["inf grad_out"][0][1, 2, 3, 5] = -np.inf
+    cases["inf mask"][1][0, 2, 2, 18 + 3] = np.inf          # group 0's mask of tap 3 (2K = 18)
+    cases["overflowing product"][0][1, 0, 0, :] = 3e38
+    cases["overflowing product"][1][1, 0, 0, 18:27] = 1e3
+    for name, (g, m) in cases.items():
+        fixed, _ = dcnv4_backward(g, x, m, **call_opts(o), device=device, config=DCNv4Config(2, 2, scatter="fixed"))
+        owner, _ = dcnv4_backward(g, x, m, **call_opts(o), device=device, config=DCNv4Config(4, 4, scatter="owner"))
+        for test in (np.isnan, np.isposinf, np.isneginf):
+            np.testing.assert_array_equal(test(fixed), test(owner), err_msg=f"{name}: {test.__name__}")
+        assert np.any(~np.isfinite(fixed)), name
+        finite = np.isfinite(owner)
+        assert_close(fixed[finite], owner[finite], 1e-5, name)
+
+
+def test_backward_default_scatter_per_device():
+    """Deterministic by default: fixed point on GPUs with 64-bit atomics, the owner scatter on
+    CPUs and on GPUs without them; deterministic=False lets GPUs use float atomics."""
+    from clkernels.dcnv4 import backward_config
+    gpu = dataclasses.replace(clkernels.get_runtime().info, is_cpu=False, int64_atomics=True)
+    assert backward_config(gpu, 32, np.float32).scatter == "fixed"
+    assert backward_config(gpu, 32, np.float32, deterministic=False).scatter == "atomic"
+    assert backward_config(dataclasses.replace(gpu, int64_atomics=False), 32, np.float32).scatter == "owner"
+    cpu = dataclasses.replace(gpu, is_cpu=True)
+    assert backward_config(cpu, 32, np.float32).scatter == "owner"
+    assert backward_config(cpu, 32, np.float32, deterministic=False).scatter == "owner"
+    o = DCNv4Options(group=1, group_channels=4)
+    x, om = make_inputs(o, 1, 3, 3)
+    with pytest.raises(TypeError, match="deterministic must be True or False"):
+        dcnv4_backward(x, x, om, **call_opts(o), deterministic=1)
 
 
 # ---------------------------------------------------------------- bad input
@@ -334,7 +433,8 @@ def test_tiny_backward_variants(device, dtype):
         if dtype == BF16 else None
     rtol = 1e-4 if dtype == np.float32 else 2e-3
     for cfg in (DCNv4Config(4, 4, scatter="owner"), DCNv4Config(2, 2, scatter="owner"),
-                DCNv4Config(4, 2, scatter="atomic"), DCNv4Config(1, 1, scatter="atomic")):
+                DCNv4Config(4, 2, scatter="atomic"), DCNv4Config(1, 1, scatter="atomic"),
+                DCNv4Config(4, 2, scatter="fixed"), DCNv4Config(1, 1, scatter="fixed")):
         g_in, g_offset_mask = dcnv4_backward(go, x, om, **call_opts(o), device=device, config=cfg)
         if dtype == BF16:     # (offsets on the pixel grid: either side's derivative, as above)
             assert_bf16_close(g_in, g_x, 1e-4, f"input gradient {cfg}")
@@ -345,22 +445,29 @@ def test_tiny_backward_variants(device, dtype):
 
 
 @pytest.mark.oclgrind
+@pytest.mark.parametrize("scatter", ["owner", "fixed"])
 @pytest.mark.parametrize("dtype", [np.float32, BF16], ids=str)
-def test_owner_backward_bits_do_not_depend_on_work_group_size(device, dtype):
-    """The deterministic (owner) backward, 20 runs over work-group sizes 1 to 8 and the
-    device's choice: the same bits every time, both gradients."""
+def test_deterministic_backward_bits_do_not_depend_on_work_group_size(device, dtype, scatter):
+    """The deterministic backwards (owner: CPUs; fixed point: GPUs), 20 runs over work-group
+    sizes 1 to 8 and the device's choice: the same bits every time, both gradients. The fixed
+    point's input gradient is even the same for 1, 2 or 4 channels per work-item (integer
+    sums in any grouping); the offset gradients' channel sums are grouped by that choice."""
     o = DCNv4Options(group=2, group_channels=4, offset_scale=0.8)
     x, om = make_inputs(o, 2, 3, 4, dtype=dtype, spread=1.5, seed=9)
     go = np.random.default_rng(10).standard_normal((2, *o.out_size(3, 4), 8)).astype(dtype)
-    first = None
+    first_in, first_om = None, {}
     for run in range(20):
-        cfg = DCNv4Config(2, 2, scatter="owner", work_group_size=(0, 1, 2, 4, 8)[run % 5])
+        cpw = 2 if scatter == "owner" else (1, 2, 4)[run % 3]
+        wg = (0, 1, 2, 4, 8)[run % 5]
+        if scatter == "fixed" and wg and wg < 4 // cpw:
+            wg = 0      # a group's slots (4 / cpw of them) share one work-group
+        cfg = DCNv4Config(cpw, math.gcd(cpw, 2), scatter=scatter, work_group_size=wg)
         g_in, g_om = dcnv4_backward(go, x, om, **call_opts(o), device=device, config=cfg)
-        if first is None:
-            first = (g_in, g_om)
-            continue
-        np.testing.assert_array_equal(g_in.view(np.uint8), first[0].view(np.uint8), err_msg=str(cfg))
-        np.testing.assert_array_equal(g_om.view(np.uint8), first[1].view(np.uint8), err_msg=str(cfg))
+        first_in = g_in if first_in is None else first_in
+        first_om.setdefault(cpw, g_om)
+        np.testing.assert_array_equal(g_in.view(np.uint8), first_in.view(np.uint8), err_msg=str(cfg))
+        np.testing.assert_array_equal(g_om.view(np.uint8), first_om[cpw].view(np.uint8), err_msg=str(cfg))
+    assert len(first_om) == (1 if scatter == "owner" else 3)
 
 
 # ---------------------------------------------------------------- vendor paths and wrappers
