@@ -3,4 +3,6 @@ import sys
 
 from .cli import main
 
-sys.exit(main())
+# Guarded so that importing the package's modules one by one (documentation tools do) runs nothing.
+if __name__ == "__main__":
+    sys.exit(main())

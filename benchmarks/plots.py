@@ -1,0 +1,489 @@
+"""Draw the documentation's plots and figure tables from the committed benchmark results.
+
+    python benchmarks/plots.py            # writes docs/assets/plots/*.png and docs/snippets/perf/*.md
+
+Every number on the performance pages comes from here: the script reads the result files under
+``benchmarks/results/`` (the latest run of each measurement, named in ``LATEST`` below), draws
+the plots with matplotlib (Agg, no display) and writes each table as a Markdown snippet that the
+pages include, with a link to the result file behind every row. Nothing is typed in by hand, so a
+new run is a new file name in ``LATEST`` and a rerun of this script.
+"""
+import json
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+PLOTS = os.path.join(ROOT, "docs", "assets", "plots")
+TABLES = os.path.join(ROOT, "docs", "snippets", "perf")
+
+# The latest run of each measurement (the runs before them are superseded and not shown).
+LATEST = {
+    "ba_cpu": "bench_bundle_adjust-pocl-zen5",
+    "ba_gpu_bal": "bench_bundle_adjust-nvidia-full-run4",
+    "ba_gpu_venice": "bench_bundle_adjust-nvidia-venice-run4",
+    "ba_gpu_final": "bench_bundle_adjust-nvidia-final-size-run2",
+    "colmap_cpu": "bench_colmap-pocl-full",
+    "colmap_cpu_2000": "bench_colmap-pocl-2000",
+    "colmap_cpu_rigs": "bench_colmap-pocl-rigs-fisheye",
+    "colmap_cpu_priors": "bench_colmap-pocl-priors",
+    "colmap_gpu": "bench_colmap-nvidia-full",
+    "colmap_gpu_2000": "bench_colmap-nvidia-2000",
+    "colmap_gpu_rigs": "bench_colmap-nvidia-rigs",
+    "colmap_gpu_priors": "bench_colmap-nvidia-priors",
+    "colmap_gpu_fisheye": "bench_colmap-nvidia-fisheye.log",
+    "dcnv4": "bench_dcnv4-as-called-nvidia-full",
+    "aggregation": "bench_deformable_aggregation-as-called-nvidia-full",
+    "torch": "bench_torch_interop-nvidia-full",
+    "warp_gpu": "bench_warpaffine-nvidia-full",
+    "warp_cpu": ["bench_warpaffine-pocl-zen5-run4.md", "bench_warpaffine-pocl-zen5-run5.md",
+                 "bench_warpaffine-pocl-zen5-run6.md", "bench_warpaffine-pocl-zen5-run7.md"],
+    "overhead_gpu": "bench_call_overhead-nvidia-full",
+    "overhead_cpu": "bench_call_overhead-pocl-zen5",
+    "jacobian_cpu": "bench_jacobian-pocl-full",
+    "jacobian_cpu_d16": "bench_jacobian-pocl-dubrovnik16",
+    "jacobian_gpu": "bench_jacobian-nvidia-full",
+    "tape_cpu": "bench_tape-pocl-full",
+    "tape_gpu": "bench_tape-nvidia-full",
+    "compile_cpu": "bench_compile_time-pocl-full",
+    "cold_gpu": "bench_cold_start-nvidia-build-workers",
+}
+
+
+def load(name):
+    with open(os.path.join(RESULTS, name + ".json")) as f:
+        return json.load(f)
+
+
+def rows(name, **match):
+    return [r for r in load(name)["rows"] if all(r.get(k) == v for k, v in match.items())]
+
+
+def link(name):
+    """A Markdown link from a performance page to the result file (its table, where there is one)."""
+    file = name if os.path.splitext(name)[1] in (".md", ".log") else name + ".md"
+    if not os.path.exists(os.path.join(RESULTS, file)):
+        file = name + ".json"
+    return f"[{file}](../results/{file})"
+
+
+def meta(name):
+    m = load(name)["meta"]
+    return f"{m.get('device', '?')}, {m.get('when', '?')[:10]}: `python benchmarks/{m.get('command', '?')}`"
+
+
+def fmt(x, digits=3):
+    if x is None or x == "":
+        return "-"
+    if isinstance(x, str):
+        return x
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.{digits}g}"
+
+
+def table(file, header, body, sources):
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(fmt(c) for c in row) + " |" for row in body]
+    lines += ["", "Source: " + ", ".join(link(s) for s in sources) + "."]
+    for s in sources:
+        if not s.endswith((".md", ".log")):
+            lines.append(f"<br>{link(s)}: {meta(s)}")
+    os.makedirs(TABLES, exist_ok=True)
+    with open(os.path.join(TABLES, file), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def kv_log(name):
+    """The rows of a raw benchmark log: lines of ``key=value`` pairs separated by two spaces."""
+    out = []
+    with open(os.path.join(RESULTS, name)) as f:
+        for line in f:
+            if "case=" in line:
+                pairs = (p.split("=", 1) for p in re.split(r"\s{2,}", line.strip()) if "=" in p)
+                out.append({k: _number(v) for k, v in pairs})
+    return out
+
+
+def md_rows(name):
+    """The rows of a result file's Markdown table, as dicts (for runs kept only as Markdown)."""
+    with open(os.path.join(RESULTS, name)) as f:
+        lines = [l.strip() for l in f if l.startswith("|")]
+    keys = [k.strip() for k in lines[0].strip("|").split("|")]
+    return [dict(zip(keys, (_number(c.strip()) for c in l.strip("|").split("|")))) for l in lines[2:]]
+
+
+def _number(s):
+    try:
+        return float(s)
+    except ValueError:
+        return s
+
+
+# ----------------------------------------------------------------------------- plots
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    plt.rcParams.update({"figure.dpi": 110, "font.size": 9, "axes.grid": True, "grid.alpha": 0.3})
+    return plt
+
+
+def save(fig, name):
+    os.makedirs(PLOTS, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(os.path.join(PLOTS, name))
+    print("wrote", os.path.join("docs", "assets", "plots", name))
+
+
+def bars(ax, labels, series, ylabel, log=True):
+    import numpy as np
+    x = np.arange(len(labels))
+    w = 0.8 / len(series)
+    for i, (name, values) in enumerate(series.items()):
+        ax.bar(x + (i - (len(series) - 1) / 2) * w, [v if v is not None else 0 for v in values], w, label=name)
+    ax.set_xticks(x, labels, rotation=30, ha="right")
+    ax.set_ylabel(ylabel)
+    if log:
+        ax.set_yscale("log")
+    ax.legend(fontsize=8)
+
+
+# ----------------------------------------------------------------------------- bundle adjustment
+
+
+def _ba_cases(name):
+    """{case: {variant: row}} of a bench_bundle_adjust result, the warm-up rows left out."""
+    out = {}
+    for r in load(name)["rows"]:
+        if r["case"] != "first-solve-in-process":
+            out.setdefault(r["case"], {})[r["variant"]] = r
+    return out
+
+
+def bundle_adjustment(plt):
+    cpu = _ba_cases(LATEST["ba_cpu"])
+    body = []
+    for case, v in cpu.items():
+        for solver in ("sparse_schur", "iterative_schur"):
+            p, c = v[f"pyclad-{solver}"], v[f"ceres-{solver}"]
+            body.append([case, f"{p['observations']:,}", f"`{solver}`", p["median_s"], c["median_s"],
+                         p["median_s"] / c["median_s"], f"{p['final_cost']:.6e}", f"{c['final_cost']:.6e}",
+                         f"{p['iterations']}/{c['iterations']}"])
+    table("ba_cpu.md", ["problem", "observations", "solver", "pyclad s", "Ceres s", "pyclad / Ceres",
+                        "pyclad final cost", "Ceres final cost", "iterations (pyclad/Ceres)"],
+          body, [LATEST["ba_cpu"]])
+
+    gpu = _ba_cases(LATEST["ba_gpu_bal"])
+    gpu.update(_ba_cases(LATEST["ba_gpu_venice"]))
+    body = []
+    for case, v in gpu.items():
+        src = LATEST["ba_gpu_venice"] if case == "venice-size" else LATEST["ba_gpu_bal"]
+        t = {k: r["median_s"] for k, r in v.items()}
+        ours = min(t.get("pyclad-sparse_schur", 1e9), t.get("pyclad-iterative_schur", 1e9))
+        ceres = min(t.get("ceres-sparse_schur", 1e9), t.get("ceres-iterative_schur", 1e9))
+        body.append([case, f"{next(iter(v.values()))['observations']:,}", t.get("pyclad-sparse_schur"),
+                     t.get("pyclad-iterative_schur"), t.get("ceres-sparse_schur"),
+                     t.get("ceres-iterative_schur", "not run"), f"**{ceres / ours:.1f}x**", link(src)])
+    for case, v in _ba_cases(LATEST["ba_gpu_final"]).items():
+        r = v["pyclad-iterative_schur"]
+        body.append([f"{case} ({r['iterations']} iterations)", f"{r['observations']:,}", "not run",
+                     r["median_s"], "not run", "not run", "-", link(LATEST["ba_gpu_final"])])
+    table("ba_gpu.md", ["problem", "observations", "pyclad `sparse_schur` s", "pyclad `iterative_schur` s",
+                        "Ceres SPARSE_SCHUR s", "Ceres ITERATIVE_SCHUR s", "Ceres' best / pyclad's best", "source"],
+          body, [LATEST["ba_gpu_bal"], LATEST["ba_gpu_venice"], LATEST["ba_gpu_final"]])
+
+    # Time per problem: pyclad's and Ceres' best solver, both machines.
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, cases, title in ((axes[0], cpu, "2-core CPU (PoCL) against Ceres on 2 threads"),
+                             (axes[1], gpu, "H200 against Ceres on 16 cores")):
+        labels = [c.replace("-pre", "") for c in cases]
+        best = lambda v, who: min(r["median_s"] for k, r in v.items() if k.startswith(who))
+        bars(ax, labels, {"pyclad (best solver)": [best(v, "pyclad") for v in cases.values()],
+                          "Ceres (best solver)": [best(v, "ceres") for v in cases.values()]}, "seconds per solve")
+        ax.set_title(title)
+    save(fig, "ba_time_per_problem.png")
+
+    # Speed-up against problem size.
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for cases, label, marker in ((cpu, "2-core CPU", "o"), (gpu, "H200", "s")):
+        for solver in ("sparse_schur", "iterative_schur"):
+            pts = sorted((v[f"pyclad-{solver}"]["observations"],
+                          v[f"ceres-{solver}"]["median_s"] / v[f"pyclad-{solver}"]["median_s"])
+                         for v in cases.values() if f"ceres-{solver}" in v and f"pyclad-{solver}" in v)
+            if pts:
+                ax.plot(*zip(*pts), marker=marker, label=f"{label}, {solver}")
+    ax.set_xscale("log")
+    ax.axhline(1, color="k", lw=0.8)
+    ax.set_xlabel("observations")
+    ax.set_ylabel("Ceres time / pyclad time (same solver)")
+    ax.set_title("Bundle adjustment: speed-up against problem size")
+    ax.legend(fontsize=8)
+    save(fig, "ba_speedup_vs_size.png")
+
+
+def multi_device():
+    names = ["bench_multi_device-pocl-full", "bench_multi_device-mpi-pocl-full", "bench_multi_device-nvidia-full",
+             "bench_multi_device-mpi-nvidia-full", "bench_multi_device-nvidia-4x"]
+    body = [[r["case"], r["variant"], r["median_s"], r.get("x_one_part", "-"),
+             f"{r['bytes_per_iteration'] / 1e6:.2f} MB" if r.get("bytes_per_iteration") else "-",
+             f"{r['cost_vs_one_part']:.0e}" if r.get("cost_vs_one_part") else "0", link(n)]
+            for n in names for r in load(n)["rows"]]
+    table("multi_device.md", ["problem, solver", "run", "s per iteration", "x one part", "bytes per iteration",
+                              "final cost vs one part", "source"], body, names)
+
+
+# ----------------------------------------------------------------------------- COLMAP
+
+
+def _tagged(key):
+    """Rows of a result file, each remembering the file (for the tables' source column)."""
+    name = LATEST[key]
+    found = kv_log(name) if name.endswith(".log") else rows(name)
+    return [dict(r, source=name) for r in found]
+
+
+def colmap(plt):
+    cpu = _tagged("colmap_cpu") + _tagged("colmap_cpu_2000")
+    body = [[r["case"], f"{r['observations']:,}", r["pycolmap_solver"], f"`{r['variant']}`", r["ours_s"],
+             r["pycolmap_s"], f"**{r['time_ratio']:.2f}**", f"{r['ours_iterations']}/{r['pycolmap_iterations']}",
+             f"{r['cost_ratio']:.6f}", link(r["source"])] for r in cpu]
+    extra = _tagged("colmap_cpu_rigs") + _tagged("colmap_cpu_priors")
+    body += [[r["case"], f"{r['observations']:,}", r["pycolmap_solver"], f"`{r['variant']}`", r["ours_s"],
+              r["pycolmap_s"], f"**{r['time_ratio']:.2f}**", f"{r['ours_iterations']}/{r['pycolmap_iterations']}",
+              f"{r['cost_ratio']:.6f}", link(r["source"])] for r in extra]
+    table("colmap_cpu.md", ["reconstruction", "observations", "pycolmap's solver", "ours", "ours s", "pycolmap s",
+                            "ours / pycolmap", "iterations (ours/pycolmap)", "final cost ratio", "source"],
+          body, [LATEST[k] for k in ("colmap_cpu", "colmap_cpu_2000", "colmap_cpu_rigs", "colmap_cpu_priors")])
+
+    gpu = (_tagged("colmap_gpu") + _tagged("colmap_gpu_2000") + _tagged("colmap_gpu_rigs")
+           + _tagged("colmap_gpu_priors") + _tagged("colmap_gpu_fisheye"))
+    body = [[r["case"], f"{int(r['observations']):,}", r["pycolmap_solver"], r["ours_s"], r["pycolmap_s"],
+             f"**{r['pycolmap_s'] / r['ours_s']:.1f}x**", f"{int(r['ours_iterations'])}/{int(r['pycolmap_iterations'])}",
+             f"{r['cost_ratio']:.6f}", link(r["source"])] for r in gpu]
+    table("colmap_gpu.md", ["reconstruction", "observations", "pycolmap's solver", "ours s", "pycolmap s",
+                            "pycolmap / ours", "iterations (ours/pycolmap)", "final cost ratio", "source"],
+          body, [LATEST[k] for k in ("colmap_gpu", "colmap_gpu_2000", "colmap_gpu_rigs", "colmap_gpu_priors",
+                                     "colmap_gpu_fisheye")])
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, rs, title in ((axes[0], cpu, "2-core CPU (PoCL), pycolmap on 2 threads"),
+                          (axes[1], gpu[:7], "H200, pycolmap on 16 cores")):
+        labels = [r["case"].replace(" images", " img").replace("camera per image", "cam/img") for r in rs]
+        bars(ax, labels, {"pyclad": [r["ours_s"] for r in rs], "pycolmap": [r["pycolmap_s"] for r in rs]},
+             "seconds per solve")
+        ax.set_title(title)
+    save(fig, "colmap_time_per_reconstruction.png")
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for rs, label, marker in ((cpu + extra, "2-core CPU", "o"), (gpu, "H200", "s")):
+        for kind in ("shared camera", "camera per image", "rig of 2", "rig of 6", "priors", "FISHEYE"):
+            pts = sorted((r["observations"], r["pycolmap_s"] / r["ours_s"]) for r in rs if kind in r["case"])
+            if pts:
+                ax.plot(*zip(*pts), marker=marker, label=f"{label}, {kind}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.axhline(1, color="k", lw=0.8)
+    ax.set_xlabel("observations")
+    ax.set_ylabel("pycolmap time / pyclad time")
+    ax.set_title("COLMAP bundle adjustment: speed-up against size")
+    ax.legend(fontsize=7, ncol=2)
+    save(fig, "colmap_speedup_vs_size.png")
+
+
+# ----------------------------------------------------------------------------- vision ops
+
+
+def vision(plt):
+    d = rows(LATEST["dcnv4"], section="as called")
+    table("dcnv4.md", ["shape (N, H, W, C), G=4", "dtype", "ours as called ms", "official as called ms", "ratio",
+                       "ours pipelined ms", "official pipelined ms", "our kernel ms", "official kernel ms"],
+          [[r["case"], r["dtype"], r["ours_as_called_ms"], r["official_as_called_ms"],
+            f"**{r['as_called_ratio']:.2f}x**", r["ours_pipelined_ms"], r["official_pipelined_ms"],
+            r["ours_kernel_ms"], r["official_events_ms"]] for r in d], [LATEST["dcnv4"]])
+    a = rows(LATEST["aggregation"], section="as called")
+    table("aggregation.md", ["case", "pass", "ours as called ms", "CUDA op as called ms", "ratio",
+                             "our kernels ms", "CUDA op kernels ms"],
+          [[r["case"], r["variant"], r["ours_as_called_ms"], r["official_as_called_ms"],
+            f"**{r['as_called_ratio']:.1f}x**", r["ours_kernel_ms"], r["official_events_ms"]] for r in a],
+          [LATEST["aggregation"]])
+    t = load(LATEST["torch"])["rows"]
+    steps = [(o, u) for o in t if o["variant"].startswith("official") for u in t
+             if u["case"] == o["case"] and u["variant"].startswith("ours")]
+    table("torch.md", ["training step (forward, loss, backward)", "ours ms", "official op ms", "ours faster by"],
+          [[o["case"], u["median_s"] * 1e3, o["median_s"] * 1e3, f"**{o['median_s'] / u['median_s']:.2f}x**"]
+           for o, u in steps], [LATEST["torch"]])
+
+    w = load(LATEST["warp_gpu"])["rows"]
+    body = []
+    for case in dict.fromkeys(r["case"] for r in w):
+        by = {r["variant"]: r for r in w if r["case"] == case}
+        cv = by["opencv warpAffine+blobFromImages"]["median_s"]
+        body.append(["H200 (OpenCV on 16 cores)", case, cv * 1e3,
+                     by["kernel, 2 px/work-item (default)"]["median_s"] * 1e3,
+                     by["end-to-end numpy -> new numpy"]["median_s"] * 1e3,
+                     by["end-to-end numpy -> out= numpy"]["median_s"] * 1e3,
+                     f"**{cv / by['end-to-end numpy -> new numpy']['median_s']:.2f}x**", link(LATEST["warp_gpu"])])
+    for name in LATEST["warp_cpu"]:
+        by = {r["variant"]: r for r in md_rows(name)}
+        cv = by["opencv warpAffine+blobFromImages"]["ms"]
+        body.append([f"2-core Zen 5, PoCL ({name.split('-')[-1][:-3]})", by["opencv warpAffine+blobFromImages"]["case"],
+                     cv, by["kernel, 16 px/work-item (default)"]["ms"], by["end-to-end numpy -> new numpy"]["ms"],
+                     by["end-to-end numpy -> out= numpy"]["ms"],
+                     f"**{cv / by['end-to-end numpy -> new numpy']['ms']:.2f}x**", link(name)])
+    table("warp_affine.md", ["machine", "case", "OpenCV ms", "kernel ms", "end-to-end ms", "end-to-end, `out=` ms",
+                             "OpenCV / end-to-end", "source"], body, [LATEST["warp_gpu"]] + LATEST["warp_cpu"])
+
+    o = _tagged("overhead_gpu") + _tagged("overhead_cpu")
+    table("overhead.md", ["machine", "case", "op", "host us per call", "over a raw launch us", "within 50 us",
+                          "source"],
+          [["H200" if r["source"] == LATEST["overhead_gpu"] else "2-core Zen 5", r["case"], f"`{r['variant']}`",
+            r["host_us"], r["over_raw_us"], r["within_50us"], link(r["source"])] for r in o],
+          [LATEST["overhead_gpu"], LATEST["overhead_cpu"]])
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    labels = [f"DCNv4 {r['case'].split(' G=')[0]} {r['dtype']}" for r in d]
+    labels += [f"aggregation {r['case'].split()[0]} {r['variant']}" for r in a]
+    labels += [o["case"].split(" (")[0] + " step" for o, _ in steps]
+    ratios = [r["as_called_ratio"] for r in d] + [r["as_called_ratio"] for r in a]
+    ratios += [o["median_s"] / u["median_s"] for o, u in steps]
+    colors = ["C0"] * len(d) + ["C1"] * len(a) + ["C2"] * len(steps)
+    ax.barh(range(len(labels)), ratios, color=colors)
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.axvline(1, color="k", lw=0.8)
+    ax.set_xlabel("CUDA original's time / pyclad's time (as called, H200; > 1: pyclad faster)")
+    ax.set_title("Vision ops against the CUDA originals")
+    save(fig, "vision_vs_cuda.png")
+
+
+# ----------------------------------------------------------------------------- AD
+
+
+def ad(plt):
+    j = load(LATEST["jacobian_cpu"])["rows"]
+    cases = list(dict.fromkeys(r["case"] for r in j))
+    want = ["ceres autodiff 2 threads", "ceres solver jacobian evaluation 2 threads", "pyclad codegen float64 kernel",
+            "pyclad codegen float64 host", "pyclad tape float64 host", "pyclad tape float32 host"]
+    by = {(r["case"], r["variant"]): r for r in j}
+    body = [[c, f"{int(by[(c, want[0])]['items']):,}"] + [f"{by[(c, v)]['items_per_s'] / 1e6:.1f} M" if (c, v) in by
+                                                            else "-" for v in want] for c in cases]
+    table("jacobian_cpu.md", ["problem", "observations"] + [v.replace(" 2 threads", "") for v in want], body,
+          [LATEST["jacobian_cpu"]])
+    d16 = load(LATEST["jacobian_cpu_d16"])["rows"]
+    table("jacobian_cpu_d16.md", ["problem", "variant", "observations per s", "x Ceres' in-solver evaluation"],
+          [[r["case"], r["variant"], f"{r['items_per_s'] / 1e6:.1f} M", r.get("x_ceres_solver", "-")] for r in d16],
+          [LATEST["jacobian_cpu_d16"]])
+    g = load(LATEST["jacobian_gpu"])["rows"]
+    gw = ["ceres autodiff 16 threads", "pyclad codegen float64 kernel", "pyclad codegen float32 kernel",
+          "pyclad tape float64 kernel", "pyclad codegen float64 host"]
+    gby = {(r["case"], r["variant"]): r for r in g}
+    gcases = list(dict.fromkeys(r["case"] for r in g))
+    table("jacobian_gpu.md", ["problem"] + gw,
+          [[c] + [f"{gby[(c, v)]['items_per_s'] / 1e6:,.0f} M" if (c, v) in gby else "-" for v in gw] for c in gcases],
+          [LATEST["jacobian_gpu"]])
+    for key, file in (("tape_cpu", "tape_cpu.md"), ("tape_gpu", "tape_gpu.md")):
+        t = load(LATEST[key])["rows"]
+        table(file, ["case", "rung", "tuples per s", "x codegen", "kernel ms"],
+              [[r["case"], r["variant"], f"{r['items_per_s'] / 1e6:,.1f} M", r["x_codegen"], r["kernel_ms"]] for r in t],
+              [LATEST[key]])
+    c = load(LATEST["compile_cpu"])["rows"]
+    table("compile_cpu.md", ["function", "variant", "build s", "nodes", "tuples per s"],
+          [[r["case"], r["variant"], r["build_s"], r["nodes"], f"{r['tuples_per_s'] / 1e6:.2f} M"] for r in c],
+          [LATEST["compile_cpu"]])
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    bars(ax, [c.replace("-pre", "") for c in cases],
+         {v.replace(" 2 threads", ""): [by[(c, v)]["items_per_s"] if (c, v) in by else None for c in cases]
+          for v in want}, "observations per second")
+    ax.set_title("Snavely residuals + Jacobians, 2-core CPU (PoCL) against Ceres on 2 threads")
+    save(fig, "ad_throughput_cpu.png")
+
+
+# ----------------------------------------------------------------------------- cold start
+
+
+def cold_start(plt):
+    r = load(LATEST["cold_gpu"])["rows"]
+    table("cold_start.md", ["case", "variant", "whole process s (median)", "x peer", "input"],
+          [[x["case"], x["variant"], x["median_s"], x.get("ratio_to_peer", "-"), x.get("input", "")] for x in r],
+          [LATEST["cold_gpu"]])
+    cases = [c for c in dict.fromkeys(x["case"] for x in r) if c != "import"]
+    by = {(x["case"], x["variant"]): x["median_s"] for x in r}
+    peer = lambda c: next((v for (cc, k), v in by.items() if cc == c and k.startswith("peer")), None)
+    fig, ax = plt.subplots(figsize=(9, 4))
+    bars(ax, [c.replace(", camera per image", "") for c in cases],
+         {"pyclad cold (empty caches)": [by.get((c, "ours cold")) for c in cases],
+          "pyclad warm": [by.get((c, "ours warm")) for c in cases],
+          "peer (Ceres / pycolmap process)": [peer(c) for c in cases]}, "seconds, whole process", log=False)
+    ax.set_title("Whole command-line processes on the H200 machine")
+    save(fig, "cold_start.png")
+
+
+# ----------------------------------------------------------------------------- headline
+
+
+def _span(values, digits=2, unit="x"):
+    lo, hi = min(values), max(values)
+    return f"{lo:.{digits}f}-{hi:.{digits}f}{unit}"
+
+
+def headline():
+    """The overview's table: a range per area, each computed here from its result files."""
+    gpu = _ba_cases(LATEST["ba_gpu_bal"])
+    best = lambda v, who: min(r["median_s"] for k, r in v.items() if k.startswith(who))
+    bal = [best(v, "ceres") / best(v, "pyclad") for v in gpu.values()]
+    venice = [best(v, "ceres") / best(v, "pyclad") for v in _ba_cases(LATEST["ba_gpu_venice"]).values()]
+    cpu = _ba_cases(LATEST["ba_cpu"])
+    cpu_ratio = {s: [v[f"pyclad-{s}"]["median_s"] / v[f"ceres-{s}"]["median_s"] for v in cpu.values()]
+                 for s in ("sparse_schur", "iterative_schur")}
+    colmap_gpu = rows(LATEST["colmap_gpu"]) + rows(LATEST["colmap_gpu_2000"])
+    colmap_cpu = rows(LATEST["colmap_cpu"]) + rows(LATEST["colmap_cpu_2000"])
+    d = [r["as_called_ratio"] for r in rows(LATEST["dcnv4"], section="as called")]
+    a = {p: [r["as_called_ratio"] for r in rows(LATEST["aggregation"], section="as called", variant=p)]
+         for p in ("forward", "backward")}
+    cold = {(r["case"], r["variant"]): r["median_s"] for r in load(LATEST["cold_gpu"])["rows"]}
+    bal49 = "BAL problem-49-7776-pre.txt.bz2"
+    body = [
+        ["bundle adjustment, five BAL problems, H200", f"{_span(bal, 1)} faster than Ceres' faster solver on 16 "
+         f"cores; venice size (5.04M observations) {venice[0]:.1f}x", "[Bundle adjustment](bundle-adjustment.md)",
+         link(LATEST["ba_gpu_bal"]) + ", " + link(LATEST["ba_gpu_venice"])],
+        ["bundle adjustment, 2-core CPU (PoCL)", f"{_span(cpu_ratio['iterative_schur'])} Ceres' time with "
+         f"`iterative_schur`, {_span(cpu_ratio['sparse_schur'])} with `sparse_schur`, same final costs",
+         "[Bundle adjustment](bundle-adjustment.md)", link(LATEST["ba_cpu"])],
+        ["COLMAP, H200", f"{_span([r['pycolmap_s'] / r['ours_s'] for r in colmap_gpu], 1)} faster than pycolmap "
+         f"on 16 cores, 48,000-960,000 observations", "[COLMAP](colmap.md)",
+         link(LATEST["colmap_gpu"]) + ", " + link(LATEST["colmap_gpu_2000"])],
+        ["COLMAP, 2-core CPU (PoCL)", f"{_span([r['time_ratio'] for r in colmap_cpu])} pycolmap's time, 30-2,000 "
+         f"images", "[COLMAP](colmap.md)", link(LATEST["colmap_cpu"]) + ", " + link(LATEST["colmap_cpu_2000"])],
+        ["DCNv4, H200, as called", f"{_span(d)} faster than the official CUDA operator",
+         "[Vision ops](vision-ops.md)", link(LATEST["dcnv4"])],
+        ["deformable aggregation, H200, as called", f"forward {_span(a['forward'], 1)}, backward "
+         f"{_span(a['backward'], 1)} faster than Sparse4D's CUDA operator", "[Vision ops](vision-ops.md)",
+         link(LATEST["aggregation"])],
+        ["cold start, H200", f"`python -m solvers.bal` on problem-49: {cold[(bal49, 'ours cold')]:.2f} s from empty "
+         f"caches, {cold[(bal49, 'ours warm')]:.2f} s warm (Ceres' process {cold[(bal49, 'peer (Ceres)')]:.2f} s)",
+         "[Cold start](cold-start.md)", link(LATEST["cold_gpu"])],
+    ]
+    lines = ["| area | figure | page | source |", "|---|---|---|---|"]
+    lines += ["| " + " | ".join(r) + " |" for r in body]
+    os.makedirs(TABLES, exist_ok=True)
+    with open(os.path.join(TABLES, "headline.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def main():
+    plt = _plt()
+    for part in (bundle_adjustment, colmap, vision, ad, cold_start):
+        part(plt)
+    multi_device()
+    headline()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
