@@ -1,6 +1,7 @@
 """Draw the documentation's plots and figure tables from the committed benchmark results.
 
     python benchmarks/plots.py            # writes docs/assets/plots/*.png and docs/snippets/perf/*.md
+    python benchmarks/plots.py --no-plots --tables DIR    # the tables alone, elsewhere (the docs test)
 
 Every number on the performance pages comes from here: the script reads the result files under
 ``benchmarks/results/`` (the latest run of each measurement, named in ``LATEST`` below), draws
@@ -8,6 +9,7 @@ the plots with matplotlib (Agg, no display) and writes each table as a Markdown 
 pages include, with a link to the result file behind every row. Nothing is typed in by hand, so a
 new run is a new file name in ``LATEST`` and a rerun of this script.
 """
+import argparse
 import json
 import os
 import re
@@ -17,6 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 PLOTS = os.path.join(ROOT, "docs", "assets", "plots")
 TABLES = os.path.join(ROOT, "docs", "snippets", "perf")
+DRAW = True          # False with --no-plots: tables only
 
 # The latest run of each measurement (the runs before them are superseded and not shown).
 LATEST = {
@@ -133,6 +136,8 @@ def _plt():
 
 
 def save(fig, name):
+    if not DRAW:
+        return
     os.makedirs(PLOTS, exist_ok=True)
     fig.tight_layout()
     fig.savefig(os.path.join(PLOTS, name))
@@ -476,8 +481,29 @@ def headline():
         f.write("\n".join(lines) + "\n")
 
 
-def main():
-    plt = _plt()
+class _NoPlots:
+    """Stands in for pyplot with --no-plots: the tables are written, every drawing call is a no-op."""
+
+    def subplots(self, *args, **kwargs):
+        n = args[1] if len(args) > 1 else 1
+        return self, [self] * n if n > 1 else self
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: self
+
+    def __iter__(self):
+        return iter(())
+
+
+def main(argv=None):
+    global TABLES, PLOTS, DRAW
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tables", default=TABLES, help="folder for the Markdown tables (default docs/snippets/perf)")
+    ap.add_argument("--plots", default=PLOTS, help="folder for the PNG plots (default docs/assets/plots)")
+    ap.add_argument("--no-plots", action="store_true", help="write the tables only (no matplotlib needed)")
+    args = ap.parse_args(argv)
+    TABLES, PLOTS, DRAW = args.tables, args.plots, not args.no_plots
+    plt = _NoPlots() if args.no_plots else _plt()
     for part in (bundle_adjustment, colmap, vision, ad, cold_start):
         part(plt)
     multi_device()

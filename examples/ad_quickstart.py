@@ -1,8 +1,9 @@
 """Values and Jacobians of a small function for a million tuples, checked against finite
 differences on a few of them.
 
-    python examples/ad_quickstart.py
+    python examples/ad_quickstart.py [--tuples N]
 """
+import argparse
 import time
 
 import numpy as np
@@ -18,10 +19,12 @@ def range_bearing(pose, landmark):
 
 
 def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tuples", type=int, default=1_000_000, help="how many tuples to evaluate (default 1,000,000)")
+    n = ap.parse_args().tuples
     rng = np.random.default_rng(0)
     poses = rng.normal(0, 5, (1000, 3))
     landmarks = rng.normal(0, 20, (5000, 2))
-    n = 1_000_000
     index = np.stack([rng.integers(0, 1000, n), rng.integers(0, 5000, n)], axis=1)
 
     f = pc.BatchFunction(range_bearing, params=(3, 2))

@@ -1,6 +1,6 @@
 """Bundle-adjust a COLMAP reconstruction with solvers.Problem, then add a residual of your own.
 
-    python examples/colmap_bundle_adjust.py [MODEL_DIR] [--out OUT_DIR]
+    python examples/colmap_bundle_adjust.py [MODEL_DIR] [--out OUT_DIR] [--frames 40] [--points 2000]
 
 Without MODEL_DIR a small noisy reconstruction is made with pycolmap (``pip install pycolmap``).
 The steps:
@@ -26,14 +26,14 @@ import solvers  # noqa: E402
 from solvers import colmap  # noqa: E402
 
 
-def synthetic_model(folder):
+def synthetic_model(folder, frames=40, points=2000):
     try:
         import pycolmap
     except ImportError:
         raise SystemExit("no MODEL_DIR given and pycolmap is not installed to make one: pip install pycolmap")
     pycolmap.set_random_seed(0)
     rec = pycolmap.synthesize_dataset(pycolmap.SyntheticDatasetOptions(
-        num_rigs=1, num_cameras_per_rig=1, num_frames_per_rig=40, num_points3D=2000, track_length=6,
+        num_rigs=1, num_cameras_per_rig=1, num_frames_per_rig=frames, num_points3D=points, track_length=6,
         num_points2D_without_point3D=0))
     pycolmap.synthesize_noise(pycolmap.SyntheticNoiseOptions(
         point2D_stddev=1.0, point3D_stddev=0.02, rig_from_world_translation_stddev=0.01,
@@ -56,8 +56,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", nargs="?", help="COLMAP model folder (default: a synthetic one)")
     ap.add_argument("--out", help="folder to write the refined model to")
+    ap.add_argument("--frames", type=int, default=40, help="images of the synthetic model (default 40)")
+    ap.add_argument("--points", type=int, default=2000, help="points of the synthetic model (default 2000)")
     args = ap.parse_args()
-    folder = args.model or synthetic_model(tempfile.mkdtemp(prefix="colmap-example-"))
+    folder = args.model or synthetic_model(tempfile.mkdtemp(prefix="colmap-example-"), args.frames, args.points)
 
     rec = colmap.read_model(folder)
     print(f"{folder}: {rec.image_ids.size} images, {rec.point_ids.size} points, {rec.num_observations} observations")
