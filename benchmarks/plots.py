@@ -144,6 +144,16 @@ def save(fig, name):
     print("wrote", os.path.join("docs", "assets", "plots", name))
 
 
+def _plain_log_ticks(axis):
+    """Label a log axis 1, 2, 5, 10, 20, ... instead of powers of ten alone."""
+    if not DRAW:
+        return
+    from matplotlib.ticker import FuncFormatter, LogLocator
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+
+
 def bars(ax, labels, series, ylabel, log=True):
     import numpy as np
     x = np.arange(len(labels))
@@ -219,9 +229,11 @@ def bundle_adjustment(plt):
             pts = sorted((v[f"pyclad-{solver}"]["observations"],
                           v[f"ceres-{solver}"]["median_s"] / v[f"pyclad-{solver}"]["median_s"])
                          for v in cases.values() if f"ceres-{solver}" in v and f"pyclad-{solver}" in v)
-            if pts:
-                ax.plot(*zip(*pts), marker=marker, label=f"{label}, {solver}")
+            if pts:   # markers only: each point is a different problem, not a sweep of one
+                ax.plot(*zip(*pts), marker=marker, ls="none", ms=7, label=f"{label}, {solver}")
     ax.set_xscale("log")
+    ax.set_yscale("log")
+    _plain_log_ticks(ax.yaxis)
     ax.axhline(1, color="k", lw=0.8)
     ax.set_xlabel("observations")
     ax.set_ylabel("Ceres time / pyclad time (same solver)")
@@ -249,6 +261,16 @@ def _tagged(key):
     name = LATEST[key]
     found = kv_log(name) if name.endswith(".log") else rows(name)
     return [dict(r, source=name) for r in found]
+
+
+def _colmap_kind(row):
+    """The kind of reconstruction a bench_colmap case names (its layout words overlap: a fisheye
+    case has a camera per image too)."""
+    case = row["case"]
+    for kind in ("OPENCV_FISHEYE", "rig of 2", "rig of 6", "pose priors", "shared camera"):
+        if kind in case:
+            return kind
+    return "camera per image"
 
 
 def colmap(plt):
@@ -284,13 +306,16 @@ def colmap(plt):
     save(fig, "colmap_time_per_reconstruction.png")
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for rs, label, marker in ((cpu + extra, "2-core CPU", "o"), (gpu, "H200", "s")):
-        for kind in ("shared camera", "camera per image", "rig of 2", "rig of 6", "priors", "FISHEYE"):
-            pts = sorted((r["observations"], r["pycolmap_s"] / r["ours_s"]) for r in rs if kind in r["case"])
+    kinds = ("shared camera", "camera per image", "rig of 2", "rig of 6", "pose priors", "OPENCV_FISHEYE")
+    # A colour per kind of reconstruction, a line style per machine.
+    for rs, label, marker, ls in ((cpu + extra, "2-core CPU", "o", "-"), (gpu, "H200", "s", "--")):
+        for i, kind in enumerate(kinds):
+            pts = sorted((r["observations"], r["pycolmap_s"] / r["ours_s"]) for r in rs if _colmap_kind(r) == kind)
             if pts:
-                ax.plot(*zip(*pts), marker=marker, label=f"{label}, {kind}")
+                ax.plot(*zip(*pts), marker=marker, ls=ls, color=f"C{i}", label=f"{label}, {kind}")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    _plain_log_ticks(ax.yaxis)
     ax.axhline(1, color="k", lw=0.8)
     ax.set_xlabel("observations")
     ax.set_ylabel("pycolmap time / pyclad time")
@@ -357,9 +382,13 @@ def vision(plt):
     ratios += [o["median_s"] / u["median_s"] for o, u in steps]
     colors = ["C0"] * len(d) + ["C1"] * len(a) + ["C2"] * len(steps)
     ax.barh(range(len(labels)), ratios, color=colors)
+    for y, v in enumerate(ratios):
+        ax.text(v * 1.03, y, f"{v:.2f}x", va="center", fontsize=8)
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xscale("log")
+    ax.set_xlim(0.8, max(ratios) * 1.6)
+    _plain_log_ticks(ax.xaxis)
     ax.axvline(1, color="k", lw=0.8)
     ax.set_xlabel("CUDA original's time / pyclad's time (as called, H200; > 1: pyclad faster)")
     ax.set_title("Vision ops against the CUDA originals")

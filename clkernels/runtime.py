@@ -141,7 +141,22 @@ def _match_part(part: str, devices, names) -> List[cl.Device]:
 
 
 def match_devices(spec: str, devices: Optional[List[cl.Device]] = None) -> List[cl.Device]:
-    """All devices matching a ``[platform][:device]`` spec (see the module docstring)."""
+    """All devices matching a ``[platform][:device]`` spec, in platform order.
+
+    Each part of the spec is case-insensitive: an index, a substring of the platform's name and
+    vendor (or of the device's name), or one of ``cpu``, ``gpu``, ``accelerator``. A bare word
+    that names no platform is tried against the device names (``"h200"``, ``"xeon"``).
+
+    Args:
+        spec: for example ``"nvidia"``, ``"pocl:0"``, ``"gpu"``, ``"0:1"``, ``":cpu"``.
+        devices: the devices to choose from (default: :func:`list_devices`).
+
+    Returns:
+        The matching ``pyopencl.Device`` objects; empty when nothing matches.
+
+    Raises:
+        NoPlatformError: no OpenCL platform is installed (when ``devices`` is not given).
+    """
     devices = list_devices() if devices is None else devices
     spec = spec.strip().lower()
     plat_part, sep, dev_part = spec.partition(":")
@@ -176,7 +191,16 @@ def match_devices(spec: str, devices: Optional[List[cl.Device]] = None) -> List[
 
 
 def describe_devices(devices: Optional[List[cl.Device]] = None, mark=None) -> str:
-    """A table of devices; ``mark`` (a device) gets an arrow."""
+    """A printable table of devices, one line each, as ``python -m clkernels`` shows it.
+
+    Args:
+        devices: the devices to list (default: :func:`list_devices`).
+        mark: a ``pyopencl.Device`` to point at with an arrow (the chosen one), or None.
+
+    Returns:
+        The table: per platform its devices with type, compute units, memory, work-group limit
+        and fp64 support, then a ``left out: ...`` line for each unusable device.
+    """
     devices = list_devices() if devices is None else devices
     lines = []
     platforms = []
@@ -200,7 +224,27 @@ def describe_devices(devices: Optional[List[cl.Device]] = None, mark=None) -> st
 
 @dataclasses.dataclass(frozen=True)
 class DeviceInfo:
-    """What kernels and launchers need to know about a device, read once."""
+    """What kernels and launchers need to know about a device, read once (``Runtime.info``).
+
+    Attributes:
+        name: the device's name.
+        platform: the platform's name.
+        vendor: one of ``nvidia``, ``amd``, ``intel``, ``apple``, ``pocl``, ``oclgrind``, ``other``.
+        type_name: the device's types (``cpu``, ``gpu``, ``accelerator``, joined by ``/``), or ``other``.
+        compute_units: the device's compute units.
+        global_mem_bytes: global memory.
+        max_alloc_bytes: the largest single allocation.
+        local_mem_bytes: local memory per work-group.
+        max_work_group_size: the largest work-group.
+        fp64: whether the device has ``cl_khr_fp64`` (float64 kernels need it).
+        int64_atomics: whether it has 64-bit integer atomics.
+        is_simulator: the Oclgrind simulator.
+        is_cpu: a CPU device.
+        native_vector_width_float: the float vector width its compiler emits (CPUs: the
+            target's SIMD width, which may be narrower than the hardware's).
+        native_vector_width_double: the same for double.
+        max_constant_bytes: the constant-memory buffer limit.
+    """
     name: str
     platform: str
     vendor: str  # one of nvidia, amd, intel, apple, pocl, oclgrind, other
@@ -302,7 +346,25 @@ DeviceLike = Union[None, str, cl.Device]
 
 
 def select_device(device: DeviceLike = None) -> Tuple[cl.Device, str]:
-    """The device to use and the reason it was chosen."""
+    """The device to use and the reason it was chosen.
+
+    In this order: ``device`` itself, :class:`use_device` in code, the environment variables
+    ``PYCLAD_DEVICE`` and ``PYOPENCL_CTX``, then the default: the first GPU, else the first CPU,
+    that is not the Oclgrind simulator (else the first device).
+
+    Args:
+        device: None, a spec string (see :func:`match_devices`) or a ``pyopencl.Device``.
+
+    Returns:
+        ``(device, reason)``: the ``pyopencl.Device`` and a short text saying why, such as
+        ``"environment PYCLAD_DEVICE='pocl'"``.
+
+    Raises:
+        DeviceNotFoundError: a spec (argument, ``use_device`` or environment) matches nothing;
+            the message lists every device found.
+        NoPlatformError: no OpenCL platform is installed.
+        TypeError: ``device`` is of another type.
+    """
     if isinstance(device, cl.Device):
         return device, "explicit argument"
     devices = list_devices()
@@ -394,7 +456,26 @@ def _own_runtime(device: cl.Device) -> Runtime:
 
 
 def get_runtime(device: DeviceLike = None) -> Runtime:
-    """The cached :class:`Runtime` for the selected device (see module docstring)."""
+    """The library's :class:`Runtime` (context, in-order queue, memory pool) for a device.
+
+    Made once per device and kept for the process, so repeat calls cost a dictionary look-up.
+
+    Args:
+        device: None (the device :func:`select_device` chooses), a spec string, a
+            ``pyopencl.Device``, or a :class:`Runtime` (returned as it is).
+
+    Returns:
+        The device's :class:`Runtime`.
+
+    Raises:
+        DeviceNotFoundError: the spec matches no device.
+        NoPlatformError: no OpenCL platform is installed.
+
+    Example::
+
+        rt = clkernels.get_runtime("pocl")
+        print(rt.info.name, rt.info.fp64)
+    """
     if isinstance(device, Runtime):
         return device
     if device is None or isinstance(device, str):
@@ -438,7 +519,20 @@ def runtime_for_context(context: cl.Context) -> Runtime:
 
 class use_device:
     """Choose the device in code: ``use_device("pocl")`` sets it until changed;
-    ``with use_device("nvidia"): ...`` sets it for the block only."""
+    ``with use_device("nvidia") as rt: ...`` sets it for the block only (``rt`` is its
+    :class:`Runtime`).
+
+    The choice is per context variable (per thread and asyncio task) and comes before the
+    environment variables; an explicit ``device=`` argument still wins over it.
+
+    Args:
+        device: a spec string (see :func:`match_devices`), a ``pyopencl.Device``, or None to go
+            back to the environment and the default.
+
+    Raises:
+        DeviceNotFoundError: the spec matches no device (at once, not at the first launch).
+        TypeError: ``device`` is of another type.
+    """
 
     def __init__(self, device: DeviceLike):
         if device is not None and not isinstance(device, (str, cl.Device)):

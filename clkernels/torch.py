@@ -32,8 +32,36 @@ __all__ = ["DCNv4", "DeformableAggregation", "letterbox", "warp_affine"]
 
 
 class DCNv4(nn.Module):
-    """DCNv4 as a module (see the module docstring). ``channels`` must divide into ``group``
-    groups; any group width works (the official kernel wants a multiple of 16)."""
+    """DCNv4 as a module, with the official module's constructor, parameter names and
+    initialisation (a state dict of the official module loads into it).
+
+    ``forward(input, shape=None)`` takes ``input`` (N, L, C) with L = H W and returns (N, L, C):
+    a value projection, offsets and masks from a linear layer (after a depthwise convolution when
+    ``dw_kernel_size`` is given), the deformable convolution, the optional centre feature scale,
+    and an output projection. CPU or CUDA tensors; float32, float16 or bfloat16.
+
+    Args:
+        channels: C; must divide into ``group`` groups of any width (the official kernel wants
+            a multiple of 16).
+        kernel_size: the square kernel's side.
+        stride: the convolution's stride, the same along both axes.
+        pad: its padding.
+        dilation: its dilation.
+        group: the number of groups.
+        offset_scale: the factor on the offsets.
+        dw_kernel_size: a depthwise convolution of this size before the offsets' projection
+            (None: none).
+        center_feature_scale: a learnt per-group gate between the convolution and the projected
+            value.
+        remove_center: skip the kernel's centre tap.
+        output_bias: the output projection's bias.
+        without_pointwise: no value and output projections.
+        allow_host_copy: CUDA tensors may take the host path where the GPU's OpenCL device
+            cannot share their memory (with a warning) instead of raising.
+
+    Raises:
+        ValueError: ``channels`` is not a multiple of ``group``; in ``forward``, L is not H W.
+    """
 
     def __init__(self, channels=64, kernel_size=3, stride=1, pad=1, dilation=1, group=4, offset_scale=1.0,
                  dw_kernel_size=None, center_feature_scale=False, remove_center=False, output_bias=True,

@@ -29,6 +29,7 @@ from .trace import trace
 
 MIN_TIMED_TUPLES = 1024
 BACKENDS = tuple(backends.BACKENDS)   # ("auto", "codegen", "tape", "numpy")
+"""The names ``BatchFunction(..., backend=...)`` takes: ``"auto"``, ``"codegen"``, ``"tape"``, ``"numpy"``."""
 
 # Past this many nodes a straight-line kernel takes the OpenCL compiler too long (and
 # spills registers on GPUs); the tape interpreter needs no compilation per graph.

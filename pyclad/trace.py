@@ -77,7 +77,24 @@ def _flatten_outputs(result) -> List:
 
 
 def trace(fn: Callable, group_sizes: Sequence[int], data_size: int = 0) -> Traced:
-    """Call ``fn(group_0, ..., group_{G-1}[, data])`` on symbolic vectors once."""
+    """Call ``fn(group_0, ..., group_{G-1}[, data])`` on symbolic vectors once and record the graph.
+
+    :class:`BatchFunction` does this itself; ``trace`` is for looking at the graph (its size,
+    ``Traced.summary()``) without building a kernel.
+
+    Args:
+        fn: a plain Python function of one :class:`Vector` per parameter group (and the data
+            vector when ``data_size`` > 0), returning a scalar or a list of scalars.
+        group_sizes: the length of each parameter group's row.
+        data_size: the length of the per-tuple data row (0: ``fn`` takes no data argument).
+
+    Returns:
+        A :class:`Traced`: the graph, its outputs in order, and which inputs they use.
+
+    Raises:
+        ValueError: a group size below 1, a negative data size, or a function with no outputs.
+        TypeError: Python ``if`` (or ``bool``) on a traced value; use :func:`where`.
+    """
     group_sizes = tuple(int(d) for d in group_sizes)
     if not group_sizes or any(d < 1 for d in group_sizes):
         raise ValueError(f"params must be a tuple of positive group sizes, got {group_sizes}")

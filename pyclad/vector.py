@@ -17,6 +17,7 @@ Scalar = Union[Node, float, int]
 # Ceres compares theta^2 with the double epsilon; using the same threshold makes the
 # Jacobian at and near w = 0 match Ceres' exactly.
 ANGLE_AXIS_EPSILON = float(np.finfo(np.float64).eps)
+"""Below this squared angle :func:`rotate_angle_axis` takes the first-order branch, as Ceres' ``AngleAxisRotatePoint`` does."""
 
 
 class Vector:
@@ -81,7 +82,14 @@ class Vector:
 
 
 def vector(items: Iterable[Scalar]) -> Vector:
-    """Build a :class:`Vector` from scalars (nodes or numbers)."""
+    """Build a :class:`Vector` from scalars, inside a traced function.
+
+    Args:
+        items: traced scalars or numbers.
+
+    Returns:
+        A :class:`Vector` of them, for elementwise arithmetic and the vector helpers.
+    """
     return Vector(items)
 
 
@@ -120,8 +128,26 @@ def _table_function(op) -> callable:
                             f"got {len(args)}")
         return _elementwise(op.name, *args)
     fn.__name__ = fn.__qualname__ = op.function
-    fn.__doc__ = op.doc or f"Elementwise {op.function} of traced scalars, vectors or numbers."
+    fn.__doc__ = (op.doc or f"Elementwise {op.function} of traced scalars, vectors or numbers.") + _OPERANDS.format(
+        n=op.arity, s="" if op.arity == 1 else "s", name=op.function)
     return fn
+
+
+# The reference's sections of every table function (the summary line is the table's own).
+_OPERANDS = """
+
+Args:
+    *args: {n} operand{s}: traced scalars, :class:`Vector` objects of one length, or numbers,
+        mixed in any order (a scalar or number is used for every entry of a vector).
+
+Returns:
+    A traced scalar; a :class:`Vector` when an operand is one; a float when every operand is a
+    number (evaluated with the same expression the kernels use).
+
+Raises:
+    TypeError: not {n} operand{s}.
+    ValueError: vectors of different lengths.
+"""
 
 
 # One function per row of pyclad/ops.py that names one: adding an op there adds it here and to
@@ -134,7 +160,18 @@ sqrt, where, sin, cos = (FUNCTIONS[name] for name in ("sqrt", "where", "sin", "c
 
 
 def dot(a: Vector, b: Vector) -> Scalar:
-    """Inner product of two vectors of the same length."""
+    """Inner product of two vectors of the same length.
+
+    Args:
+        a: a :class:`Vector` (or a sequence of traced scalars and numbers).
+        b: another, of the same length.
+
+    Returns:
+        A traced scalar, ``sum(a[i] * b[i])``.
+
+    Raises:
+        ValueError: the lengths differ.
+    """
     a, b = Vector(a), Vector(b)
     if len(a) != len(b):
         raise ValueError(f"dot: vector lengths differ: {len(a)} and {len(b)}")
@@ -145,7 +182,18 @@ def dot(a: Vector, b: Vector) -> Scalar:
 
 
 def cross(a: Vector, b: Vector) -> Vector:
-    """Cross product of two 3-vectors."""
+    """Cross product of two 3-vectors.
+
+    Args:
+        a: a :class:`Vector` of length 3 (or a sequence of traced scalars and numbers).
+        b: another.
+
+    Returns:
+        A :class:`Vector` of length 3, ``a x b``.
+
+    Raises:
+        ValueError: either is not of length 3.
+    """
     a, b = Vector(a), Vector(b)
     if len(a) != 3 or len(b) != 3:
         raise ValueError("cross needs two 3-vectors")
@@ -153,7 +201,14 @@ def cross(a: Vector, b: Vector) -> Vector:
 
 
 def norm(a: Vector) -> Scalar:
-    """Euclidean norm."""
+    """Euclidean norm, ``sqrt(dot(a, a))``.
+
+    Args:
+        a: a :class:`Vector` (or a sequence of traced scalars and numbers).
+
+    Returns:
+        A traced scalar. Its derivative at the zero vector is not finite, as ``sqrt``'s at 0.
+    """
     return sqrt(dot(a, a))
 
 

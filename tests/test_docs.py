@@ -65,14 +65,15 @@ def test_readmes_first_code_block_is_the_two_commands():
 
 
 def _reference_names(page, package):
-    """The names a reference page documents: its member list, and the ``::: package.x.name``
-    directives of names that share a module's name."""
+    """The names a reference page documents: its member list, the ``::: package.x.name``
+    directives of names that share a module's name, and the constants written on the page."""
     with open(os.path.join(DOCS, "reference", page)) as f:
         text = f.read()
     members = re.findall(r"^ {8}- (\w+)$", text, re.M)
     direct = [d.rsplit(".", 1)[1].rstrip("_") for d in re.findall(rf"^::: ({package}\.[\w.]+)$", text, re.M)]
     linked = re.findall(rf"`{package}\.(\w+)` is\s+\[", text)
-    return members + direct + linked
+    written = re.findall(r"^### `(\w+)`$", text, re.M)
+    return members + direct + linked + written
 
 
 @pytest.mark.parametrize("package", ["clkernels", "pyclad", "solvers"])

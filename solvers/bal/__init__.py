@@ -247,9 +247,21 @@ def _scan_chunk(chunk, path, counts, values, line0):
 def read_bal(path, name: Optional[str] = None, chunk_bytes: int = CHUNK_BYTES) -> BALProblem:
     """Read a BAL file (``.txt``, ``.bz2`` or ``.gz``) into a :class:`BALProblem`.
 
-    Raises :class:`BALFormatError` (a ``ValueError``) with the line number for a bad header, a short
-    or extra line, missing or extra lines, a token that is not a number, an index out of range, or
-    a NaN/Inf value; ``FileNotFoundError`` if there is no such file.
+    Args:
+        path: the file; the suffix says whether it is compressed.
+        name: the problem's name (default: the file's name without its suffixes).
+        chunk_bytes: how much text is parsed at a time (memory against speed; the default suits
+            files of any size).
+
+    Returns:
+        The problem: cameras ``(n, 9)``, points ``(m, 3)``, and per observation the camera and
+        point index and the observed pixel.
+
+    Raises:
+        BALFormatError: (a ``ValueError``) with the line number, for a bad header, a short or
+            extra line, missing or extra lines, a token that is not a number, an index out of
+            range, or a NaN/Inf value.
+        FileNotFoundError: there is no such file.
     """
     path = os.fspath(path)
     try:

@@ -30,10 +30,33 @@ def synthetic_problem(num_cameras: int = 20, num_points: int = 2000, obs_per_poi
                       perturb_point: float = 5e-2, seed: int = 0, name: str = None) -> BALProblem:
     """A seeded random BAL problem with about ``num_points * obs_per_point`` observations.
 
-    ``obs_per_point`` may be fractional: each point is then seen by ``floor`` or ``ceil`` of it
-    cameras, at random, so the mean is as asked (a venice-size problem: 1778 cameras, 993923
-    points, 5.07 observations per point). Everything is vectorised numpy: 29M observations take
-    seconds."""
+    Cameras on a circle look at points in a cube; each point is seen by consecutive cameras,
+    with Gaussian pixel noise, and the returned starting cameras and points are the true ones
+    perturbed. Everything is vectorised numpy: 29M observations take seconds.
+
+    Args:
+        num_cameras: cameras (at least 2).
+        num_points: points (at least 1).
+        obs_per_point: cameras that see each point, between 2 and ``num_cameras``; may be
+            fractional: each point is then seen by ``floor`` or ``ceil`` of it cameras, at random,
+            so the mean is as asked (a venice-size problem: 1778 cameras, 993923 points, 5.07).
+        noise_px: the standard deviation of the observations' noise, in pixels.
+        perturb_rotation: the standard deviation of the starting rotations' error (radians).
+        perturb_translation: the standard deviation of the starting translations' error.
+        perturb_point: the standard deviation of the starting points' error.
+        seed: the random seed; the same arguments give the same problem.
+        name: the problem's name (default from its sizes and seed).
+
+    Returns:
+        A :class:`BALProblem`.
+
+    Raises:
+        ValueError: sizes outside the ranges above.
+
+    Example::
+
+        problem = solvers.synthetic_problem(20, 2000, 4, seed=0)    # 8,000 observations
+    """
     nc, npt, mean_k = int(num_cameras), int(num_points), float(obs_per_point)
     k = int(np.floor(mean_k))
     if nc < 2 or npt < 1 or not (2 <= k and np.ceil(mean_k) <= nc):

@@ -53,7 +53,23 @@ def is_binary_model(path: str) -> bool:
 
 
 def read_model(path: str) -> Reconstruction:
-    """Read the model in folder ``path``: binary if ``cameras.bin`` is there, else text."""
+    """Read the COLMAP model in folder ``path``: binary if ``cameras.bin`` is there, else text.
+
+    Rigs and frames (COLMAP 4's ``rigs`` and ``frames`` files) are read where present; a classic
+    three-file model reads too. What parses is then validated as a model (:func:`validate`).
+
+    Args:
+        path: the model's folder (``sparse/0``).
+
+    Returns:
+        The :class:`Reconstruction`.
+
+    Raises:
+        FileNotFoundError: ``path`` is not a folder, or holds neither ``cameras.bin`` nor
+            ``cameras.txt``.
+        ColmapFormatError: a file that does not parse, or a model that is not valid, naming the
+            file and the line, or the record and byte.
+    """
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path!r} is not a folder holding a COLMAP model")
     for ext, reader in ((".bin", _read_binary), (".txt", _read_text)):

@@ -18,6 +18,7 @@ CAMERA_MODELS: Dict[str, Tuple[int, int]] = {
     m.name: (m.colmap_id, m.num_params)
     for m in sorted(cameras.MODELS.values(), key=lambda m: -1 if m.colmap_id is None else m.colmap_id)
     if m.colmap_id is not None}
+"""COLMAP's camera models: name -> (COLMAP model id, number of intrinsic parameters)."""
 MODEL_NAMES = {mid: name for name, (mid, _) in CAMERA_MODELS.items()}
 INVALID_U64 = np.uint64(2 ** 64 - 1)
 SENSOR_TYPES = {"CAMERA": 0, "IMU": 1}
@@ -41,7 +42,45 @@ class ColmapModelError(ValueError):
 
 @dataclasses.dataclass
 class Reconstruction:
-    """A COLMAP sparse model as arrays (see the module docstring)."""
+    """A COLMAP sparse model as numpy arrays: what :func:`read_model` and :func:`from_pycolmap`
+    return and :func:`write_model` writes. Variable-length parts are concatenated, with
+    ``*_start`` offsets (entry ``i`` spans ``start[i]:start[i + 1]``).
+
+    Attributes:
+        camera_ids: ``(nc,)`` int64.
+        camera_models: ``(nc,)`` int64, COLMAP model ids (:data:`CAMERA_MODELS`).
+        camera_sizes: ``(nc, 2)`` int64: width, height.
+        camera_params: ``nc`` float64 arrays, their lengths those of the models.
+        image_ids: ``(ni,)`` int64.
+        image_qvec: ``(ni, 4)`` ``cam_from_world`` rotation as a quaternion (qw, qx, qy, qz).
+        image_tvec: ``(ni, 3)`` ``cam_from_world`` translation.
+        image_camera_ids: ``(ni,)`` int64.
+        image_names: ``ni`` file names.
+        image_points_start: ``(ni + 1,)`` offsets of each image's 2-D points.
+        points2d_xy: ``(n2d, 2)`` float64 pixel positions.
+        points2d_point3d_ids: ``(n2d,)`` int64, -1 where a 2-D point observes no 3-D point.
+        point_ids: ``(np,)`` int64.
+        point_xyz: ``(np, 3)`` positions.
+        point_rgb: ``(np, 3)`` uint8 colours.
+        point_error: ``(np,)`` mean reprojection errors (recomputed after a solve).
+        track_start: ``(np + 1,)`` offsets of each point's track.
+        track_image_ids: ``(nt,)`` int64, the image of each track element.
+        track_point2d_idx: ``(nt,)`` int64, the 2-D point's index within its image.
+        rig_ids: ``(nr,)`` int64; None for a classic three-file model (no rigs or frames).
+        rig_ref_sensors: ``(nr, 2)`` int64: each rig's reference sensor (type, id; type 0 is a camera).
+        frame_ids: ``(nf,)`` int64.
+        frame_rig_ids: ``(nf,)`` int64.
+        frame_qvec: ``(nf, 4)`` ``rig_from_world`` rotation.
+        frame_tvec: ``(nf, 3)`` ``rig_from_world`` translation.
+        frame_data_start: ``(nf + 1,)`` offsets of each frame's data.
+        frame_data: ``(nd, 3)`` int64: sensor type, sensor id, data id (an image id).
+        rig_sensor_start: ``(nr + 1,)`` offsets of each rig's non-reference sensors; None when
+            no rig has any.
+        rig_sensors: ``(ns, 2)`` int64: sensor type, sensor id.
+        rig_sensor_has_pose: ``(ns,)`` bool: whether ``sensor_from_rig`` is known.
+        rig_sensor_qvec: ``(ns, 4)`` ``sensor_from_rig`` rotation (zeros where unknown).
+        rig_sensor_tvec: ``(ns, 3)`` ``sensor_from_rig`` translation.
+    """
     camera_ids: np.ndarray          # (nc,) int64
     camera_models: np.ndarray       # (nc,) int64, COLMAP model ids
     camera_sizes: np.ndarray        # (nc, 2) int64: width, height

@@ -185,6 +185,7 @@ _SOLVERS = {
     )
 }
 LINEAR_SOLVERS = tuple(_SOLVERS)
+"""The names ``linear_solver=`` takes: ``sparse_schur``, ``dense_schur``, ``iterative_schur``, ``sparse_normal_cholesky``."""
 SCHUR_METHODS = tuple(name for name, s in _SOLVERS.items() if s.eliminates)
 
 

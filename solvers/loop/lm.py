@@ -46,7 +46,42 @@ DBL_MAX = np.finfo(np.float64).max
 
 @dataclasses.dataclass
 class Options:
-    """Solver options; defaults are Ceres' ``Solver::Options`` defaults."""
+    """Solver options; defaults are Ceres' ``Solver::Options`` defaults.
+
+    Any field is also a keyword of :func:`solvers.solve` and :func:`solvers.bundle_adjust`
+    (``solve(problem, eta=0.05, checkpoint="ck.npz")``).
+
+    Attributes:
+        max_iterations: the iteration limit (a whole number; 2.5 or "10" is an error).
+        function_tolerance: stop when ``|cost change| / cost`` falls below it.
+        gradient_tolerance: stop when the gradient's max norm falls below it.
+        parameter_tolerance: stop when the step's norm falls below it times the parameters' norm.
+        initial_trust_region_radius: the first trust-region radius (Levenberg-Marquardt's 1/mu).
+        max_trust_region_radius: the largest radius.
+        min_trust_region_radius: at or below this radius the solve ends (CONVERGENCE).
+        min_lm_diagonal: the lower clamp of the LM diagonal.
+        max_lm_diagonal: the upper clamp of the LM diagonal.
+        min_relative_decrease: a step is accepted above this ratio of actual to model decrease.
+        max_num_consecutive_invalid_steps: the solve ends (FAILURE) after this many invalid (non-finite) steps in a row.
+        jacobi_scaling: scale the columns by their norms, as Ceres does.
+        linear_solver: one of :data:`solvers.LINEAR_SOLVERS`.
+        eta: the forcing tolerance of ``iterative_schur``'s conjugate gradients.
+        max_linear_solver_iterations: the conjugate gradients' iteration limit.
+        max_solver_time_in_seconds: stop after this much time.
+        schur_backend: where the Schur complement's products run: ``"opencl"`` (the model's
+            device; needs fp64), ``"numpy"``, or ``"auto"`` (OpenCL when possible).
+        device_resident: None chooses (the device when it can), True requires the
+            device-resident iterations, False keeps the host reference path.
+        device_setup: where the observations are ordered before the iterations: None chooses
+            (the device on GPUs from 100,000 observations), True the device, False the host.
+        profile_kernels: keep the device kernels' events and report their total time.
+        checkpoint: write the best state to this file after iteration 0, every
+            ``checkpoint_every`` iterations and at the end, atomically (None: no checkpoint).
+        checkpoint_every: see ``checkpoint``.
+        devices: split the points over several OpenCL devices of this host: a list of device
+            specs, or ``"all"`` (every GPU of the chosen platform). None: one device.
+        comm: an mpi4py communicator: one part per rank.
+    """
     max_iterations: int = 50
     function_tolerance: float = 1e-6
     gradient_tolerance: float = 1e-10
@@ -151,7 +186,11 @@ class _LMStrategy:
 
 
 class StopFlag:
-    """Set by Ctrl-C (or by the caller) to stop after the current iteration."""
+    """Set by Ctrl-C (or by the caller) to stop after the current iteration.
+
+    Pass one as ``stop=`` to :func:`solvers.solve` or :func:`solvers.bundle_adjust` and call
+    :meth:`set` from another thread (or a ``callback``): the solve ends after the iteration in
+    progress with termination ``USER_SUCCESS`` and the best state found."""
 
     def __init__(self):
         self.is_set = False

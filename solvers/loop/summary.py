@@ -10,6 +10,7 @@ from ..linalg.linear_solver import linear_solver
 
 LOG_HEADER = ("iter      cost      cost_change  |gradient|   |step|    tr_ratio  tr_radius  ls_iter  "
               "iter_time  total_time")
+"""The header line of the iteration log, Ceres' columns (one :class:`IterationSummary` per row)."""
 
 
 def _c(fmt, v):
@@ -19,7 +20,27 @@ def _c(fmt, v):
 
 @dataclasses.dataclass
 class IterationSummary:
-    """One minimizer iteration, with the fields of Ceres' ``IterationSummary``."""
+    """One minimizer iteration, with the fields of Ceres' ``IterationSummary``
+    (``SolveResult.history`` holds one per iteration, iteration 0 first).
+
+    Attributes:
+        iteration: the iteration's number.
+        cost: the cost at the iteration's end (the accepted state's).
+        cost_change: the cost's decrease by the step (0 for a rejected step).
+        gradient_max_norm: the gradient's max norm.
+        gradient_norm: the gradient's 2-norm.
+        step_norm: the step's 2-norm.
+        relative_decrease: actual over the model's predicted decrease (``tr_ratio`` in the log).
+        trust_region_radius: the radius for the next step.
+        eta: the conjugate gradients' forcing tolerance (``iterative_schur``).
+        linear_solver_iterations: the linear solver's iterations (the CG steps of ``iterative_schur``).
+        linear_solver_message: what the linear solver said.
+        step_is_valid: the step was finite.
+        step_is_successful: the step was accepted.
+        step_solver_time: seconds in the linear solver.
+        iteration_time: seconds of this iteration.
+        cumulative_time: seconds since the solve began.
+    """
     iteration: int = 0
     cost: float = 0.0
     cost_change: float = 0.0

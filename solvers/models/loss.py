@@ -22,10 +22,23 @@ import numpy as np
 _TINY = np.finfo(np.float64).tiny
 
 LOSSES = ("trivial", "huber", "soft_l1", "cauchy")
+"""The robust losses by name (``loss=`` of :func:`solvers.solve` and the residual blocks), Ceres' ``TrivialLoss``, ``HuberLoss``, ``SoftLOneLoss`` and ``CauchyLoss``."""
 
 
 class Loss:
-    """A robust loss ``rho`` of the squared residual norm. ``Loss(name, scale)``."""
+    """A robust loss ``rho`` of the squared residual norm ``s``, as Ceres' loss functions.
+
+    The cost of a residual block is ``rho(s) / 2``; ``scale`` is where the loss leaves the
+    quadratic (Ceres' ``a``, in the residual's units: pixels for reprojections).
+
+    Args:
+        name: one of :data:`solvers.LOSSES` (``"trivial"``, ``"huber"``, ``"soft_l1"``,
+            ``"cauchy"``); None, ``"none"`` or ``""`` mean ``"trivial"``.
+        scale: a positive finite number.
+
+    Raises:
+        ValueError: an unknown name or a scale that is not positive and finite.
+    """
 
     def __init__(self, name: str = "trivial", scale: float = 1.0):
         name = "trivial" if name in (None, "none", "") else str(name).lower().replace("-", "_")
