@@ -49,28 +49,34 @@ def _cuda_device(arrays):
 class BatchFunction:
     """A Python function traced once into a graph and compiled for batched evaluation.
 
-    Parameters
-    ----------
-    fn : callable
-        ``fn(group_0, ..., group_{G-1}[, data]) -> scalar | Vector | list``, written with
-        pyclad operations (see :mod:`pyclad`). Called once, at construction.
-    params : tuple of int
-        The size of each parameter group (the differentiated inputs).
-    data : int
-        The size of the per-tuple, non-differentiated input (0 for none).
-    dtype : numpy float dtype
-        float64 (default) or float32, for inputs, computation and outputs.
-    backend : ``"auto"`` (default: codegen, unless its kernel would take too long to build on
-        the device, then the tape; see pyclad.backends.AUTO_BUILD_LIMIT_S), ``"codegen"``
-        (straight-line kernel), ``"tape"`` (generic interpreter kernel) or ``"numpy"`` (host
-        reference, no device).
-    device : a device spec, ``pyopencl.Device`` or ``clkernels.Runtime``; default per
-        ``clkernels`` selection rules, resolved at each call.
-    chunk_size : int, optional
-        Tuples per launch for host inputs; default from the device's memory.
-    config : pyclad.TapeConfig, optional
-        The tape kernel's variant (tuples per work-item, slots, scratch layout); default per
-        device. For ``backend="tape"`` (or ``"auto"`` where it picks the tape).
+    Args:
+        fn: ``fn(group_0, ..., group_{G-1}[, data]) -> scalar | Vector | list``, written with
+            pyclad operations (see :mod:`pyclad`). Called once, at construction.
+        params: the size of each parameter group (the differentiated inputs), a tuple of ints
+            (or one int for one group).
+        data: the size of the per-tuple, non-differentiated input (0 for none).
+        dtype: float64 (default) or float32, for inputs, computation and outputs.
+        backend: ``"auto"`` (default: codegen, unless its kernel would take too long to build on
+            the device, then the tape; see pyclad.backends.AUTO_BUILD_LIMIT_S), ``"codegen"``
+            (straight-line kernel), ``"tape"`` (generic interpreter kernel) or ``"numpy"`` (host
+            reference, no device).
+        device: a device spec, ``pyopencl.Device`` or ``clkernels.Runtime``; default per
+            ``clkernels`` selection rules, resolved at each call.
+        chunk_size: tuples per launch for host inputs; default from the device's memory.
+        config: a :class:`pyclad.TapeConfig`, the tape kernel's variant (tuples per work-item,
+            slots, scratch layout); default per device. For ``backend="tape"`` (or ``"auto"``
+            where it picks the tape).
+
+    Raises:
+        TypeError: a dtype other than float32 or float64, or Python control flow on a traced
+            value inside ``fn`` (use :func:`pyclad.where`).
+        ValueError: an unknown backend, group sizes below 1, a ``config`` for a backend other
+            than the tape, or a function with no outputs.
+
+    Example::
+
+        f = pc.BatchFunction(reprojection, params=(9, 3), data=2)
+        r, (J_cam, J_pt) = f.values_and_jacobians([cameras, points], index, data=observed)
     """
 
     def __init__(self, fn, params: Sequence[int], data: int = 0, dtype=np.float64,
@@ -141,19 +147,43 @@ class BatchFunction:
                                  lambda: self._source(jacobians, runtime))
 
     def values(self, params, index, data=None, device=None, index_checked=False, devices=None):
-        """Outputs ``(N, m)`` for every tuple.
+        """The function's outputs for every tuple.
 
-        ``index_checked=True`` skips the range check of a device ``index`` (a reduction and a
-        wait) for a caller that checked this very array once and calls again with it; params
-        with fewer rows than then would corrupt memory. ``devices``: a list of devices (specs,
-        ``pyopencl.Device`` or ``Runtime``) or ``"all"`` splits host arrays' tuples across them
-        (:meth:`_run_split`)."""
+        Args:
+            params: one array per parameter group, ``(n_g, d_g)`` (numpy, ``pyopencl.array.Array``
+                or CUDA tensors).
+            index: ``(N, G)`` integer rows (or one 1-D array per group): the row of each group
+                that tuple k uses.
+            data: ``(N, data)`` per-tuple input, when the function takes data.
+            device: where to run host arrays (default: the function's, else the selected device).
+            index_checked: skip the range check of a device ``index`` (a reduction and a wait)
+                for a caller that checked this very array once and calls again with it; params
+                with fewer rows than then would corrupt memory.
+            devices: a list of devices (specs, ``pyopencl.Device`` or ``Runtime``) or ``"all"``:
+                host arrays' tuples are split across them in proportion to their measured speed.
+
+        Returns:
+            ``(N, m)`` outputs, in the inputs' form: numpy for numpy, device arrays for device
+            arrays (no copy), CUDA tensors for CUDA tensors.
+
+        Raises:
+            IndexError: an index out of range, naming the group and the first offending tuple
+                (before any launch).
+            ValueError: wrong shapes, or ``device`` with ``devices``.
+            TypeError: wrong dtypes.
+        """
         return self._dispatch(params, index, data, False, device, index_checked, devices)[0]
 
     def values_and_jacobians(self, params, index, data=None, device=None, index_checked=False,
                              devices=None):
-        """Outputs ``(N, m)`` and, per parameter group, the Jacobian ``(N, m, d_g)``
-        (``index_checked`` and ``devices`` as in :meth:`values`)."""
+        """The outputs and their Jacobians for every tuple.
+
+        The arguments, the forms and the errors are those of :meth:`values`.
+
+        Returns:
+            ``(outputs, jacobians)``: outputs ``(N, m)`` and a tuple with one Jacobian
+            ``(N, m, d_g)`` per parameter group.
+        """
         out, jacs = self._dispatch(params, index, data, True, device, index_checked, devices)
         return out, tuple(jacs)
 
