@@ -1,0 +1,113 @@
+"""The committed benchmark result files, as the documentation reads them: which file is the
+latest run of each measurement, their rows, and Markdown tables whose every figure links to the
+file it comes from. :mod:`plots` (``python benchmarks/plots.py``) uses it for the performance
+pages; kept apart so the drawing reads on its own."""
+import json
+import os
+import re
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+TABLES = os.path.join(ROOT, "docs", "snippets", "perf")    # where table() writes; plots.main may move it
+
+# The latest run of each measurement (the runs before them are superseded and not shown).
+LATEST = {
+    "ba_cpu": "bench_bundle_adjust-pocl-zen5",
+    "ba_gpu_bal": "bench_bundle_adjust-nvidia-full-run4",
+    "ba_gpu_venice": "bench_bundle_adjust-nvidia-venice-run4",
+    "ba_gpu_final": "bench_bundle_adjust-nvidia-final-size-run2",
+    "colmap_cpu": "bench_colmap-pocl-full",
+    "colmap_cpu_2000": "bench_colmap-pocl-2000",
+    "colmap_cpu_rigs": "bench_colmap-pocl-rigs-fisheye",
+    "colmap_cpu_priors": "bench_colmap-pocl-priors",
+    "colmap_gpu": "bench_colmap-nvidia-full",
+    "colmap_gpu_2000": "bench_colmap-nvidia-2000",
+    "colmap_gpu_rigs": "bench_colmap-nvidia-rigs",
+    "colmap_gpu_priors": "bench_colmap-nvidia-priors",
+    "colmap_gpu_fisheye": "bench_colmap-nvidia-fisheye.log",
+    "dcnv4": "bench_dcnv4-as-called-nvidia-full",
+    "aggregation": "bench_deformable_aggregation-as-called-nvidia-full",
+    "torch": "bench_torch_interop-nvidia-full",
+    "warp_gpu": "bench_warpaffine-nvidia-full",
+    "warp_cpu": ["bench_warpaffine-pocl-zen5-run4.md", "bench_warpaffine-pocl-zen5-run5.md",
+                 "bench_warpaffine-pocl-zen5-run6.md", "bench_warpaffine-pocl-zen5-run7.md"],
+    "overhead_gpu": "bench_call_overhead-nvidia-full",
+    "overhead_cpu": "bench_call_overhead-pocl-zen5",
+    "jacobian_cpu": "bench_jacobian-pocl-full",
+    "jacobian_cpu_d16": "bench_jacobian-pocl-dubrovnik16",
+    "jacobian_gpu": "bench_jacobian-nvidia-full",
+    "tape_cpu": "bench_tape-pocl-full",
+    "tape_gpu": "bench_tape-nvidia-full",
+    "compile_cpu": "bench_compile_time-pocl-full",
+    "cold_gpu": "bench_cold_start-nvidia-build-workers",
+}
+
+
+def load(name):
+    with open(os.path.join(RESULTS, name + ".json")) as f:
+        return json.load(f)
+
+
+def rows(name, **match):
+    return [r for r in load(name)["rows"] if all(r.get(k) == v for k, v in match.items())]
+
+
+def link(name):
+    """A Markdown link from a performance page to the result file (its table, where there is one)."""
+    file = name if os.path.splitext(name)[1] in (".md", ".log") else name + ".md"
+    if not os.path.exists(os.path.join(RESULTS, file)):
+        file = name + ".json"
+    return f"[{file}](../results/{file})"
+
+
+def meta(name):
+    m = load(name)["meta"]
+    return f"{m.get('device', '?')}, {m.get('when', '?')[:10]}: `python benchmarks/{m.get('command', '?')}`"
+
+
+def fmt(x, digits=3):
+    if x is None or x == "":
+        return "-"
+    if isinstance(x, str):
+        return x
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.{digits}g}"
+
+
+def table(file, header, body, sources):
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(fmt(c) for c in row) + " |" for row in body]
+    lines += ["", "Source: " + ", ".join(link(s) for s in sources) + "."]
+    for s in sources:
+        if not s.endswith((".md", ".log")):
+            lines.append(f"<br>{link(s)}: {meta(s)}")
+    os.makedirs(TABLES, exist_ok=True)
+    with open(os.path.join(TABLES, file), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def kv_log(name):
+    """The rows of a raw benchmark log: lines of ``key=value`` pairs separated by two spaces."""
+    out = []
+    with open(os.path.join(RESULTS, name)) as f:
+        for line in f:
+            if "case=" in line:
+                pairs = (p.split("=", 1) for p in re.split(r"\s{2,}", line.strip()) if "=" in p)
+                out.append({k: _number(v) for k, v in pairs})
+    return out
+
+
+def md_rows(name):
+    """The rows of a result file's Markdown table, as dicts (for runs kept only as Markdown)."""
+    with open(os.path.join(RESULTS, name)) as f:
+        lines = [l.strip() for l in f if l.startswith("|")]
+    keys = [k.strip() for k in lines[0].strip("|").split("|")]
+    return [dict(zip(keys, (_number(c.strip()) for c in l.strip("|").split("|")))) for l in lines[2:]]
+
+
+def _number(s):
+    try:
+        return float(s)
+    except ValueError:
+        return s
