@@ -219,14 +219,17 @@ BACKWARD_CASES = {
     "atomic, one slot": (DCNv4Config(6, 2, scatter="atomic"), np.float32),
     "atomic, 3 slots padded to 4, local reduction": (DCNv4Config(2, 2, scatter="atomic"), np.float32),
     "atomic, 6 slots": (DCNv4Config(1, 1, scatter="atomic", work_group_size=8), np.float32),
-    "fixed, one slot": (DCNv4Config(6, 2, scatter="fixed"), np.float32),
-    "fixed, 3 slots padded to 4, local reduction": (DCNv4Config(2, 2, scatter="fixed"), np.float32),
-    "fixed, 6 slots": (DCNv4Config(1, 1, scatter="fixed", work_group_size=8), np.float32),
+    "fixed, one slot": (DCNv4Config(6, 2, scatter="fixed", tile=1), np.float32),
+    "fixed, 3 slots padded to 4, local reduction": (DCNv4Config(2, 2, scatter="fixed", tile=1), np.float32),
+    "fixed, 6 slots": (DCNv4Config(1, 1, scatter="fixed", work_group_size=8, tile=1), np.float32),
+    "fixed, tiles of 2": (DCNv4Config(2, 2, scatter="fixed", tile=2), np.float32),
+    "fixed, tiles of 3, one slot": (DCNv4Config(6, 2, scatter="fixed", tile=3), np.float32),
     "device default": (None, np.float32),
     "half, owner": (DCNv4Config(3, 1, scatter="owner"), np.float16),
     "half, atomic": (DCNv4Config(2, 2, scatter="atomic"), np.float16),
     "half, fixed": (DCNv4Config(2, 2, scatter="fixed"), np.float16),
     "bfloat16, fixed": (DCNv4Config(2, 2, scatter="fixed"), BF16),
+    "half, fixed, tiles of 2": (DCNv4Config(2, 2, scatter="fixed", tile=2), np.float16),
     "bfloat16, owner": (DCNv4Config(3, 1, scatter="owner"), BF16),
     "bfloat16, owner, channel runs": (DCNv4Config(2, 2, scatter="owner"), BF16),
     "bfloat16, atomic": (DCNv4Config(2, 2, scatter="atomic"), BF16),
@@ -434,7 +437,8 @@ def test_tiny_backward_variants(device, dtype):
     rtol = 1e-4 if dtype == np.float32 else 2e-3
     for cfg in (DCNv4Config(4, 4, scatter="owner"), DCNv4Config(2, 2, scatter="owner"),
                 DCNv4Config(4, 2, scatter="atomic"), DCNv4Config(1, 1, scatter="atomic"),
-                DCNv4Config(4, 2, scatter="fixed"), DCNv4Config(1, 1, scatter="fixed")):
+                DCNv4Config(4, 2, scatter="fixed", tile=1), DCNv4Config(1, 1, scatter="fixed", tile=1),
+                DCNv4Config(2, 2, scatter="fixed", tile=2), DCNv4Config(4, 4, scatter="fixed", tile=3)):
         g_in, g_offset_mask = dcnv4_backward(go, x, om, **call_opts(o), device=device, config=cfg)
         if dtype == BF16:     # (offsets on the pixel grid: either side's derivative, as above)
             assert_bf16_close(g_in, g_x, 1e-4, f"input gradient {cfg}")
@@ -449,8 +453,9 @@ def test_tiny_backward_variants(device, dtype):
 @pytest.mark.parametrize("dtype", [np.float32, BF16], ids=str)
 def test_deterministic_backward_bits_do_not_depend_on_work_group_size(device, dtype, scatter):
     """The deterministic backwards (owner: CPUs; fixed point: GPUs), 20 runs over work-group
-    sizes 1 to 8 and the device's choice: the same bits every time, both gradients. The fixed
-    point's input gradient is even the same for 1, 2 or 4 channels per work-item (integer
+    sizes 1 to 8 and the device's choice (fixed point: without tiles, and with tiles of 2 or 3
+    pixels, whose size sets the work-group's): the same bits every time, both gradients. The
+    fixed point's input gradient is even the same for 1, 2 or 4 channels per work-item (integer
     sums in any grouping); the offset gradients' channel sums are grouped by that choice."""
     o = DCNv4Options(group=2, group_channels=4, offset_scale=0.8)
     x, om = make_inputs(o, 2, 3, 4, dtype=dtype, spread=1.5, seed=9)
@@ -461,7 +466,9 @@ def test_deterministic_backward_bits_do_not_depend_on_work_group_size(device, dt
         wg = (0, 1, 2, 4, 8)[run % 5]
         if scatter == "fixed" and wg and wg < 4 // cpw:
             wg = 0      # a group's slots (4 / cpw of them) share one work-group
-        cfg = DCNv4Config(cpw, math.gcd(cpw, 2), scatter=scatter, work_group_size=wg)
+        tile = 0 if scatter == "owner" else (1, 2, 3, 1)[run % 4]
+        cfg = DCNv4Config(cpw, math.gcd(cpw, 2), scatter=scatter, work_group_size=wg if tile < 2 else 0,
+                          tile=tile)
         g_in, g_om = dcnv4_backward(go, x, om, **call_opts(o), device=device, config=cfg)
         first_in = g_in if first_in is None else first_in
         first_om.setdefault(cpw, g_om)
