@@ -4,8 +4,13 @@
 ## Parameters:
 ##   direction      'forward', 'backward' (a scatter with atomics: GPUs) or 'backward_owner'
 ##                  (each work-item owns a slice of the input gradient: CPUs, no atomics)
-##   scatter        'backward' only: 'fixed' (64-bit fixed-point atomics: deterministic) or
-##                  'atomic' (float atomics: the last bits depend on the order of arrival)
+##   scatter        'backward' only: 'gather' (deterministic: each input pixel gathers the taps
+##                  that land near their nominal place, farther ones are summed in 64-bit fixed
+##                  point), 'fixed' (all in fixed point, deterministic) or 'atomic' (float
+##                  atomics: the last bits depend on the order of arrival)
+##   margin         'gather': how far (whole pixels) a tap may land from its nominal place and
+##                  still be gathered
+##   gather_cpw     'gather': channels per work-item of the gathering kernel (a multiple of vw)
 ##   info           DeviceInfo (atomics and vendor-specific loads)
 ##   st             Storage of input, offset_mask, output and gradients (float, half or bfloat16)
 ##   group, channels, kernel_h, kernel_w, remove_center: the operator's shape (compile time,
@@ -32,6 +37,7 @@
     comps = [''] if VW == 1 else ['.s%x' % e for e in range(VW)]
     raw = {2: 'uint', 4: 'uint2', 8: 'uint4', 16: 'uint8'}.get(VW)
     TILE = tile if direction == 'backward' and scatter == 'fixed' else 1
+    FIXED = direction == 'backward' and scatter in ('fixed', 'gather')
     ptx_half = ptx and st.is_half and VW > 1
 %>
 %if direction != 'forward':
@@ -204,9 +210,22 @@ ${tap_loop_close()}
 ## The backward pass computes, per tap, with val = sum_t wt[t] v[t] (per channel):
 ##   d/d mask = sum_c go_c val_c,   d/d(dx, dy) = offset_scale * mask * sum_c go_c d val_c/d(w, h),
 ##   d/d input[corner t] += go_c * mask * wt[t].
+## near_tap: whether a tap that counts lands within `margin` whole pixels of its nominal
+## place (the integer position it has with zero offsets at offset_scale 1): such taps are
+## gathered by dcnv4_gather_input, the others scattered. dcnv4_gather_input repeats these
+## tests (and tap_position's) on the same float positions, computed by the same expressions
+## without contraction, so every tap is taken by exactly one of the two kernels.
+<%def name="near_tap()">
+                    const int fr = (int)floor(h) - (y * stride_h - pad_h + j * dil_h);
+                    const int fc = (int)floor(w) - (x * stride_w - pad_w + i * dil_w);
+                    const int near = fr >= ${-margin} && fr <= ${margin} && fc >= ${-margin} && fc <= ${margin};
+</%def>
 <%def name="tap_gradients(scatter)">
                     int idx[4]; float wt[4], lh, lw;
                     bilinear_taps_float(h, w, H, W, idx, wt, &lh, &lw);
+%if scatter == 'gather':
+${near_tap()}
+%endif
 %if scatter == 'fixed' and TILE > 1:
                     // The tap's 2x2 corners in the tile's window of local sums, or not at all.
                     const int lr = (int)floor(h) - win_y, lc = (int)floor(w) - win_x;
@@ -221,16 +240,19 @@ ${load_corners('c')}
                         sh += hsum(go[c] * dh);
                         sw += hsum(go[c] * dw);
                         for (int t = 0; t < 4; ++t) {
+%if scatter == 'gather':
+                            if (near) break;    // dcnv4_gather_input adds it
+%endif
                             if (idx[t] < 0) continue;
                             const ${vec} add = go[c] * (m * wt[t]);
-%if scatter != 'fixed':
+%if scatter not in ('fixed', 'gather'):
                             __global float *dst = gin + idx[t] * ${GC} + c * ${VW};
 %endif
 %if scatter == 'atomic':
 %for e, comp in enumerate(comps):
                             atomic_add_float(dst + ${e}, add${comp});
 %endfor
-%elif scatter == 'fixed':
+%elif scatter in ('fixed', 'gather'):
                             const int at = idx[t] * ${GC} + c * ${VW};
 %if TILE > 1:
                             if (near) {
@@ -266,7 +288,7 @@ ${load_corners('c')}
 %if direction == 'backward':
 <% SP = slots_p2 %>
 ${common.atomic_add(info, 'float', force_cas=not ptx)}
-%if scatter == 'fixed':
+%if FIXED:
 ${common.fixed_point(info, ptx)}
 ${common.fixed_to_storage(st)}
 
@@ -316,7 +338,7 @@ __kernel void fixed_bound(__global const ${T} *restrict grad_out, const int n_go
 __kernel void dcnv4_backward(__global const ${T} *restrict input,
                              __global const ${T} *restrict offset_mask,
                              __global const ${T} *restrict grad_out,
-%if scatter == 'fixed':
+%if FIXED:
                              __global long *restrict grad_fixed,
                              __global float *grad_side,
                              __global const uint *restrict bound,
@@ -369,7 +391,7 @@ __kernel void dcnv4_backward(__global const ${T} *restrict input,
 ${position_setup()}
     const int in_base = n * (H * W * ${GC}) + g * ${C} + slot * ${CPW};
     const __global ${T} *in = input + in_base;
-%if scatter == 'fixed':
+%if FIXED:
     volatile __global long *gfix = grad_fixed + in_base;
     volatile __global float *side = grad_side + in_base;
     const int e = fixed_exponent(bound, terms_log2);
@@ -430,6 +452,84 @@ ${zero_tail()}
     }
 %endif
 }
+
+
+%if scatter == 'gather':
+<% NB = gather_cpw; NCB = NB // VW; SB = C // NB %>
+inline int floor_div(const int a, const int b) { return a >= 0 ? a / b : -((b - 1 - a) / b); }
+
+## The input gradient as a gather: work-item (input pixel, group, run of gather_cpw channels)
+## visits every tap that could land near it (nominal place within margin + 1 pixels), in a
+## fixed order, recomputes the tap's position exactly as dcnv4_backward does, and adds
+## grad_out * mask * weight for each of the tap's corners that is this pixel: a float sum in
+## one order, so the same bits on every run, with no atomics. Taps that dcnv4_backward found
+## far from their nominal place were added in fixed point there (grad_fixed, and grad_side
+## for non-finite terms): they join here, and the sum is stored in the gradient's storage.
+__kernel void dcnv4_gather_input(__global const ${T} *restrict offset_mask,
+                                 __global const ${T} *restrict grad_out,
+                                 __global const long *restrict grad_fixed,
+                                 __global const float *grad_side,
+                                 __global const uint *restrict bound, const int terms_log2,
+                                 __global ${T} *grad_input, const int items,
+                                 ${kernel_args()})
+{
+    const int gid = get_global_id(0);
+    if (gid >= items) return;
+    const int slot = gid % ${SB}, rest = gid / ${SB};
+    const int g = rest % ${G}, p = rest / ${G};         // p: input pixel of the whole batch
+    const int image = p / (H * W), rem = p - image * (H * W);
+    const int r = rem / W, col = rem - r * W;
+    ${vec} acc[${NCB}];
+    for (int c = 0; c < ${NCB}; ++c) acc[c] = (${vec})(0.0f);
+${tap_loop_open()}
+            // Output pixels whose tap (i, j) has its nominal row within margin + 1 of r (a
+            // corner is the tap's floor row or the one below), likewise columns.
+            const int oy0 = max(0, -floor_div(-(r - ${margin + 1} + pad_h - j * dil_h), stride_h));
+            const int oy1 = min(H_out - 1, floor_div(r + ${margin} + pad_h - j * dil_h, stride_h));
+            const int ox0 = max(0, -floor_div(-(col - ${margin + 1} + pad_w - i * dil_w), stride_w));
+            const int ox1 = min(W_out - 1, floor_div(col + ${margin} + pad_w - i * dil_w, stride_w));
+            for (int oy = oy0; oy <= oy1; ++oy) {
+                for (int ox = ox0; ox <= ox1; ++ox) {
+                    const int pix = (image * H_out + oy) * W_out + ox;
+${position_setup()}
+                    // tap_position and near_tap's tests, row first: most candidates miss this
+                    // pixel's row, and then need neither dx nor the mask.
+                    const float dy = ${st.load('om', '2 * k + 1')};
+                    const float h = p0_h + ((float)(j * dil_h) + dy) * offset_scale;
+                    if (!(h > -1.0f && h < (float)H)) continue;
+                    const float hf = floor(h);
+                    const int h0 = (int)hf, fr = h0 - (y * stride_h - pad_h + j * dil_h);
+                    if (fr < ${-margin} || fr > ${margin} || (r != h0 && r != h0 + 1)) continue;
+                    const float dx = ${st.load('om', '2 * k')};
+                    const float w = p0_w + ((float)(i * dil_w) + dx) * offset_scale;
+                    if (!(w > -1.0f && w < (float)W)) continue;
+                    const float wf = floor(w);
+                    const int w0 = (int)wf, fc = w0 - (x * stride_w - pad_w + i * dil_w);
+                    if (fc < ${-margin} || fc > ${margin} || (col != w0 && col != w0 + 1)) continue;
+                    const float m = ${st.load('om', '%d + k' % (2 * K))};
+                    const float lh = h - hf, lw = w - wf;
+                    // bilinear_taps' weight of this corner: (1 - lh or lh) * (1 - lw or lw)
+                    const float wt = (r == h0 ? 1.0f - lh : lh) * (col == w0 ? 1.0f - lw : lw);
+                    const float mw = m * wt;
+                    const __global ${T} *gp = grad_out + (pix * ${G} + g) * ${C} + slot * ${NB};
+                    for (int c = 0; c < ${NCB}; ++c) acc[c] += ldv(gp + c * ${VW}) * mw;
+                }
+            }
+${tap_loop_close()}
+    // The far taps' fixed-point sums (and non-finite terms) join, then the storage's rounding.
+    const int e = fixed_exponent(bound, terms_log2);
+    const int side = fixed_side_needed(bound);
+    const int at = p * ${GC} + g * ${C} + slot * ${NB};
+    for (int c = 0; c < ${NCB}; ++c) {
+        ${vec} v = acc[c];
+%for e_, comp in enumerate(comps):
+        v${comp} += ldexp(convert_float_rte(grad_fixed[at + c * ${VW} + ${e_}]), -e);
+        if (side) v${comp} += grad_side[at + c * ${VW} + ${e_}];
+%endfor
+        stv(v, grad_input + at + c * ${VW});
+    }
+}
+%endif
 
 
 %else:

@@ -108,19 +108,27 @@ def offset_mask_channels(group: int, kernel_h: int = 3, kernel_w: int = 3,
 @dataclasses.dataclass(frozen=True)
 class DCNv4Config:
     """The speed switches of the paper's ablation. ``work_group_size`` 0: from the device.
-    ``scatter`` (backward only): "fixed" (64-bit fixed-point atomics, deterministic: GPUs),
-    "atomic" (float atomics, the last bits vary from run to run), "owner" (no atomics,
-    deterministic: CPUs), "" from the device and ``deterministic``. ``tile`` ("fixed" only):
+    ``scatter`` (backward only): "gather" (deterministic, GPUs: the input pixels gather the
+    taps near them, farther taps are summed in 64-bit fixed point), "fixed" (everything in
+    fixed point, deterministic), "atomic" (float atomics, the last bits vary from run to run),
+    "owner" (no atomics, deterministic: CPUs), "" from the device and ``deterministic``. ``tile`` ("fixed" only):
     a work-group takes ``tile`` x ``tile`` output pixels and sums their taps in local memory
     before the global sums; 1: no tiles (one global atomic per term); 0: from the device
     (no tiles when ``work_group_size`` is given). With a tile, the work-group size is set by
-    it: tile^2 pixels times the channel slots."""
+    it: tile^2 pixels times the channel slots. ``gather_channels`` ("gather" only): channels
+    per work-item of the kernel that gathers the input gradient (a multiple of
+    ``vector_width`` dividing group_channels); 0: from the device. ``gather_margin``
+    ("gather" only): taps landing within this many whole pixels of their nominal place (zero
+    offset) are gathered, farther ones summed in fixed point; offsets in [-1, 1] at
+    offset_scale 1 are all within 1."""
     channels_per_item: int
     vector_width: int
     reuse: bool = True
     work_group_size: int = 0
     scatter: str = ""
     tile: int = 0
+    gather_channels: int = 0
+    gather_margin: int = 1
 
     def __post_init__(self):
         # What depends on the call (channels dividing group_channels, the device's limits) is
@@ -131,8 +139,11 @@ class DCNv4Config:
         config_check.boolean(name, "reuse", self.reuse)
         config_check.integer(name, "work_group_size", self.work_group_size, minimum=0,
                              meaning=" (0: chosen from the device)")
-        config_check.choice(name, "scatter", self.scatter, ("", "fixed", "atomic", "owner"))
+        config_check.choice(name, "scatter", self.scatter, ("", "gather", "fixed", "atomic", "owner"))
         config_check.integer(name, "tile", self.tile, minimum=0, meaning=" (0: chosen from the device)")
+        config_check.integer(name, "gather_channels", self.gather_channels, minimum=0,
+                             meaning=" (0: chosen from the device)")
+        config_check.integer(name, "gather_margin", self.gather_margin, minimum=0)
 
 
 # The paper's Table 10 rungs, in order (A100, N=64, 56x56, 128 channels, G=4: 1.45, 1.53,
@@ -179,15 +190,22 @@ def forward_config(info, group_channels: int, dtype, pixel_groups: int = 0) -> D
 
 def backward_config(info, group_channels: int, dtype, batch: int = 1, group: int = 1,
                     deterministic: bool = True) -> DCNv4Config:
-    """GPUs: the official 1 or 2 channels per work-item, so a group's channels spread over
-    lanes and the scatter's atomics run in parallel; deterministic: 64-bit fixed-point atomics
-    ("fixed"), else float atomics ("atomic"). A GPU without 64-bit atomics gets the "owner"
-    scatter when deterministic. CPUs: the atomic-free "owner" scatter (deterministic as well)
-    with channel runs as wide as still gives every core two work-items."""
-    if not info.is_cpu and (info.int64_atomics or not deterministic):
-        # 2 channels per work-item: 1.5x faster than 1 on an H200 at the paper's shape.
+    """GPUs, deterministic: the "gather" (input pixels gather the taps near them; far taps in
+    64-bit fixed point), which needs 64-bit atomics; a GPU without them gets the "owner"
+    scatter. GPUs otherwise: float atomics ("atomic") with the official 1 or 2 channels per
+    work-item, so a group's channels spread over lanes and the atomics run in parallel.
+    CPUs: the atomic-free "owner" scatter (deterministic as well) with channel runs as wide
+    as still gives every core two work-items."""
+    if not info.is_cpu and info.int64_atomics and deterministic:
+        # The gather: its first kernel (offset and mask gradients) reads like the forward, so
+        # vector loads pay; at least 4 work-items share a group's channels (H200: 8 channels
+        # per work-item at 32 and 64 channels per group, 4 at 16).
+        cpw = _largest_divisor(group_channels, tuple(v for v in (8, 4, 2, 1) if 4 * v <= group_channels) or (1,))
+        return DCNv4Config(cpw, cpw, True, 0, "gather")
+    if not info.is_cpu:
+        # Float atomics: 2 channels per work-item, 1.5x faster than 1 on an H200 at the paper's shape.
         cpw = 2 if group_channels % 2 == 0 else 1
-        return DCNv4Config(cpw, cpw, True, 0, "fixed" if deterministic else "atomic")
+        return DCNv4Config(cpw, cpw, True, 0, "atomic")
     vw = _largest_divisor(group_channels, (8, 4, 2, 1))
     runs = [d for d in range(group_channels, 0, -vw) if group_channels % d == 0]
     cpw = next((d for d in runs if batch * group * (group_channels // d) >= 2 * info.compute_units),
@@ -199,10 +217,11 @@ _ptx_refused: dict = {}  # device -> the build log, when its compiler refused in
 
 
 def _program(rt, info, direction, dtype, opts: DCNv4Options, cfg: DCNv4Config, slots_p2=1, scatter="",
-             tile=1):
+             tile=1, gather_cpw=0):
     """Render + build; on NVIDIA try the inline-PTX variant first, and fall back to the
     portable one (remembered per device) if the driver refuses it."""
     params = dict(direction=direction, info=info, st=Storage(dtype), scatter=scatter, tile=tile,
+                  margin=cfg.gather_margin, gather_cpw=gather_cpw,
                   group=opts.group, channels=opts.group_channels, kernel_h=opts.kernel_h,
                   kernel_w=opts.kernel_w, remove_center=bool(opts.remove_center),
                   cpw=cfg.channels_per_item, vw=cfg.vector_width, reuse=bool(cfg.reuse),
@@ -337,16 +356,22 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
     scatter = cfg.scatter or default.scatter
     if scatter == "owner":
         return _backward_owner_plan(rt, info, outputs, input, offset_mask, opts, cfg)
-    if scatter == "fixed" and not info.int64_atomics:
-        raise ValueError(f"config.scatter='fixed' needs 64-bit atomics (cl_khr_int64_base_atomics), "
+    if scatter in ("fixed", "gather") and not info.int64_atomics:
+        raise ValueError(f"config.scatter={scatter!r} needs 64-bit atomics (cl_khr_int64_base_atomics), "
                          f"which {info.name} lacks; use scatter='owner' (deterministic) or 'atomic'")
     if scatter == "fixed":
         tiled = _tiled_plan(rt, info, outputs, args, opts, cfg, (n, h, w, ho, wo, p))
         if tiled is not None:
             return tiled
+    gather_cpw = 0
+    if scatter == "gather":
+        gather_cpw = cfg.gather_channels or _gather_channels(opts.group_channels, cfg.vector_width)
+        if opts.group_channels % gather_cpw or gather_cpw % cfg.vector_width:
+            raise ValueError(f"config.gather_channels={gather_cpw} must divide group_channels="
+                             f"{opts.group_channels} and be a multiple of vector_width={cfg.vector_width}")
     while True:
         slots_p2 = 1 << (opts.group_channels // cfg.channels_per_item - 1).bit_length()
-        program = _program(rt, info, "backward", input.dtype, opts, cfg, slots_p2, scatter)
+        program = _program(rt, info, "backward", input.dtype, opts, cfg, slots_p2, scatter, 1, gather_cpw)
         kernel = launch.kernel_for_plan(program, "dcnv4_backward")
         wg = _work_group(rt, kernel, cfg, max(slots_p2, 64 if info.is_cpu else 256))
         if wg % slots_p2 == 0:
@@ -362,11 +387,20 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
     pix_groups = n * ho * wo * opts.group
     local = (cl.LocalMemory(2 * 3 * wg * 4),) if slots_p2 > 1 else ()
     temps, steps = [], []
-    if scatter == "fixed":
+    if scatter in ("fixed", "gather"):
         # The input gradient as 64-bit fixed-point sums (common.cl.mako's fixed_point), then
-        # converted to its storage: see _fixed_point_steps.
+        # converted to its storage: see _fixed_point_steps. "gather": only the taps far from
+        # their nominal place; the gathering kernel adds the rest and converts.
         acc, to_storage = _fixed_point_steps(rt, program, outputs[0], grad_out, pix_groups, p,
                                              ho * wo * opts.taps, temps, steps)
+        if scatter == "gather":
+            gather = launch.kernel_for_plan(program, "dcnv4_gather_input")
+            items = n * h * w * opts.group * (opts.group_channels // gather_cpw)
+            gwg = arrays.work_group_size(rt, gather, 256)
+            sums, side, bound, terms_log2 = acc
+            to_storage = [launch.step(gather, (arrays.round_up(items, gwg),), (gwg,),
+                                      [OFFSET_MASK, GRAD_OUT, sums, side, bound, terms_log2, Out(0),
+                                       np.int32(items), *_geometry_args(opts, h, w, ho, wo, p)])]
     else:
         # Float atomics in float32: in the output itself for float32, else in a temporary
         # converted to its 16-bit storage at the end.
@@ -377,6 +411,13 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
                               *_geometry_args(opts, h, w, ho, wo, p), *local]))
     steps += to_storage
     return launch.LaunchPlan(outputs, steps, temps)
+
+
+def _gather_channels(group_channels: int, vector_width: int) -> int:
+    """Channels per work-item of the gathering kernel: up to 16 (H200, the three as-called
+    shapes: 16 against 8 or 32, each work-item finding its taps once for all its channels)."""
+    return next(d for d in range(min(group_channels, 16), 0, -1)
+                if group_channels % d == 0 and d % vector_width == 0)
 
 
 # Offsets (in input pixels, after offset_scale) that a tile's window of local sums still

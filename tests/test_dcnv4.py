@@ -224,12 +224,17 @@ BACKWARD_CASES = {
     "fixed, 6 slots": (DCNv4Config(1, 1, scatter="fixed", work_group_size=8, tile=1), np.float32),
     "fixed, tiles of 2": (DCNv4Config(2, 2, scatter="fixed", tile=2), np.float32),
     "fixed, tiles of 3, one slot": (DCNv4Config(6, 2, scatter="fixed", tile=3), np.float32),
+    "gather, margin 1": (DCNv4Config(2, 2, scatter="gather"), np.float32),
+    "gather, margin 0: far taps in fixed point": (DCNv4Config(2, 2, scatter="gather", gather_margin=0), np.float32),
+    "gather, 2 channels per gathering item, 6 slots": (DCNv4Config(1, 1, scatter="gather", gather_channels=2), np.float32),
     "device default": (None, np.float32),
     "half, owner": (DCNv4Config(3, 1, scatter="owner"), np.float16),
     "half, atomic": (DCNv4Config(2, 2, scatter="atomic"), np.float16),
     "half, fixed": (DCNv4Config(2, 2, scatter="fixed"), np.float16),
     "bfloat16, fixed": (DCNv4Config(2, 2, scatter="fixed"), BF16),
     "half, fixed, tiles of 2": (DCNv4Config(2, 2, scatter="fixed", tile=2), np.float16),
+    "half, gather": (DCNv4Config(2, 2, scatter="gather", gather_margin=0), np.float16),
+    "bfloat16, gather": (DCNv4Config(2, 2, scatter="gather"), BF16),
     "bfloat16, owner": (DCNv4Config(3, 1, scatter="owner"), BF16),
     "bfloat16, owner, channel runs": (DCNv4Config(2, 2, scatter="owner"), BF16),
     "bfloat16, atomic": (DCNv4Config(2, 2, scatter="atomic"), BF16),
@@ -277,7 +282,7 @@ def test_deterministic_gradients(device, backward_problem):
     paths' input gradient too. (The atomic path's input gradient may differ in its last bits.)"""
     o, x, om, go, _ = backward_problem
     for cfg in (DCNv4Config(2, 2, scatter="owner"), DCNv4Config(1, 1, scatter="atomic"),
-                DCNv4Config(1, 1, scatter="fixed")):
+                DCNv4Config(1, 1, scatter="fixed"), DCNv4Config(1, 1, scatter="gather", gather_margin=0)):
         runs = [dcnv4_backward(go, x, om, **call_opts(o), device=device, config=cfg) for _ in range(3)]
         for g_in, g_om in runs[1:]:
             np.testing.assert_array_equal(g_om, runs[0][1])
@@ -321,25 +326,30 @@ def input_gradient_float64(x, om, go, o: DCNv4Options):
     return g_x.reshape(x.shape)
 
 
+@pytest.mark.parametrize("cfg", [DCNv4Config(2, 2, scatter="fixed"),
+                                 DCNv4Config(2, 2, scatter="gather", gather_margin=0)], ids=["fixed", "gather"])
 @pytest.mark.parametrize("magnitude", [1.0, 1e30, 1e-30], ids=["unit", "1e30", "1e-30"])
-def test_fixed_point_input_gradient_at_any_scale(device, magnitude):
+def test_fixed_point_input_gradient_at_any_scale(device, magnitude, cfg):
     """The fixed-point scale follows the data: grad_out at 1e30 or 1e-30 keeps the input
     gradient's relative accuracy, against the exact float64 transpose. Many taps land on the
-    same pixels here (offsets of +-0.6 around a 5x5 kernel on a 6x6 input)."""
+    same pixels here (offsets of +-0.6 around a 5x5 kernel on a 6x6 input); with the gather at
+    margin 0 about half of them are far ones, in fixed point."""
     o = DCNv4Options(kernel_h=5, kernel_w=5, pad_h=2, pad_w=2, group=2, group_channels=4, offset_scale=1.0)
     x, om = make_inputs(o, 2, 6, 6, spread=0.6, seed=11)
     go = (np.random.default_rng(12).standard_normal((2, 6, 6, 8)) * magnitude).astype(np.float32)
     exact = input_gradient_float64(x, om, go, o)
-    g_in, _ = dcnv4_backward(go, x, om, **call_opts(o), device=device, config=DCNv4Config(2, 2, scatter="fixed"))
+    g_in, _ = dcnv4_backward(go, x, om, **call_opts(o), device=device, config=cfg)
     assert np.all(np.isfinite(g_in))
-    # float32 products (one rounding each) summed exactly, one rounding at the end.
-    assert_close(g_in, exact, 2e-6, "fixed-point input gradient")
+    # fixed: float32 products (one rounding each) summed exactly, one rounding at the end;
+    # gather: the near taps' terms are a float sum, as on the owner path.
+    assert_close(g_in, exact, 2e-6 if cfg.scatter == "fixed" else 1e-5, f"{cfg.scatter} input gradient")
 
 
 def test_fixed_point_non_finite_terms(device):
     """NaN and infinite grad_out or masks, and products past float's range, reach exactly the
     input-gradient entries they reach on the float (owner) path: the fixed-point sums hand
-    such terms to a float side buffer, where their sum does not depend on the order."""
+    such terms to a float side buffer, where their sum does not depend on the order; the
+    gather (margin 0: taps both near and far) sums near ones in float, in one order."""
     o = DCNv4Options(group=2, group_channels=4, offset_scale=0.8)
     x, om = make_inputs(o, 2, 4, 5, spread=1.5, seed=13)
     go = np.random.default_rng(14).standard_normal((2, 4, 5, 8)).astype(np.float32)
@@ -351,21 +361,22 @@ def test_fixed_point_non_finite_terms(device):
     cases["overflowing product"][0][1, 0, 0, :] = 3e38
     cases["overflowing product"][1][1, 0, 0, 18:27] = 1e3
     for name, (g, m) in cases.items():
-        fixed, _ = dcnv4_backward(g, x, m, **call_opts(o), device=device, config=DCNv4Config(2, 2, scatter="fixed"))
         owner, _ = dcnv4_backward(g, x, m, **call_opts(o), device=device, config=DCNv4Config(4, 4, scatter="owner"))
-        for test in (np.isnan, np.isposinf, np.isneginf):
-            np.testing.assert_array_equal(test(fixed), test(owner), err_msg=f"{name}: {test.__name__}")
-        assert np.any(~np.isfinite(fixed)), name
-        finite = np.isfinite(owner)
-        assert_close(fixed[finite], owner[finite], 1e-5, name)
+        for cfg in (DCNv4Config(2, 2, scatter="fixed"), DCNv4Config(2, 2, scatter="gather", gather_margin=0)):
+            fixed, _ = dcnv4_backward(g, x, m, **call_opts(o), device=device, config=cfg)
+            for test in (np.isnan, np.isposinf, np.isneginf):
+                np.testing.assert_array_equal(test(fixed), test(owner), err_msg=f"{name} {cfg.scatter}: {test.__name__}")
+            assert np.any(~np.isfinite(fixed)), name
+            finite = np.isfinite(owner)
+            assert_close(fixed[finite], owner[finite], 1e-5, f"{name} {cfg.scatter}")
 
 
 def test_backward_default_scatter_per_device():
-    """Deterministic by default: fixed point on GPUs with 64-bit atomics, the owner scatter on
+    """Deterministic by default: the gather (fixed point for far taps) on GPUs with 64-bit atomics, the owner scatter on
     CPUs and on GPUs without them; deterministic=False lets GPUs use float atomics."""
     from clkernels.dcnv4 import backward_config
     gpu = dataclasses.replace(clkernels.get_runtime().info, is_cpu=False, int64_atomics=True)
-    assert backward_config(gpu, 32, np.float32).scatter == "fixed"
+    assert backward_config(gpu, 32, np.float32).scatter == "gather"
     assert backward_config(gpu, 32, np.float32, deterministic=False).scatter == "atomic"
     assert backward_config(dataclasses.replace(gpu, int64_atomics=False), 32, np.float32).scatter == "owner"
     cpu = dataclasses.replace(gpu, is_cpu=True)
@@ -438,7 +449,8 @@ def test_tiny_backward_variants(device, dtype):
     for cfg in (DCNv4Config(4, 4, scatter="owner"), DCNv4Config(2, 2, scatter="owner"),
                 DCNv4Config(4, 2, scatter="atomic"), DCNv4Config(1, 1, scatter="atomic"),
                 DCNv4Config(4, 2, scatter="fixed", tile=1), DCNv4Config(1, 1, scatter="fixed", tile=1),
-                DCNv4Config(2, 2, scatter="fixed", tile=2), DCNv4Config(4, 4, scatter="fixed", tile=3)):
+                DCNv4Config(2, 2, scatter="fixed", tile=2), DCNv4Config(4, 4, scatter="fixed", tile=3),
+                DCNv4Config(2, 2, scatter="gather"), DCNv4Config(1, 1, scatter="gather", gather_margin=0)):
         g_in, g_offset_mask = dcnv4_backward(go, x, om, **call_opts(o), device=device, config=cfg)
         if dtype == BF16:     # (offsets on the pixel grid: either side's derivative, as above)
             assert_bf16_close(g_in, g_x, 1e-4, f"input gradient {cfg}")
@@ -449,30 +461,33 @@ def test_tiny_backward_variants(device, dtype):
 
 
 @pytest.mark.oclgrind
-@pytest.mark.parametrize("scatter", ["owner", "fixed"])
+@pytest.mark.parametrize("scatter", ["owner", "fixed", "gather"])
 @pytest.mark.parametrize("dtype", [np.float32, BF16], ids=str)
 def test_deterministic_backward_bits_do_not_depend_on_work_group_size(device, dtype, scatter):
-    """The deterministic backwards (owner: CPUs; fixed point: GPUs), 20 runs over work-group
-    sizes 1 to 8 and the device's choice (fixed point: without tiles, and with tiles of 2 or 3
-    pixels, whose size sets the work-group's): the same bits every time, both gradients. The
-    fixed point's input gradient is even the same for 1, 2 or 4 channels per work-item (integer
-    sums in any grouping); the offset gradients' channel sums are grouped by that choice."""
+    """The deterministic backwards (owner: CPUs; gather and fixed point: GPUs), 20 runs over
+    work-group sizes 1 to 8 and the device's choice (fixed point: without tiles, and with tiles
+    of 2 or 3 pixels, whose size sets the work-group's): the same bits every time, both
+    gradients. The input gradient is even the same for 1, 2 or 4 channels per work-item (integer
+    sums in any grouping; the gather's own work-items do not depend on it); the offset
+    gradients' channel sums are grouped by that choice."""
     o = DCNv4Options(group=2, group_channels=4, offset_scale=0.8)
     x, om = make_inputs(o, 2, 3, 4, dtype=dtype, spread=1.5, seed=9)
     go = np.random.default_rng(10).standard_normal((2, *o.out_size(3, 4), 8)).astype(dtype)
-    first_in, first_om = None, {}
+    first_in, first_om = {}, {}
     for run in range(20):
         cpw = 2 if scatter == "owner" else (1, 2, 4)[run % 3]
         wg = (0, 1, 2, 4, 8)[run % 5]
-        if scatter == "fixed" and wg and wg < 4 // cpw:
+        if scatter != "owner" and wg and wg < 4 // cpw:
             wg = 0      # a group's slots (4 / cpw of them) share one work-group
-        tile = 0 if scatter == "owner" else (1, 2, 3, 1)[run % 4]
+        tile = (1, 2, 3, 1)[run % 4] if scatter == "fixed" else 0
         cfg = DCNv4Config(cpw, math.gcd(cpw, 2), scatter=scatter, work_group_size=wg if tile < 2 else 0,
-                          tile=tile)
+                          tile=tile, gather_margin=run % 2)   # (the margin moves taps between two sums)
         g_in, g_om = dcnv4_backward(go, x, om, **call_opts(o), device=device, config=cfg)
-        first_in = g_in if first_in is None else first_in
+        # The gather's margin decides which taps are float terms and which fixed-point ones.
+        variant = cfg.gather_margin if scatter == "gather" else None
+        first_in.setdefault(variant, g_in)
         first_om.setdefault(cpw, g_om)
-        np.testing.assert_array_equal(g_in.view(np.uint8), first_in.view(np.uint8), err_msg=str(cfg))
+        np.testing.assert_array_equal(g_in.view(np.uint8), first_in[variant].view(np.uint8), err_msg=str(cfg))
         np.testing.assert_array_equal(g_om.view(np.uint8), first_om[cpw].view(np.uint8), err_msg=str(cfg))
     assert len(first_om) == (1 if scatter == "owner" else 3)
 
