@@ -82,8 +82,7 @@ void bilinear_taps_${real}(${real} h, ${real} w, int H, int W,
 ## and NaN absorbs everything in any order, so that part is order-free too. The side buffer is
 ## zeroed and read only when fixed_side_needed says such a term can exist.
 ##   fixed_exponent(bound, terms_log2) -> e;  fixed_add(p, side, v, s1, s2): p += v * 2^e
-##   (s1 * s2 = 2^e, two factors so that |e| up to 252 stays within float's range);
-##   fixed_add_local: the same into local memory; fixed_add_bits(p, q): p += q (a flush).
+##   (s1 * s2 = 2^e, two factors so that |e| up to 252 stays within float's range).
 <%def name="fixed_point(info, ptx=False)">
 #pragma OPENCL EXTENSION cl_khr_int64_base_atomics : enable
 inline int fixed_exponent(__global const uint *bound, const int terms_log2)
@@ -112,20 +111,6 @@ inline void fixed_add(volatile __global long *p, volatile __global float *side, 
 {
     if (!isfinite(v)) { atomic_add_float(side, v); return; }
     fixed_add_bits(p, convert_long_rte((v * s1) * s2));
-}
-// The same term into a work-group's local sums, flushed to the global ones by fixed_add_bits.
-// A local sum is two 32-bit words (lo, hi): 64-bit local atomics are compare-and-swap loops
-// on some GPUs, 32-bit ones are not. The carry out of lo is seen by the one addition that
-// wraps it (atomic_add returns the old value), so hi:lo is the exact sum modulo 2^64, which
-// is the sum itself (|sum| < 2^63).
-inline void fixed_add_local(volatile __local uint *lo, volatile __local uint *hi,
-                            volatile __global float *side, const float v, const float s1, const float s2)
-{
-    if (!isfinite(v)) { atomic_add_float(side, v); return; }
-    const long q = convert_long_rte((v * s1) * s2);
-    const uint low = (uint)q, was = atomic_add(lo, low);
-    const uint high = (uint)(q >> 32) + (was + low < was ? 1u : 0u);
-    if (high) atomic_add(hi, high);
 }
 </%def>
 

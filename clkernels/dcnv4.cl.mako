@@ -21,8 +21,6 @@
 ##                  "DCNv3 work-item body in a loop" rung of the paper's ablation)
 ##   slots_p2       'backward': work-items per (pixel, group), channels/cpw rounded up to a
 ##                  power of two; > 1 means a work-group reduction of the offset gradients
-##   tile           'backward' with scatter 'fixed': > 1 makes a work-group a tile x tile block
-##                  of output pixels of one group, summing its taps in local memory first
 ##   ptx            NVIDIA only: half <-> float conversions and the float atomic add through
 ##                  inline PTX, so that half loads stay 16-byte vector loads
 <%namespace name="common" file="/clkernels/common.cl.mako"/>
@@ -36,13 +34,12 @@
     vec = 'float' if VW == 1 else 'float%d' % VW
     comps = [''] if VW == 1 else ['.s%x' % e for e in range(VW)]
     raw = {2: 'uint', 4: 'uint2', 8: 'uint4', 16: 'uint8'}.get(VW)
-    TILE = tile if direction == 'backward' and scatter == 'fixed' else 1
     FIXED = direction == 'backward' and scatter in ('fixed', 'gather')
     ptx_half = ptx and st.is_half and VW > 1
 %>
 %if direction != 'forward':
 // No a*b+c fused by the compiler's choice: the offset and mask gradients' sums then round the
-// same way in every variant of this kernel (tiles, scatter), not as each build schedules them.
+// same way in every variant of this kernel (scatter, margin), not as each build schedules them.
 #pragma OPENCL FP_CONTRACT OFF
 %endif
 ${common.bilinear_taps('float')}
@@ -226,11 +223,6 @@ ${tap_loop_close()}
 %if scatter == 'gather':
 ${near_tap()}
 %endif
-%if scatter == 'fixed' and TILE > 1:
-                    // The tap's 2x2 corners in the tile's window of local sums, or not at all.
-                    const int lr = (int)floor(h) - win_y, lc = (int)floor(w) - win_x;
-                    const int near = lr >= 0 && lr + 1 < win_h && lc >= 0 && lc + 1 < win_w;
-%endif
                     for (int c = 0; c < ${NCH}; ++c) {
 ${load_corners('c')}
                         const ${vec} val = wt[0] * v[0] + wt[1] * v[1] + wt[2] * v[2] + wt[3] * v[3];
@@ -254,17 +246,6 @@ ${load_corners('c')}
 %endfor
 %elif scatter in ('fixed', 'gather'):
                             const int at = idx[t] * ${GC} + c * ${VW};
-%if TILE > 1:
-                            if (near) {
-                                const int cell = (lr + (t >> 1)) * win_w + lc + (t & 1);
-                                const int li = cell * ${C} + slot * ${CPW} + c * ${VW};
-%for e, comp in enumerate(comps):
-                                fixed_add_local(win + li + ${e}, win + win_cells + li + ${e}, side + at + ${e},
-                                                add${comp}, s1, s2);
-%endfor
-                                continue;
-                            }
-%endif
 %for e, comp in enumerate(comps):
                             fixed_add(gfix + at + ${e}, side + at + ${e}, add${comp}, s1, s2);
 %endfor
@@ -352,42 +333,14 @@ __kernel void dcnv4_backward(__global const ${T} *restrict input,
 %if SP > 1:
                              , __local float *partial
 %endif
-%if TILE > 1:
-                             , const int tiles_x, const int tiles_y, const int win_dx, const int win_dy,
-                             const int win_w, const int win_h, __local uint *win
-%endif
                              )
 {
-%if TILE > 1:
-    // Work-group (image, tile row, tile column, group); work-item (pixel of the tile, slot).
-    // The tile's taps mostly land in a window of the input around it (win_w x win_h cells
-    // from (win_x, win_y), set by the launcher to the taps' reach plus a margin): they are
-    // summed in local memory and flushed once per cell, so neighbouring pixels' taps on the
-    // same input pixel cost one global atomic instead of one each. Farther taps go straight
-    // to the global sums. Integer sums: the split changes no bit.
-    const int lid = get_local_id(0), lsize = get_local_size(0);
-    const int slot = lid % ${SP}, tp = lid / ${SP};
-    int t_ = get_group_id(0);
-    const int g = t_ % ${G}; t_ /= ${G};
-    const int tx = t_ % tiles_x; t_ /= tiles_x;
-    const int ty = t_ % tiles_y, image = t_ / tiles_y;
-    const int y_ = ty * ${TILE} + tp / ${TILE}, x_ = tx * ${TILE} + tp % ${TILE};
-    const int active = tp < ${TILE * TILE} && y_ < H_out && x_ < W_out && slot < ${SLOTS};
-    const int pix = active ? (image * H_out + y_) * W_out + x_ : 0;
-    const int pg = pix * ${G} + g;
-    const int win_x = tx * ${TILE} * stride_w + win_dx, win_y = ty * ${TILE} * stride_h + win_dy;
-    // Local sums as two halves (common.cl.mako's fixed_add_local): low words, then high words.
-    const int win_cells = win_w * win_h * ${C};
-    for (int i = lid; i < 2 * win_cells; i += lsize) win[i] = 0u;
-    barrier(CLK_LOCAL_MEM_FENCE);
-%else:
     const int gid = get_global_id(0);
     const int slot = gid % ${SP};
     const int pg = gid / ${SP};
     // Padding work-items stay for the barriers but touch no memory.
     const int active = pg < pix_groups && slot < ${SLOTS};
     const int g = pg % ${G}, pix = active ? pg / ${G} : 0;
-%endif
 ${position_setup()}
     const int in_base = n * (H * W * ${GC}) + g * ${C} + slot * ${CPW};
     const __global ${T} *in = input + in_base;
@@ -403,7 +356,7 @@ ${position_setup()}
     ${vec} go[${NCH}];
     for (int c = 0; c < ${NCH}; ++c)
         go[c] = active ? ldv(grad_out + pg * ${C} + slot * ${CPW} + c * ${VW}) : (${vec})(0.0f);
-%if SP > 1 and TILE == 1:
+%if SP > 1:
     const int lid = get_local_id(0), lsize = get_local_size(0);
 %endif
 ${tap_loop_open()}
@@ -438,19 +391,6 @@ ${tap_loop_close()}
         __global ${T} *offset_mask_row = grad_offset_mask + pix * P;
 ${zero_tail()}
     }
-%if TILE > 1:
-    // Flush: one global addition per non-zero local sum. Cells outside the input stay zero
-    // (no corner outside it is ever added), so every flushed cell is inside.
-    barrier(CLK_LOCAL_MEM_FENCE);
-    volatile __global long *image_sums = grad_fixed + image * (H * W * ${GC}) + g * ${C};
-    for (int i = lid; i < win_cells; i += lsize) {
-        const long q = (long)(((ulong)win[win_cells + i] << 32) | (ulong)win[i]);
-        if (q == 0) continue;
-        const int cell = i / ${C}, ch = i - cell * ${C};
-        const int r = win_y + cell / win_w, col = win_x + cell % win_w;
-        fixed_add_bits(image_sums + (r * W + col) * ${GC} + ch, q);
-    }
-%endif
 }
 
 

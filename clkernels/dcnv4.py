@@ -111,11 +111,7 @@ class DCNv4Config:
     ``scatter`` (backward only): "gather" (deterministic, GPUs: the input pixels gather the
     taps near them, farther taps are summed in 64-bit fixed point), "fixed" (everything in
     fixed point, deterministic), "atomic" (float atomics, the last bits vary from run to run),
-    "owner" (no atomics, deterministic: CPUs), "" from the device and ``deterministic``. ``tile`` ("fixed" only):
-    a work-group takes ``tile`` x ``tile`` output pixels and sums their taps in local memory
-    before the global sums; 1: no tiles (one global atomic per term); 0: from the device
-    (no tiles when ``work_group_size`` is given). With a tile, the work-group size is set by
-    it: tile^2 pixels times the channel slots. ``gather_channels`` ("gather" only): channels
+    "owner" (no atomics, deterministic: CPUs), "" from the device and ``deterministic``. ``gather_channels`` ("gather" only): channels
     per work-item of the kernel that gathers the input gradient (a multiple of
     ``vector_width`` dividing group_channels); 0: from the device. ``gather_margin``
     ("gather" only): taps landing within this many whole pixels of their nominal place (zero
@@ -126,7 +122,6 @@ class DCNv4Config:
     reuse: bool = True
     work_group_size: int = 0
     scatter: str = ""
-    tile: int = 0
     gather_channels: int = 0
     gather_margin: int = 1
 
@@ -140,7 +135,6 @@ class DCNv4Config:
         config_check.integer(name, "work_group_size", self.work_group_size, minimum=0,
                              meaning=" (0: chosen from the device)")
         config_check.choice(name, "scatter", self.scatter, ("", "gather", "fixed", "atomic", "owner"))
-        config_check.integer(name, "tile", self.tile, minimum=0, meaning=" (0: chosen from the device)")
         config_check.integer(name, "gather_channels", self.gather_channels, minimum=0,
                              meaning=" (0: chosen from the device)")
         config_check.integer(name, "gather_margin", self.gather_margin, minimum=0)
@@ -217,10 +211,10 @@ _ptx_refused: dict = {}  # device -> the build log, when its compiler refused in
 
 
 def _program(rt, info, direction, dtype, opts: DCNv4Options, cfg: DCNv4Config, slots_p2=1, scatter="",
-             tile=1, gather_cpw=0):
+             gather_cpw=0):
     """Render + build; on NVIDIA try the inline-PTX variant first, and fall back to the
     portable one (remembered per device) if the driver refuses it."""
-    params = dict(direction=direction, info=info, st=Storage(dtype), scatter=scatter, tile=tile,
+    params = dict(direction=direction, info=info, st=Storage(dtype), scatter=scatter,
                   margin=cfg.gather_margin, gather_cpw=gather_cpw,
                   group=opts.group, channels=opts.group_channels, kernel_h=opts.kernel_h,
                   kernel_w=opts.kernel_w, remove_center=bool(opts.remove_center),
@@ -359,10 +353,6 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
     if scatter in ("fixed", "gather") and not info.int64_atomics:
         raise ValueError(f"config.scatter={scatter!r} needs 64-bit atomics (cl_khr_int64_base_atomics), "
                          f"which {info.name} lacks; use scatter='owner' (deterministic) or 'atomic'")
-    if scatter == "fixed":
-        tiled = _tiled_plan(rt, info, outputs, args, opts, cfg, (n, h, w, ho, wo, p))
-        if tiled is not None:
-            return tiled
     gather_cpw = 0
     if scatter == "gather":
         gather_cpw = cfg.gather_channels or _gather_channels(opts.group_channels, cfg.vector_width)
@@ -371,7 +361,7 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
                              f"{opts.group_channels} and be a multiple of vector_width={cfg.vector_width}")
     while True:
         slots_p2 = 1 << (opts.group_channels // cfg.channels_per_item - 1).bit_length()
-        program = _program(rt, info, "backward", input.dtype, opts, cfg, slots_p2, scatter, 1, gather_cpw)
+        program = _program(rt, info, "backward", input.dtype, opts, cfg, slots_p2, scatter, gather_cpw)
         kernel = launch.kernel_for_plan(program, "dcnv4_backward")
         wg = _work_group(rt, kernel, cfg, max(slots_p2, 64 if info.is_cpu else 256))
         if wg % slots_p2 == 0:
@@ -419,77 +409,6 @@ def _gather_channels(group_channels: int, vector_width: int) -> int:
     2.09 against 2.28 ms and 1.03 against 1.12 ms; 16 at 16 channels per group)."""
     return next(d for d in range(min(group_channels, 32), 0, -1)
                 if group_channels % d == 0 and d % vector_width == 0)
-
-
-# Offsets (in input pixels, after offset_scale) that a tile's window of local sums still
-# catches; taps beyond go straight to the global sums (same result, one atomic each).
-TILE_MARGIN = 2
-
-
-def _tile_window(opts: DCNv4Options, tile: int):
-    """Where a tile's taps land, relative to its first output pixel times the stride, per axis:
-    (first cell, cells), covering the nominal positions (zero offsets) of all its taps, their
-    bilinear neighbour, and TILE_MARGIN pixels of offset either way."""
-    def axis(stride, pad, dil, k):
-        half = dil * (k - 1) // 2
-        reach = [(i * dil - half) * opts.offset_scale for i in range(k)]
-        lo = -pad + half + min(reach)
-        hi = (tile - 1) * stride - pad + half + max(reach)
-        start = math.floor(lo) - TILE_MARGIN
-        return start, math.floor(hi) + TILE_MARGIN + 2 - start
-    return axis(opts.stride_w, opts.pad_w, opts.dilation_w, opts.kernel_w), \
-        axis(opts.stride_h, opts.pad_h, opts.dilation_h, opts.kernel_h)
-
-
-def _tiled_plan(rt, info, outputs, args, opts: DCNv4Options, cfg: DCNv4Config, geometry):
-    """The fixed-point backward with tiles (DCNv4Config.tile), or None where tiles are off
-    (tile=1, or no size whose window and work-group fit the device)."""
-    grad_out, input, offset_mask = args
-    n, h, w, ho, wo, p = geometry
-    slots = opts.group_channels // cfg.channels_per_item
-    sp = 1 << (slots - 1).bit_length()
-    if cfg.work_group_size and not cfg.tile:
-        return None         # a work-group size of the caller's: the untiled kernel takes it
-    for tile in ((cfg.tile,) if cfg.tile else (8, 4, 2)):
-        if tile == 1:
-            return None
-        if cfg.work_group_size and cfg.work_group_size != tile * tile * sp:
-            raise ValueError(f"config.work_group_size={cfg.work_group_size} does not match tiles of "
-                             f"{tile}x{tile} pixels with {sp} work-items each ({tile * tile * sp}); "
-                             "leave work_group_size 0 with tiles, or set tile=1")
-        (dx, ww), (dy, wh) = _tile_window(opts, tile)
-        wg = tile * tile * sp
-        local = ww * wh * opts.group_channels * 8 + (2 * 3 * wg * 4 if sp > 1 else 0)
-        # Half the device's local memory at most, so that two work-groups fit a compute unit.
-        if wg <= min(512, info.max_work_group_size) and local <= info.local_mem_bytes // 2:
-            break
-        if cfg.tile:
-            raise ValueError(f"config.tile={tile} needs {wg} work-items and {local} bytes of local memory "
-                             f"per work-group; {info.name} offers {info.max_work_group_size} and "
-                             f"{info.local_mem_bytes // 2} (half its local memory); use a smaller tile")
-    else:
-        return None
-    program = _program(rt, info, "backward", input.dtype, opts, cfg, sp, "fixed", tile)
-    kernel = launch.kernel_for_plan(program, "dcnv4_backward")
-    limit = kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, rt.device)
-    if wg > limit:
-        if cfg.tile:
-            raise ValueError(f"config.tile={tile} needs work-groups of {wg}, more than this kernel's "
-                             f"limit of {limit} on {info.name}; use a smaller tile or more channels_per_item")
-        return None
-    tiles_x, tiles_y = -(-wo // tile), -(-ho // tile)
-    pix_groups = n * ho * wo * opts.group
-    temps, steps = [], []
-    acc, to_storage = _fixed_point_steps(rt, program, outputs[0], grad_out, pix_groups, p,
-                                         ho * wo * opts.taps, temps, steps)
-    local = (cl.LocalMemory(2 * 3 * wg * 4),) if sp > 1 else ()
-    i32 = np.int32
-    steps.append(launch.step(kernel, (n * tiles_y * tiles_x * opts.group * wg,), (wg,),
-                             [INPUT_, OFFSET_MASK, GRAD_OUT, *acc, Out(1), i32(pix_groups),
-                              *_geometry_args(opts, h, w, ho, wo, p), *local, i32(tiles_x), i32(tiles_y),
-                              i32(dx), i32(dy), i32(ww), i32(wh), cl.LocalMemory(ww * wh * opts.group_channels * 8)]))  # two words a sum
-    steps += to_storage
-    return launch.LaunchPlan(outputs, steps, temps)
 
 
 def _fixed_point_steps(rt, program, g_input: launch.Buffer, grad_out, pix_groups: int, p: int,

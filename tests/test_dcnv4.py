@@ -219,11 +219,9 @@ BACKWARD_CASES = {
     "atomic, one slot": (DCNv4Config(6, 2, scatter="atomic"), np.float32),
     "atomic, 3 slots padded to 4, local reduction": (DCNv4Config(2, 2, scatter="atomic"), np.float32),
     "atomic, 6 slots": (DCNv4Config(1, 1, scatter="atomic", work_group_size=8), np.float32),
-    "fixed, one slot": (DCNv4Config(6, 2, scatter="fixed", tile=1), np.float32),
-    "fixed, 3 slots padded to 4, local reduction": (DCNv4Config(2, 2, scatter="fixed", tile=1), np.float32),
-    "fixed, 6 slots": (DCNv4Config(1, 1, scatter="fixed", work_group_size=8, tile=1), np.float32),
-    "fixed, tiles of 2": (DCNv4Config(2, 2, scatter="fixed", tile=2), np.float32),
-    "fixed, tiles of 3, one slot": (DCNv4Config(6, 2, scatter="fixed", tile=3), np.float32),
+    "fixed, one slot": (DCNv4Config(6, 2, scatter="fixed"), np.float32),
+    "fixed, 3 slots padded to 4, local reduction": (DCNv4Config(2, 2, scatter="fixed"), np.float32),
+    "fixed, 6 slots": (DCNv4Config(1, 1, scatter="fixed", work_group_size=8), np.float32),
     "gather, margin 1": (DCNv4Config(2, 2, scatter="gather"), np.float32),
     "gather, margin 0: far taps in fixed point": (DCNv4Config(2, 2, scatter="gather", gather_margin=0), np.float32),
     "gather, 2 channels per gathering item, 6 slots": (DCNv4Config(1, 1, scatter="gather", gather_channels=2), np.float32),
@@ -232,7 +230,6 @@ BACKWARD_CASES = {
     "half, atomic": (DCNv4Config(2, 2, scatter="atomic"), np.float16),
     "half, fixed": (DCNv4Config(2, 2, scatter="fixed"), np.float16),
     "bfloat16, fixed": (DCNv4Config(2, 2, scatter="fixed"), BF16),
-    "half, fixed, tiles of 2": (DCNv4Config(2, 2, scatter="fixed", tile=2), np.float16),
     "half, gather": (DCNv4Config(2, 2, scatter="gather", gather_margin=0), np.float16),
     "bfloat16, gather": (DCNv4Config(2, 2, scatter="gather"), BF16),
     "bfloat16, owner": (DCNv4Config(3, 1, scatter="owner"), BF16),
@@ -448,8 +445,7 @@ def test_tiny_backward_variants(device, dtype):
     rtol = 1e-4 if dtype == np.float32 else 2e-3
     for cfg in (DCNv4Config(4, 4, scatter="owner"), DCNv4Config(2, 2, scatter="owner"),
                 DCNv4Config(4, 2, scatter="atomic"), DCNv4Config(1, 1, scatter="atomic"),
-                DCNv4Config(4, 2, scatter="fixed", tile=1), DCNv4Config(1, 1, scatter="fixed", tile=1),
-                DCNv4Config(2, 2, scatter="fixed", tile=2), DCNv4Config(4, 4, scatter="fixed", tile=3),
+                DCNv4Config(4, 2, scatter="fixed"), DCNv4Config(1, 1, scatter="fixed"),
                 DCNv4Config(2, 2, scatter="gather"), DCNv4Config(1, 1, scatter="gather", gather_margin=0)):
         g_in, g_offset_mask = dcnv4_backward(go, x, om, **call_opts(o), device=device, config=cfg)
         if dtype == BF16:     # (offsets on the pixel grid: either side's derivative, as above)
@@ -465,11 +461,11 @@ def test_tiny_backward_variants(device, dtype):
 @pytest.mark.parametrize("dtype", [np.float32, BF16], ids=str)
 def test_deterministic_backward_bits_do_not_depend_on_work_group_size(device, dtype, scatter):
     """The deterministic backwards (owner: CPUs; gather and fixed point: GPUs), 20 runs over
-    work-group sizes 1 to 8 and the device's choice (fixed point: without tiles, and with tiles
-    of 2 or 3 pixels, whose size sets the work-group's): the same bits every time, both
-    gradients. The input gradient is even the same for 1, 2 or 4 channels per work-item (integer
-    sums in any grouping; the gather's own work-items do not depend on it); the offset
-    gradients' channel sums are grouped by that choice."""
+    work-group sizes 1 to 8 and the device's choice: the same bits every time, both gradients.
+    The input gradient is even the same for 1, 2 or 4 channels per work-item (integer sums in
+    any grouping; the gather's own work-items do not depend on it); the offset gradients'
+    channel sums are grouped by that choice, and the gather's margin (0 or 1 here) decides
+    which taps are float terms and which fixed-point ones."""
     o = DCNv4Options(group=2, group_channels=4, offset_scale=0.8)
     x, om = make_inputs(o, 2, 3, 4, dtype=dtype, spread=1.5, seed=9)
     go = np.random.default_rng(10).standard_normal((2, *o.out_size(3, 4), 8)).astype(dtype)
@@ -479,9 +475,7 @@ def test_deterministic_backward_bits_do_not_depend_on_work_group_size(device, dt
         wg = (0, 1, 2, 4, 8)[run % 5]
         if scatter != "owner" and wg and wg < 4 // cpw:
             wg = 0      # a group's slots (4 / cpw of them) share one work-group
-        tile = (1, 2, 3, 1)[run % 4] if scatter == "fixed" else 0
-        cfg = DCNv4Config(cpw, math.gcd(cpw, 2), scatter=scatter, work_group_size=wg if tile < 2 else 0,
-                          tile=tile, gather_margin=run % 2)   # (the margin moves taps between two sums)
+        cfg = DCNv4Config(cpw, math.gcd(cpw, 2), scatter=scatter, work_group_size=wg, gather_margin=run % 2)
         g_in, g_om = dcnv4_backward(go, x, om, **call_opts(o), device=device, config=cfg)
         # The gather's margin decides which taps are float terms and which fixed-point ones.
         variant = cfg.gather_margin if scatter == "gather" else None
