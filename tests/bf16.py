@@ -1,4 +1,4 @@
-"""bfloat16 in the tests: ml_dtypes' dtype, and the closeness the README states for it."""
+"""bfloat16 in the tests: ml_dtypes' dtype, and the closeness the docs state for it (guides/vision-ops.md)."""
 import numpy as np
 import ml_dtypes
 
