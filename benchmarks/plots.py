@@ -138,6 +138,40 @@ def bundle_adjustment(plt):
     save(fig, "ba_speedup_vs_size.png")
 
 
+def convergence(plt):
+    """Cost after each iteration against each solver's own clock, pyclad and Ceres in one run."""
+    name = LATEST["convergence_cpu"]
+    data = load(name)
+    runs = {}
+    for r in data["rows"]:
+        runs.setdefault(r["variant"], []).append(r)
+    m = data["meta"]
+    body = [[m["problem"], f"`{m['linear_solver']}`", m["pyclad_iterations"], m["ceres_iterations"],
+             f"{m['pyclad_final_cost']:.6e}", f"{m['ceres_final_cost']:.6e}", m["pyclad_wall_s"],
+             m["ceres_solve_wall_s"], f"**{m['ceres_solve_wall_s'] / m['pyclad_wall_s']:.2f}x**", link(name)]]
+    table("convergence.md", ["problem", "solver", "iterations (pyclad)", "iterations (Ceres)", "pyclad final cost",
+                             "Ceres final cost", "pyclad solve s (wall clock)", "Ceres solve s (its own)",
+                             "Ceres / pyclad", "source"], body, [name])
+    # Left: the cost. Right: how far above the lower of the two final costs it still is, which
+    # shows the tail that the left panel's scale flattens (points at or below it are left out).
+    floor = min(m["pyclad_final_cost"], m["ceres_final_cost"])
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for variant, label in (("pyclad", f"pyclad ({m['device']})"), ("ceres", f"Ceres, {m['ceres_threads']} threads")):
+        pts = runs.get(variant, [])
+        axes[0].plot([r["cumulative_s"] for r in pts], [r["cost"] for r in pts], marker="o", ms=3, label=label)
+        above = [(r["cumulative_s"], (r["cost"] - floor) / floor) for r in pts if r["cost"] > floor]
+        if above:
+            axes[1].plot(*zip(*above), marker="o", ms=3, label=label)
+    for ax, ylabel in ((axes[0], "cost"), (axes[1], "(cost - lower final cost) / lower final cost")):
+        ax.set_yscale("log")
+        ax.set_xlabel("seconds since the solve began (each solver's own clock)")
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=8)
+    axes[0].set_title(f"{m['problem']}, {m['linear_solver']}")
+    axes[1].set_title("distance to the final cost")
+    save(fig, "convergence.png")
+
+
 def multi_device():
     names = ["bench_multi_device-pocl-full", "bench_multi_device-mpi-pocl-full", "bench_multi_device-nvidia-full",
              "bench_multi_device-mpi-nvidia-full", "bench_multi_device-nvidia-4x"]
@@ -435,7 +469,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     rf.TABLES, PLOTS, DRAW = args.tables, args.plots, not args.no_plots
     plt = _NoPlots() if args.no_plots else _plt()
-    for part in (bundle_adjustment, colmap, vision, ad, cold_start):
+    for part in (bundle_adjustment, convergence, colmap, vision, ad, cold_start):
         part(plt)
     multi_device()
     headline()

@@ -13,6 +13,7 @@ TABLES = os.path.join(ROOT, "docs", "snippets", "perf")    # where table() write
 # The latest run of each measurement (the runs before them are superseded and not shown).
 LATEST = {
     "ba_cpu": "bench_bundle_adjust-pocl-zen5",
+    "convergence_cpu": "bench_convergence-pocl-full",
     "ba_gpu_bal": "bench_bundle_adjust-nvidia-full-run4",
     "ba_gpu_venice": "bench_bundle_adjust-nvidia-venice-run4",
     "ba_gpu_final": "bench_bundle_adjust-nvidia-final-size-run2",
