@@ -189,15 +189,18 @@ ${tap_loop_close()}
 %else:
 ## ------------------------------------------------------------------ backward
 ## The input gradient is a scatter: a tap at a learned, data-dependent position adds to four
-## input pixels, and which output pixels reach a given input pixel is unknown without
-## sorting every tap by target (the deterministic gather would write, sort and
-## segment-reduce ~4x the output's size). Two ways to do the scatter, chosen per device:
-##  - 'backward' (GPUs): one work-item per (pixel, group, slot of CPW channels) adds its taps
-##    with atomics. scatter='fixed' (the default) adds 64-bit fixed-point terms (common.cl.mako's
-##    fixed_point): integer sums are the same whatever the order, so the input gradient is
-##    deterministic, and it is closer to the exact sum than float atomics. scatter='atomic' adds
-##    floats (the hardware's reduction on NVIDIA), as the official operator does: the last bits
-##    then depend on the order in which work-items land.
+## input pixels, and which output pixels reach a given input pixel is unknown in general
+## without sorting every tap by target. But a tap lands near its nominal place (its position
+## with zero offset) unless its offset is large, and the output pixels whose taps are nominally
+## near an input pixel are known: that is the gather's part. The ways, chosen per device:
+##  - 'backward' (GPUs): one work-item per (pixel, group, slot of CPW channels) computes the
+##    offset and mask gradients and, but for the gather, adds its taps with atomics.
+##    scatter='gather' (the default) leaves the taps near their nominal place to
+##    dcnv4_gather_input below, where each input pixel sums the taps that reach it in one order,
+##    and adds only the far ones here, in 64-bit fixed point (common.cl.mako's fixed_point:
+##    integer sums are the same whatever the order). scatter='fixed' adds every tap that way.
+##    scatter='atomic' adds floats (the hardware's reduction on NVIDIA), as the official
+##    operator does: the last bits then depend on the order in which work-items land.
 ##  - 'backward_owner' (CPUs, where a float atomic is a compare-and-swap loop, ~50x slower
 ##    than the arithmetic): one work-item owns the input gradient of one (image, group,
 ##    run of CPW channels) and walks every output pixel of that image in order: no atomics,

@@ -18,9 +18,10 @@ batch size::
   half_w = dil_w*(kernel_w-1)//2, likewise h; it counts when -1 < h < H and -1 < w < W
   (NaN never does); corners outside the input read as zero.
 - float32, float16 or bfloat16 (``ml_dtypes.bfloat16``) storage, float arithmetic. numpy in, numpy out; pyopencl arrays in,
-  device arrays out. The backward is deterministic by default: on GPUs its input gradient is
-  summed in 64-bit fixed point (see the template), the same bits on every run;
-  ``deterministic=False`` allows float atomics instead.
+  device arrays out. The backward is deterministic by default, the same bits on every run: on
+  GPUs each input pixel gathers the taps that land near it (taps far from their nominal place
+  are summed in 64-bit fixed point; see the template), on CPUs one work-item owns each slice of
+  the input gradient. ``deterministic=False`` allows float atomics on GPUs instead.
 
 The kernel's speed switches are those of the paper's ablation (its Table 10): channels per
 work-item, bilinear coefficients reused across them, vector width, storage type. They are
@@ -111,9 +112,10 @@ class DCNv4Config:
     ``scatter`` (backward only): "gather" (deterministic, GPUs: the input pixels gather the
     taps near them, farther taps are summed in 64-bit fixed point), "fixed" (everything in
     fixed point, deterministic), "atomic" (float atomics, the last bits vary from run to run),
-    "owner" (no atomics, deterministic: CPUs), "" from the device and ``deterministic``. ``gather_channels`` ("gather" only): channels
-    per work-item of the kernel that gathers the input gradient (a multiple of
-    ``vector_width`` dividing group_channels); 0: from the device. ``gather_margin``
+    "owner" (no atomics, deterministic: CPUs), "" from the device and ``deterministic``.
+    ``gather_channels`` ("gather" only): channels per work-item of the kernel that gathers the
+    input gradient (a multiple of ``vector_width`` dividing group_channels); 0: from the
+    device. ``gather_margin``
     ("gather" only): taps landing within this many whole pixels of their nominal place (zero
     offset) are gathered, farther ones summed in fixed point; offsets in [-1, 1] at
     offset_scale 1 are all within 1."""
@@ -382,7 +384,7 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
         # converted to its storage: see _fixed_point_steps. "gather": only the taps far from
         # their nominal place; the gathering kernel adds the rest and converts.
         acc, to_storage = _fixed_point_steps(rt, program, outputs[0], grad_out, pix_groups, p,
-                                             ho * wo * opts.taps, temps, steps)
+                                             ho * wo * opts.taps, temps, steps, scatter == "fixed")
         if scatter == "gather":
             gather = launch.kernel_for_plan(program, "dcnv4_gather_input")
             items = n * h * w * opts.group * (opts.group_channels // gather_cpw)
@@ -412,12 +414,13 @@ def _gather_channels(group_channels: int, vector_width: int) -> int:
 
 
 def _fixed_point_steps(rt, program, g_input: launch.Buffer, grad_out, pix_groups: int, p: int,
-                       taps_per_image: int, temps: list, steps: list):
+                       taps_per_image: int, temps: list, steps: list, convert: bool = True):
     """The deterministic scatter's steps before the backward kernel (appended to ``steps``),
     its temporaries (to ``temps``), the backward kernel's accumulator arguments, and the steps
     after it. The bound kernel finds the scale and zeroes the sums; the side buffer for
     non-finite terms is the float32 output itself, or a float32 temporary for 16-bit storage,
-    zeroed only when needed; the last step converts sums (and side) into the output."""
+    zeroed only when needed; the last step converts sums (and side) into the output (none with
+    ``convert=False``: the gather converts them itself)."""
     terms_log2 = (taps_per_image - 1).bit_length()   # 2^terms_log2 >= taps adding to one sum
     size = g_input.size
     temps += [launch.Buffer("g_input_fixed", g_input.shape, np.int64), launch.Buffer("bound", (4,), np.uint32)]
@@ -439,11 +442,13 @@ def _fixed_point_steps(rt, program, g_input: launch.Buffer, grad_out, pix_groups
     wg = arrays.work_group_size(rt, k_fill, 256)
     steps.append(launch.step(k_fill, (arrays.round_up(min(size, rt.info.compute_units * 4 * wg), wg),), (wg,),
                              [bound, side, np.int32(size)]))
+    acc = (sums, side, bound, np.int32(terms_log2))
+    if not convert:
+        return acc, []
     k_conv = launch.kernel_for_plan(program, "fixed_to_storage")
     wg = arrays.work_group_size(rt, k_conv, 256)
-    convert = launch.step(k_conv, (arrays.round_up(size, wg),), (wg,),
-                          [sums, bound, side, Out(0), np.int32(size), np.int32(terms_log2)])
-    return (sums, side, bound, np.int32(terms_log2)), [convert]
+    return acc, [launch.step(k_conv, (arrays.round_up(size, wg),), (wg,),
+                             [sums, bound, side, Out(0), np.int32(size), np.int32(terms_log2)])]
 
 
 def _backward_owner_plan(rt, info, outputs, input, offset_mask, opts: DCNv4Options, cfg: DCNv4Config):
@@ -553,10 +558,12 @@ def dcnv4_backward(grad_out, input, offset_mask, kernel_h=3, kernel_w=3, stride_
     ``devices``: as in :func:`dcnv4`.
 
     ``deterministic`` (default True): the same bits on every run and for every launch
-    configuration of a device. On GPUs the input gradient is then summed in 64-bit fixed
-    point, which is also closer to the exact sum than float atomics; ``False`` allows float
-    atomics (``DCNv4Config(scatter="atomic")``), whose last bits vary from run to run. CPUs
-    are deterministic either way. The offset and mask gradients always are."""
+    configuration of a device. On GPUs each input pixel then gathers the taps that land within
+    ``DCNv4Config.gather_margin`` pixels of their nominal place, summing in one order, and
+    farther taps are summed in 64-bit fixed point (integer sums, the same whatever the order);
+    ``False`` allows float atomics (``DCNv4Config(scatter="atomic")``), whose last bits vary
+    from run to run. CPUs are deterministic either way. The offset and mask gradients always
+    are."""
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be True or False, not {deterministic!r}")
     opts = (_options(kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
