@@ -534,11 +534,52 @@ def dcnv4(input, offset_mask, kernel_h=3, kernel_w=3, stride_h=1, stride_w=1, pa
     """DCNv4 forward: ``[N, H_out, W_out, group*group_channels]`` in the input's dtype.
 
     numpy in, numpy out; ``pyopencl.array.Array`` in (on any context and queue), device array
-    out. ``out``: an array of the result's shape and dtype to write into, in that form.
-    ``device``/``queue``: where to run (default: where the device inputs live, else the
-    selected device); ``config``: the kernel's speed switches (default: from the device).
-    ``devices``: several devices (or ``"all"``) that share the batch N, for host arrays
-    (:mod:`clkernels.multi_device`)."""
+    out. The geometry arguments are the official operator's (softmax off); where each tap
+    samples the input is in the docstring of the module :mod:`clkernels.dcnv4`.
+
+    Args:
+        input: ``[N, H, W, group*group_channels]`` (channels last), float32, float16 or
+            bfloat16 (``ml_dtypes.bfloat16``).
+        offset_mask: ``[N, H_out, W_out, P]`` in the input's dtype, P >= group*K*3 (K =
+            kernel_h*kernel_w, minus one under ``remove_center``; the official layout pads P to
+            a multiple of 8, :func:`offset_mask_channels`, and the tail is ignored): per group,
+            K interleaved (dx, dy) pairs, then K mask values, used raw (no softmax).
+        kernel_h: the kernel's height (>= 1).
+        kernel_w: its width (>= 1).
+        stride_h: the stride along the height (>= 1).
+        stride_w: along the width (>= 1).
+        pad_h: the padding along the height (>= 0).
+        pad_w: along the width (>= 0).
+        dilation_h: the dilation along the height (>= 1).
+        dilation_w: along the width (>= 1).
+        group: the number of groups G (>= 1).
+        group_channels: the channels per group C (>= 1).
+        offset_scale: the factor on the offsets (finite).
+        remove_center: leave out the kernel's centre tap.
+        out: an array of the result's shape and dtype to write into, in that form (numpy for
+            numpy inputs, a device array for device inputs).
+        device: where to run (default: where the device inputs live, else the selected device).
+        queue: a ``pyopencl.CommandQueue`` to run on, instead of ``device``.
+        config: the kernel's speed switches, a :class:`DCNv4Config` (default: from the device,
+            :func:`forward_config`).
+        devices: several devices (or ``"all"``) that share the batch N, for host arrays
+            (:mod:`clkernels.multi_device`).
+
+    Returns:
+        The output ``[N, H_out, W_out, group*group_channels]`` in the input's dtype: a numpy
+        array for numpy inputs, else a device array on the inputs' context and queue.
+
+    Raises:
+        TypeError: a geometry argument that is not an int, an input that is neither a
+            pyopencl array nor something numpy makes an array of, a dtype other than those
+            above (or ``offset_mask``'s not the input's), or an ``out`` of the other form.
+        ValueError: a geometry argument out of range, ``remove_center`` with a 1x1 kernel,
+            arrays whose number of dimensions or shapes do not match the arguments (an output
+            size below 1, too few offset_mask channels), more elements than the kernels index
+            (2^30), a ``config`` the call cannot use, an ``out`` of the wrong shape or dtype, or
+            ``devices`` together with ``device`` or ``queue``.
+        DeviceMemoryError: the outputs, temporaries and uploaded inputs do not fit the device.
+    """
     opts = _options(kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
                     group, group_channels, offset_scale, remove_center)
     if devices is not None:
@@ -554,8 +595,10 @@ def dcnv4_backward(grad_out, input, offset_mask, kernel_h=3, kernel_w=3, stride_
                    config: Optional[DCNv4Config] = None, devices=None, deterministic=True):
     """Gradients of sum(grad_out * dcnv4(input, offset_mask, ...)): ``(g_input,
     g_offset_mask)`` shaped and typed like ``input`` and ``offset_mask`` (zero in the
-    padding tail of offset_mask's last axis). ``out``: a tuple of two arrays (or None).
-    ``devices``: as in :func:`dcnv4`.
+    padding tail of offset_mask's last axis).
+
+    numpy in, numpy out; ``pyopencl.array.Array`` in, device arrays out, as :func:`dcnv4`. The
+    geometry arguments, ``kernel_h`` to ``remove_center``, are the forward's (see :func:`dcnv4`).
 
     ``deterministic`` (default True): the same bits on every run and for every launch
     configuration of a device. On GPUs each input pixel then gathers the taps that land within
@@ -563,7 +606,36 @@ def dcnv4_backward(grad_out, input, offset_mask, kernel_h=3, kernel_w=3, stride_
     farther taps are summed in 64-bit fixed point (integer sums, the same whatever the order);
     ``False`` allows float atomics (``DCNv4Config(scatter="atomic")``), whose last bits vary
     from run to run. CPUs are deterministic either way. The offset and mask gradients always
-    are."""
+    are.
+
+    Args:
+        grad_out: ``[N, H_out, W_out, group*group_channels]``, the gradient of the forward's
+            output, in the input's dtype.
+        input: the forward's input, ``[N, H, W, group*group_channels]``, float32, float16 or
+            bfloat16 (``ml_dtypes.bfloat16``).
+        offset_mask: the forward's ``[N, H_out, W_out, P]``, in the input's dtype.
+        out: a tuple of two arrays (or None entries) to write ``g_input`` and ``g_offset_mask``
+            into, in the form the results take; or None.
+        device: where to run, as in :func:`dcnv4`.
+        queue: a ``pyopencl.CommandQueue`` to run on, instead of ``device``.
+        config: the kernels' speed switches, a :class:`DCNv4Config`; its ``scatter`` chooses how
+            the input gradient is summed (default: from the device and ``deterministic``,
+            :func:`backward_config`).
+        devices: as in :func:`dcnv4`.
+        deterministic: True (default) or False, as above.
+
+    Returns:
+        ``(g_input, g_offset_mask)``: numpy arrays for numpy inputs, else device arrays on the
+        inputs' context and queue.
+
+    Raises:
+        TypeError: ``deterministic`` not a bool, and as :func:`dcnv4` (``grad_out``'s dtype
+            must be the input's).
+        ValueError: as :func:`dcnv4`, a ``grad_out`` whose shape is not the forward output's,
+            or a ``config.scatter`` of ``"fixed"`` or ``"gather"`` on a device without 64-bit
+            atomics.
+        DeviceMemoryError: the outputs, temporaries and uploaded inputs do not fit the device.
+    """
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be True or False, not {deterministic!r}")
     opts = (_options(kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,

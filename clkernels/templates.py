@@ -77,7 +77,23 @@ def numbered_excerpt(source: str, log: str, context: int = 3) -> str:
 
 
 def render(template: str, **params) -> str:
-    """Render a template by its package path with explicit parameters."""
+    """Render a Mako template by its package path with explicit parameters.
+
+    Not cached: :func:`get_program` renders through it only when it has no program or binary
+    of the render already.
+
+    Args:
+        template: the template's path from the directory that holds the packages, e.g.
+            ``"clkernels/common.cl.mako"``.
+        **params: the template's parameters; every name the template uses must be given.
+
+    Returns:
+        The rendered text (OpenCL C source).
+
+    Raises:
+        mako.exceptions.TemplateLookupException: no template of that path.
+        NameError: the template uses a name that ``params`` does not give.
+    """
     return _template_lookup().get_template(template).render(**params)
 
 
@@ -95,9 +111,27 @@ _identities: Dict[int, str] = {}             # device pointer -> cache.device_id
 
 
 def build(source: str, runtime: Runtime = None, options: Iterable[str] = (), name: str = "") -> cl.Program:
-    """The program of ``source`` for the runtime's device: from this process' programs, else from
-    the binary cache on disk (:mod:`clkernels.cache`), else built from source (and its binary
-    stored). ``name`` labels it in the cache's listing and the build log."""
+    """Build OpenCL C source for a device, or find it built already.
+
+    The program comes from this process' programs (one per source, options, context and
+    device), else from the binary cache on disk (:mod:`clkernels.cache`), else it is built from
+    source and its binary stored there. Threads that ask for the same program build it once.
+
+    Args:
+        source: the OpenCL C source.
+        runtime: the :class:`Runtime` whose context and device the program is for, or anything
+            :func:`get_runtime` takes (None: the selected device).
+        options: the build options, e.g. ``("-cl-fast-relaxed-math",)``.
+        name: a label for the program in the cache's listing and the build log.
+
+    Returns:
+        The built ``pyopencl.Program``, on the runtime's context.
+
+    Raises:
+        BuildError: the device's compiler refused the source (it carries the build log and the
+            numbered source).
+        DeviceNotFoundError: ``runtime`` is a spec that matches no device.
+    """
     runtime = get_runtime(runtime)
     return _program(hashlib.sha256(source.encode()).hexdigest(), lambda: source, runtime,
                     tuple(options), name)
@@ -210,9 +244,33 @@ _sources: Dict[str, str] = {}        # sha256 -> source, for sources rendered in
 
 def get_program(template: str, runtime: Runtime = None, options: Iterable[str] = (),
                 **params) -> cl.Program:
-    """Render ``template`` with ``params`` and build it, both cached in the process and on disk
-    (:mod:`clkernels.cache`: a render of known parameters goes to its binary without Mako), with
-    the simulator's build options for the template (clkernels.simulator.build_options)."""
+    """Render ``template`` with ``params`` and build it, both cached in the process and on disk.
+
+    A render of parameters seen before (in this process, or recorded on disk by
+    :mod:`clkernels.cache`) goes to its program or binary without rendering, so a warm process
+    need not run Mako. On the simulator the template's own build options are added
+    (clkernels.simulator.build_options) and the disk cache is not used.
+
+    Args:
+        template: the template's path from the directory that holds the packages, as
+            :func:`render` takes it.
+        runtime: the :class:`Runtime` whose context and device the program is for, or anything
+            :func:`get_runtime` takes (None: the selected device).
+        options: the build options.
+        **params: the template's parameters. A render is found again by them: in the process
+            when they are all hashable, on disk when they are all plain values (numbers,
+            strings, dtypes, tuples or lists of them, objects with a ``cache_token``); one found
+            neither way is rendered again on each call (its build is still cached).
+
+    Returns:
+        The built ``pyopencl.Program``, on the runtime's context.
+
+    Raises:
+        BuildError: the device's compiler refused the rendered source.
+        mako.exceptions.TemplateLookupException: no template of that path.
+        NameError: the template uses a name that ``params`` does not give.
+        DeviceNotFoundError: ``runtime`` is a spec that matches no device.
+    """
     runtime = get_runtime(runtime)
     return _indexed(template, params, lambda: render(template, **params), runtime,
                     _template_options(runtime, template, options))

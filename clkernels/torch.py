@@ -160,18 +160,69 @@ def _on_images_device(fn, images, wrapper: str, n_outputs: int, allow_host_copy:
 
 
 def letterbox(images, size=(640, 640), *, dtype=torch.float32, allow_host_copy=False, **options):
-    """:func:`clkernels.letterbox` on a uint8 BGR image tensor, ``[H, W, 3]`` or ``[N, H, W, 3]``:
-    ``(blob, d2i)`` as tensors on the images' device (CPU, or the images' GPU with no host round
-    trip; ``allow_host_copy`` as :func:`clkernels.torch_dcnv4`'s). ``dtype``: a torch dtype
-    (float32, float16 or bfloat16). The other options are :func:`clkernels.letterbox`'s."""
+    """:func:`clkernels.letterbox` on a uint8 BGR image tensor: ``(blob, d2i)`` as tensors on the
+    images' device.
+
+    CPU tensors run on the selected OpenCL device; CUDA tensors on the OpenCL device of their
+    GPU, with no host round trip (:mod:`clkernels.interop.torch_cuda`). Not differentiable.
+
+    Args:
+        images: a uint8 BGR image tensor, ``[H, W, 3]`` or ``[N, H, W, 3]``, on the CPU or a
+            CUDA GPU.
+        size: the blob's ``(width, height)``.
+        dtype: the blob's torch dtype: ``torch.float32`` (default), ``torch.float16`` or
+            ``torch.bfloat16``.
+        allow_host_copy: CUDA tensors may take the host path where the GPU's OpenCL device
+            cannot share their memory (with a warning once) instead of raising, as in
+            :func:`clkernels.torch_dcnv4`.
+        **options: :func:`clkernels.letterbox`'s other options: ``fill``, ``swap_rb``,
+            ``mean``, ``std``, ``alpha``, ``beta``.
+
+    Returns:
+        ``(blob, d2i)``: ``blob`` ``[N, 3, height, width]`` of ``dtype`` (N = 1 for one image),
+        and ``d2i`` the float64 destination-to-source matrices, ``[2, 3]`` for one image or
+        ``[N, 2, 3]``; both on the images' device.
+
+    Raises:
+        TypeError: images that are not uint8, or a ``dtype`` other than those above.
+        ValueError: images on a device other than the CPU or a CUDA GPU.
+        clkernels.interop.torch_cuda.InteropUnavailable: CUDA images whose GPU's OpenCL device
+            cannot share their memory, without ``allow_host_copy``.
+    """
     np_dtype = dtypes.from_torch(dtype)
     return _on_images_device(lambda im: _letterbox_arrays(im, size, dtype=np_dtype, **options), images,
                              "clkernels.torch.letterbox", 2, allow_host_copy)
 
 
 def warp_affine(image, M, dsize, border_value=114, *, allow_host_copy=False):
-    """:func:`clkernels.warp_affine` on a uint8 ``[H, W, 3]`` image tensor: the warped image as a
-    tensor on the image's device. ``M``: 2x3, source to destination (a sequence, array or tensor)."""
+    """:func:`clkernels.warp_affine` on a uint8 ``[H, W, 3]`` image tensor: OpenCV's
+    ``warpAffine`` with bilinear interpolation and a constant border, the result on the image's
+    device.
+
+    CPU tensors run on the selected OpenCL device; CUDA tensors on the OpenCL device of their
+    GPU, with no host round trip (:mod:`clkernels.interop.torch_cuda`). Not differentiable.
+
+    Args:
+        image: a uint8 ``[H, W, 3]`` image tensor, on the CPU or a CUDA GPU.
+        M: the 2x3 affine matrix, source to destination, as ``cv2.warpAffine`` takes it: a
+            sequence, numpy array or tensor.
+        dsize: the result's ``(width, height)``.
+        border_value: the level of pixels that map outside the image: an integer in
+            [0, 255], or three of them in BGR order.
+        allow_host_copy: CUDA tensors may take the host path where the GPU's OpenCL device
+            cannot share their memory (with a warning once) instead of raising, as in
+            :func:`clkernels.torch_dcnv4`.
+
+    Returns:
+        The warped image, a uint8 ``[height, width, 3]`` tensor on the image's device.
+
+    Raises:
+        TypeError: an image that is not uint8.
+        ValueError: an image that is not ``[H, W, 3]``, a singular ``M``, a ``border_value``
+            outside [0, 255], or an image on a device other than the CPU or a CUDA GPU.
+        clkernels.interop.torch_cuda.InteropUnavailable: a CUDA image whose GPU's OpenCL device
+            cannot share its memory, without ``allow_host_copy``.
+    """
     M = M.detach().cpu().numpy() if isinstance(M, torch.Tensor) else M
     return _on_images_device(lambda im: _warp_affine_arrays(im, M, dsize, border_value), image,
                              "clkernels.torch.warp_affine", 1, allow_host_copy)

@@ -24,7 +24,30 @@ CONTROL_FLOW_HELP = (
 
 
 class Node:
-    """A scalar value in a traced function. Supports arithmetic with numbers and nodes."""
+    """A scalar value in a traced function: what a traced function's arguments hold and what
+    operations on them return.
+
+    Nodes are made by tracing (:func:`pyclad.trace`, :class:`pyclad.BatchFunction`), not by
+    hand. Arithmetic (``+ - * / **``, unary ``-`` and ``+``, ``abs``) with numbers and other
+    nodes of the same graph gives new nodes; constants are folded and an equal node already in
+    the graph is reused. Comparisons (``< <= > >= == !=``) and ``& | ~`` give condition nodes
+    of value 1.0 or 0.0, with no derivative, for :func:`pyclad.where`. With a
+    :class:`pyclad.Vector` on the other side an operator is the Vector's, elementwise.
+
+    Args:
+        graph: the graph the node belongs to.
+        node_id: its index in the graph.
+
+    Attributes:
+        graph: the graph the node belongs to.
+        id: the node's index in the graph; ids increase in creation order.
+
+    Raises:
+        TypeError: ``bool()`` of a node (Python ``if``, ``while``, ``and``, ``or`` on a traced
+            value; use :func:`pyclad.where`), ``float()`` of a node that depends on the
+            inputs, use as an index, or an operand that is neither a number nor a node.
+        ValueError: an operand that is a node of another traced function.
+    """
     __slots__ = ("graph", "id")
     __array_priority__ = 1000  # numpy scalars on the left defer to Node's operators
 

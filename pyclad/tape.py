@@ -49,22 +49,56 @@ LAYOUTS = ("item", "node", "local")
 
 @dataclasses.dataclass(frozen=True)
 class TapeConfig:
-    """A variant of the tape kernel; ``None`` fields take the device's default
-    (:func:`default_config`).
+    """A variant of the tape backend's interpreter kernel, for
+    ``BatchFunction(..., backend="tape", config=...)`` (or ``backend="auto"`` where it picks the
+    tape).
 
-    lanes: tuples per OpenCL vector (1, 2, 4, 8 or 16); blocks: vectors per work-item;
-    slots: allocate value and adjoint slots by liveness (else one per node); fuse: superinstructions
-    (a product fused into the sum that uses it, pyclad.ops.FUSED); library: library
-    superinstructions (a helper such as ``rotate_angle_axis`` as one instruction,
-    pyclad.regions; needs cases="used"); preload: load every input and data component into its
-    slot before the forward sweep, unrolled (no instruction per input); layout: where a
-    work-item's slots live ("item", "node" or "local", see the module docstring); tables:
-    "global" or "constant" memory for the instruction tables; sweep: "joint" (one reverse sweep
-    carries every output's adjoint: one dispatch and one read of the values per node) or "each"
-    (one sweep per output); cases: "used" (compile the switch cases of the graph's own
-    instructions: a kernel per parameter layout and instruction set, built several times faster)
-    or "all" (every op: one kernel per layout for any graph); work_items: the persistent
-    grid's size; wg: the work-group size."""
+    Every field defaults to None: the device's choice (``default_config``), made once per
+    device. On a CPU: ``lanes`` the native SIMD width, ``blocks`` up to 8 (as many as keep a
+    work-item's slots within 24 KiB), ``layout="item"``, ``tables="global"``, ``wg=1`` and 64
+    work-items per compute unit. On a GPU: ``lanes=1``, ``blocks=1``, ``layout="local"`` with
+    work-groups of 128 (fewer, down to 32, where 128 work-items' slots would take more than half
+    of the local memory; ``layout="node"`` with ``wg=128`` where not even 32 fit),
+    ``tables="constant"`` where the tables take at most half of the constant memory (else
+    ``"global"``) and 1,024 work-items per compute unit. Both: ``slots``, ``fuse`` and
+    ``preload`` True, ``library`` True unless ``cases="all"``, ``sweep="each"``,
+    ``cases="used"``. Given fields replace the device's choice.
+
+    Attributes:
+        lanes: tuples per OpenCL vector: 1, 2, 4, 8 or 16. On a CPU at most the widest vector
+            its compiler targets.
+        blocks: vectors per work-item (a positive int); a work-item runs ``lanes * blocks``
+            tuples per dispatch of an instruction.
+        slots: True: value and adjoint slots allocated by liveness (a value's slot is reused
+            after its last use, an adjoint's after its node is swept); False: one slot per node.
+        fuse: True: superinstructions, a product fused into the sum that uses it
+            (pyclad.ops.FUSED); False: one instruction per op.
+        library: True: library superinstructions, a helper such as ``rotate_angle_axis`` run
+            as one instruction (pyclad.regions); needs ``cases="used"``. False: the helper's
+            ops one by one.
+        preload: True: every input and data component loaded into its slot before the forward
+            sweep, unrolled (no instruction per input); False: an instruction per input.
+        layout: where a work-item's slots live: ``"item"`` (a work-item's slots contiguous, for
+            CPUs), ``"node"`` (slot-major across work-items, coalesced, for GPUs) or
+            ``"local"`` (in local memory, for GPUs; it runs anywhere).
+        tables: the memory of the instruction tables: ``"global"`` or ``"constant"``.
+        sweep: ``"each"`` (one reverse sweep per output) or ``"joint"`` (one reverse sweep
+            carries every output's adjoint: one dispatch and one read of the values per node;
+            at most 31 outputs).
+        cases: ``"used"`` (the interpreter's switch has the cases of the graph's own
+            instructions only: a kernel per parameter layout and instruction set, built several
+            times faster) or ``"all"`` (a case for every op: one kernel per parameter layout for
+            any graph).
+        work_items: the size of the persistent grid of work-items that stride over the tuples
+            (a positive int, rounded up to a multiple of ``wg``).
+        wg: the work-group size (a positive int).
+
+    Raises:
+        ValueError: a value outside those above, or ``library=True`` with ``cases="all"``. When
+            the kernel is made: ``lanes`` wider than a CPU's compiler targets, ``sweep="joint"``
+            for a function of more than 31 outputs, or ``layout="local"`` with a ``wg`` whose
+            slots need more local memory than the device has.
+    """
     lanes: Optional[int] = None
     blocks: Optional[int] = None
     slots: Optional[bool] = None
@@ -99,6 +133,7 @@ class TapeConfig:
 
     @property
     def joint(self) -> bool:
+        """Whether ``sweep`` is ``"joint"``."""
         return self.sweep == "joint"
 
     def cache_token(self) -> str:

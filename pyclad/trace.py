@@ -15,9 +15,26 @@ from .vector import Vector
 class Traced:
     """A traced function: its graph, outputs and the orders the backends walk.
 
-    ``order``: every needed node, operands first (topological). ``active``: nodes that
-    carry derivatives. ``inputs[g][j]``: node id of component j of parameter group g, or
-    -1 when the function does not use it (its Jacobian column is then zero)."""
+    Made by :func:`pyclad.trace` (a :class:`BatchFunction` keeps its own as ``traced``).
+    Node ids index the graph's lists (``graph.ops[i]`` is node i's op).
+
+    Attributes:
+        graph: the :class:`pyclad.graph.Graph` of the nodes tracing made.
+        group_sizes: the length of each parameter group's row, a tuple of ints.
+        data_size: the length of the per-tuple data row (0: none).
+        outputs: the node id of each output, in the order the function returned them.
+        order: every node the outputs need, operands before their users (a topological order);
+            nodes the outputs do not need are left out.
+        active: the nodes that carry derivatives: those that depend on a parameter input
+            through differentiable ops.
+        inputs: ``inputs[g][j]`` is the node id of component j of parameter group g, or -1 when
+            the outputs do not use it (its Jacobian column is then zero).
+        data: the node id of each data component, or -1 when the outputs do not use it (an
+            empty list when ``data_size`` is 0).
+        guarded: the nodes of singular ops (``sqrt``, division, ``log``, ...) that a
+            :func:`pyclad.where` branch depends on; their zero adjoints stay zero, so the
+            branch not taken adds no NaN (see :mod:`pyclad.ops`). Empty by default.
+    """
     graph: Graph
     group_sizes: Tuple[int, ...]
     data_size: int
@@ -30,6 +47,7 @@ class Traced:
 
     @property
     def n_outputs(self) -> int:
+        """The number of outputs."""
         return len(self.outputs)
 
     def reverse_order(self, output: int = None) -> List[int]:
@@ -52,6 +70,8 @@ class Traced:
         return fp
 
     def summary(self) -> str:
+        """One line: the needed nodes (and how many are active), the outputs, the group and data
+        sizes, and the count of each op."""
         ops: Dict[str, int] = {}
         for n in self.order:
             ops[self.graph.ops[n]] = ops.get(self.graph.ops[n], 0) + 1

@@ -34,8 +34,26 @@ DEFAULT_LOSS_SCALE = math.sqrt(CHI2_3_95)
 
 @dataclasses.dataclass
 class PosePriors:
-    """Position priors: ``image_ids`` (n,), ``positions`` (n, 3) and ``covariances`` (n, 3, 3), a
-    row of NaN where an image's prior has none (then ``fallback_stddev`` stands in)."""
+    """Position priors of images: each image's camera centre in a metric Cartesian frame, with
+    a 3x3 covariance (see the module docstring for how a solve uses them).
+
+    Made directly, by :func:`read_pose_priors` or by :meth:`from_pycolmap`; passed as
+    ``pose_priors=`` to ``problem_from_reconstruction`` or :func:`solvers.colmap.bundle_adjust`.
+    The fields are converted on construction (the arrays are copies where a conversion needs
+    one) and checked.
+
+    Attributes:
+        image_ids: ``(n,)`` int64, the COLMAP image id of each prior; an image has at most one.
+        positions: ``(n, 3)`` float64, each image's camera centre (finite).
+        covariances: ``(n, 3, 3)`` float64, each position's covariance (symmetric, positive
+            definite), or all nine entries NaN where a prior has none: then the solve's
+            ``prior_fallback_stddev`` stands in. None on construction: NaN for every prior.
+
+    Raises:
+        ValueError: shapes that do not reshape to those above, a position that is not finite,
+            an image with two priors, or a covariance partly NaN, not symmetric or not positive
+            definite.
+    """
     image_ids: np.ndarray
     positions: np.ndarray
     covariances: np.ndarray

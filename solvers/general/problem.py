@@ -33,8 +33,29 @@ from ..models.loss import Loss
 
 
 class ParameterBlock:
-    """A named group of parameter rows in a :class:`Problem` (returned by
-    :meth:`Problem.add_parameter_block`). ``values`` is the problem's own float64 copy."""
+    """A named group of parameter rows in a :class:`Problem`: a ``(num_rows, size)`` table whose
+    rows are Ceres' parameter blocks.
+
+    Returned by :meth:`Problem.add_parameter_block`, which makes it; pass it (or its name) to
+    :meth:`Problem.add_residual_block` and :meth:`Problem.set_constant`. A solve does not change
+    it: the optimised tables are the result's ``parameters``, and
+    :meth:`Problem.set_parameters` replaces ``values``.
+
+    Args:
+        name: the group's name in its problem.
+        values: the ``(num_rows, size)`` float64 table.
+
+    Attributes:
+        name: the group's name in its problem.
+        values: ``(num_rows, size)`` float64, the starting values: the problem's own copy (or
+            the caller's array with ``add_parameter_block(..., copy=False)``).
+        constant_rows: ``(num_rows,)`` bool, the rows held constant (Ceres' constant blocks).
+        constant_columns: ``(size,)`` bool, the entries held constant in every row (Ceres'
+            ``SubsetManifold``).
+        constant_entries: ``(num_rows, size)`` bool, entries held constant in some rows only
+            (:meth:`Problem.set_constant` with both rows and columns), or None when there are
+            none.
+    """
 
     def __init__(self, name: str, values: np.ndarray):
         self.name = name
@@ -46,6 +67,7 @@ class ParameterBlock:
 
     @property
     def num_rows(self) -> int:
+        """The number of rows."""
         return self.values.shape[0]
 
     @property
@@ -55,10 +77,12 @@ class ParameterBlock:
 
     @property
     def free_rows(self) -> np.ndarray:
+        """The indices of the rows not held constant as a whole."""
         return np.flatnonzero(~self.constant_rows)
 
     @property
     def free_columns(self) -> np.ndarray:
+        """The indices of the entries not held constant in every row."""
         return np.flatnonzero(~self.constant_columns)
 
     @property
@@ -90,8 +114,24 @@ class ParameterBlock:
 
 @dataclasses.dataclass
 class ResidualBlock:
-    """One residual kind (returned by :meth:`Problem.add_residual_block`): ``fn`` over the rows
-    ``index[:, j]`` of ``groups[j]`` with per-block ``data``, under ``loss``."""
+    """One residual kind: ``fn`` over the rows ``index[:, j]`` of ``groups[j]`` with per-block
+    ``data``, under ``loss``, one residual block per row of ``index``.
+
+    Returned by :meth:`Problem.add_residual_block`, which makes it and checks its arguments.
+
+    Attributes:
+        name: the kind's name: ``add_residual_block``'s ``name``, else the function's
+            ``__name__`` (``"residual"`` without one), with ``_K`` appended (K the number of
+            kinds before it) when another kind has that name.
+        fn: the pyclad-traceable function ``fn(*rows, data) -> list of residuals``.
+        groups: the :class:`ParameterBlock` of each of ``fn``'s row arguments, in order (a group
+            may appear twice).
+        columns: per entry of ``groups``, the ``(n,)`` int32 row of that group that each of the
+            n residual blocks takes (contiguous).
+        data: ``(n, d)`` float64 per-block constants, or None.
+        loss: the :class:`solvers.Loss` of every block of the kind.
+        num_residuals: the residuals per block; 0 until the function is traced.
+    """
     name: str
     fn: object
     groups: List[ParameterBlock]
@@ -103,6 +143,7 @@ class ResidualBlock:
 
     @property
     def num_blocks(self) -> int:
+        """The number of residual blocks, n."""
         return self.columns[0].size
 
     @property

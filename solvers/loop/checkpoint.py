@@ -67,7 +67,33 @@ def problem_fingerprint(problem) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Checkpoint:
-    """The contents of a checkpoint file (see the module docstring); ``path`` is where it was read."""
+    """The contents of a bundle adjustment's checkpoint file (see the module docstring).
+
+    :func:`load_checkpoint` returns one; :func:`solvers.bundle_adjust`'s ``checkpoint=`` writes
+    them, and its ``resume=`` takes one (or its path).
+
+    Attributes:
+        cameras: ``(num_cameras, C)`` float64, the best camera parameters found (C = 9 for
+            BAL's cameras).
+        points: ``(num_points, P)`` float64, the best point parameters found (P = 3 for BAL's
+            points).
+        iteration: the iterations done when it was written, counted from the first solve (a
+            solve resumed from a checkpoint of iteration k writes k + its own iterations).
+        cost: the cost of those parameters, with the loss of the solve that wrote it.
+        trust_region_radius: the radius the next step would have used (positive).
+        num_cameras: the problem's number of cameras.
+        num_points: the problem's number of points.
+        num_observations: the problem's number of observations.
+        fingerprint: SHA-256 (hex) of the problem's observations: their camera and point
+            indices and observed values (``problem_fingerprint``).
+        termination_type: empty while the solve runs, its termination type once it has ended.
+            Default ``""``.
+        problem_name: the name of the problem it was written for. Default ``""``.
+        path: where it was read from; ``""`` (the default) for one not read from a file.
+
+    The problem's sizes and ``fingerprint`` are what :meth:`check_problem` compares, so that a
+    checkpoint of another problem is refused.
+    """
     cameras: np.ndarray
     points: np.ndarray
     iteration: int
