@@ -106,6 +106,11 @@ inline float hsum(${vec} v) { return ${' + '.join('v' + c for c in comps)}; }
     const int Q = H_out * W_out;
     const int n = pix / Q, q = pix - n * Q;
     const int y = q / W_out, x = q - y * W_out;
+${tap_origin()}
+</%def>
+## tap_origin: p0 and the offset_mask block of output pixel `pix` at row y, column x (the
+## gather knows those without dividing).
+<%def name="tap_origin()">
     const int half_w = (dil_w * (${kernel_w} - 1)) >> 1, half_h = (dil_h * (${kernel_h} - 1)) >> 1;
     const float p0_w = (float)(half_w - pad_w + x * stride_w) - (float)half_w * offset_scale;
     const float p0_h = (float)(half_h - pad_h + y * stride_h) - (float)half_h * offset_scale;
@@ -433,8 +438,8 @@ ${tap_loop_open()}
             const int ox1 = min(W_out - 1, floor_div(col + ${margin} + pad_w - i * dil_w, stride_w));
             for (int oy = oy0; oy <= oy1; ++oy) {
                 for (int ox = ox0; ox <= ox1; ++ox) {
-                    const int pix = (image * H_out + oy) * W_out + ox;
-${position_setup()}
+                    const int pix = (image * H_out + oy) * W_out + ox, y = oy, x = ox;
+${tap_origin()}
                     // tap_position and near_tap's tests, row first: most candidates miss this
                     // pixel's row, and then need neither dx nor the mask.
                     const float dy = ${st.load('om', '2 * k + 1')};
