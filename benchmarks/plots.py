@@ -375,10 +375,12 @@ def ad(plt):
 
 
 def cold_start(plt):
+    for key, file in (("cold_gpu", "cold_start.md"), ("cold_cpu", "cold_start_cpu.md")):
+        rows_ = load(LATEST[key])["rows"]
+        table(file, ["case", "variant", "whole process s (median)", "x peer", "input"],
+              [[x["case"], x["variant"], x["median_s"], x.get("ratio_to_peer", "-"), x.get("input", "")]
+               for x in rows_], [LATEST[key]])
     r = load(LATEST["cold_gpu"])["rows"]
-    table("cold_start.md", ["case", "variant", "whole process s (median)", "x peer", "input"],
-          [[x["case"], x["variant"], x["median_s"], x.get("ratio_to_peer", "-"), x.get("input", "")] for x in r],
-          [LATEST["cold_gpu"]])
     cases = [c for c in dict.fromkeys(x["case"] for x in r) if c != "import"]
     by = {(x["case"], x["variant"]): x["median_s"] for x in r}
     peer = lambda c: next((v for (cc, k), v in by.items() if cc == c and k.startswith("peer")), None)
