@@ -98,6 +98,15 @@ inline int fixed_side_needed(__global const uint *bound)
     // A product of two finite factors can overflow only when their exponents sum past 127.
     return bound[2] != 0u || (a > 0.0f && b > 0.0f && ilogb(a) + ilogb(b) >= 126);
 }
+// Element i of the sums as float, plus its side part where one can exist (`side_needed`:
+// fixed_side_needed's answer). The conversion from long rounds to nearest even once; the
+// power-of-two scaling is exact.
+inline float fixed_value(__global const long *sums, __global const float *side, const int i,
+                         const int e, const int side_needed)
+{
+    const float v = ldexp(convert_float_rte(sums[i]), -e);
+    return side_needed ? v + side[i] : v;
+}
 inline void fixed_add_bits(volatile __global long *p, const long q)
 {
 %if info.vendor == 'nvidia' and ptx:
@@ -114,9 +123,8 @@ inline void fixed_add(volatile __global long *p, volatile __global float *side, 
 }
 </%def>
 
-## fixed_to_storage: element i of the fixed-point sums as float, plus its side part where one
-## can exist, stored in `dst` (side and dst may be the same float buffer). The conversion from
-## long rounds to nearest even once; the power-of-two scaling is exact.
+## fixed_to_storage: fixed_value of every element, stored in `dst` (side and dst may be the
+## same float buffer).
 <%def name="fixed_to_storage(st)">
 __kernel void fixed_to_storage(__global const long *restrict acc, __global const uint *restrict bound,
                                __global const float *side, __global ${st.ptr} *dst, const int n,
@@ -124,9 +132,7 @@ __kernel void fixed_to_storage(__global const long *restrict acc, __global const
 {
     const int i = get_global_id(0);
     if (i >= n) return;
-    const int e = fixed_exponent(bound, terms_log2);
-    float v = ldexp(convert_float_rte(acc[i]), -e);
-    if (fixed_side_needed(bound)) v += side[i];
+    const float v = fixed_value(acc, side, i, fixed_exponent(bound, terms_log2), fixed_side_needed(bound));
     ${st.store('v', 'dst', 'i')};
 }
 

@@ -471,8 +471,7 @@ ${tap_loop_close()}
     for (int c = 0; c < ${NCB}; ++c) {
         ${vec} v = acc[c];
 %for e_, comp in enumerate(comps):
-        v${comp} += ldexp(convert_float_rte(grad_fixed[at + c * ${VW} + ${e_}]), -e);
-        if (side) v${comp} += grad_side[at + c * ${VW} + ${e_}];
+        v${comp} += fixed_value(grad_fixed, grad_side, at + c * ${VW} + ${e_}, e, side);
 %endfor
         stv(v, grad_input + at + c * ${VW});
     }

@@ -41,14 +41,15 @@ def _keep_buffers_alive_on_oclgrind(request, monkeypatch):
 
 # ---------------------------------------------------------------- reference (from the definition)
 
-def reference(x, om, o: DCNv4Options):
-    """Output [N, H_out, W_out, G*C] in float64, written from the semantics: tap (i along the
-    width outer, j along the height inner, centre skipped under remove_center) samples
-    w = x*stride_w - pad_w + half_w + (i*dil_w - half_w + dx)*offset_scale (likewise h),
-    counts when -1 < h < H and -1 < w < W, bilinear with zero outside; raw mask."""
-    x, om = np.asarray(x, np.float64), np.asarray(om, np.float64)
-    n, H, W, _ = x.shape
-    G, C = o.group, o.group_channels
+def corner_coefficients(om, o: DCNv4Options, H, W):
+    """The sampling rule, from the definition: for each group g and each of its taps' four
+    bilinear corners, yields (g, cy, cx, coefficient, inside), arrays over [N, H_out, W_out].
+    Tap (i along the width outer, j along the height inner, centre skipped under remove_center)
+    samples w = x*stride_w - pad_w + half_w + (i*dil_w - half_w + dx)*offset_scale (likewise h),
+    counts when -1 < h < H and -1 < w < W; the coefficient is the corner's bilinear weight times
+    the raw mask, zero for a corner outside the input (which reads as zero)."""
+    om = np.asarray(om, np.float64)
+    G = o.group
     ho = (H + 2 * o.pad_h - (o.dilation_h * (o.kernel_h - 1) + 1)) // o.stride_h + 1
     wo = (W + 2 * o.pad_w - (o.dilation_w * (o.kernel_w - 1) + 1)) // o.stride_w + 1
     taps = [(i, j) for i in range(o.kernel_w) for j in range(o.kernel_h)
@@ -56,9 +57,6 @@ def reference(x, om, o: DCNv4Options):
     K = len(taps)
     half_w, half_h = o.dilation_w * (o.kernel_w - 1) // 2, o.dilation_h * (o.kernel_h - 1) // 2
     oy, ox = np.meshgrid(np.arange(ho), np.arange(wo), indexing="ij")
-    xg = x.reshape(n, H, W, G, C)
-    batch = np.arange(n)[:, None, None]
-    out = np.zeros((n, ho, wo, G, C))
     for g in range(G):
         block = om[..., g * K * 3:(g + 1) * K * 3]
         for k, (i, j) in enumerate(taps):
@@ -73,9 +71,24 @@ def reference(x, om, o: DCNv4Options):
             for cy, cx, weight in ((h0, w0, (1 - lh) * (1 - lw)), (h0, w0 + 1, (1 - lh) * lw),
                                    (h0 + 1, w0, lh * (1 - lw)), (h0 + 1, w0 + 1, lh * lw)):
                 inside = counts & (cy >= 0) & (cy < H) & (cx >= 0) & (cx < W)
-                value = xg[batch, np.clip(cy, 0, H - 1), np.clip(cx, 0, W - 1), g]
-                out[:, :, :, g] += np.where(inside, weight * np.where(counts, mask, 0), 0)[..., None] * value
-    return out.reshape(n, ho, wo, G * C)
+                yield g, cy, cx, np.where(inside, weight * np.where(counts, mask, 0), 0), inside
+
+
+def reference(x, om, o: DCNv4Options):
+    """Output [N, H_out, W_out, G*C] in float64, written from the semantics: the sum over taps
+    and corners (corner_coefficients) of coefficient times the input at the corner."""
+    x = np.asarray(x, np.float64)
+    n, H, W, _ = x.shape
+    G, C = o.group, o.group_channels
+    xg = x.reshape(n, H, W, G, C)
+    batch = np.arange(n)[:, None, None]
+    out = None
+    for g, cy, cx, coef, _ in corner_coefficients(om, o, H, W):
+        if out is None:
+            out = np.zeros((*coef.shape, G, C))
+        value = xg[batch, np.clip(cy, 0, H - 1), np.clip(cx, 0, W - 1), g]
+        out[:, :, :, g] += coef[..., None] * value
+    return out.reshape(*out.shape[:3], G * C)
 
 
 def central_differences(x, om, grad_out, o: DCNv4Options, eps=1e-6, sides=(1, -1)):
@@ -289,38 +302,19 @@ def test_deterministic_gradients(device, backward_problem):
 
 def input_gradient_float64(x, om, go, o: DCNv4Options):
     """d sum(go * reference) / d x exactly (float64), written from the definition as the
-    transpose of the sampling: each tap's corner weight times mask times grad_out, added at
-    the corner. The forward is linear in x, so this is its gradient without differencing."""
-    x, om, go = (np.asarray(a, np.float64) for a in (x, om, go))
-    n, H, W, _ = x.shape
+    transpose of the sampling: each tap's corner coefficient (corner_coefficients) times
+    grad_out, added at the corner. The forward is linear in x, so this is its gradient without
+    differencing."""
+    go = np.asarray(go, np.float64)
+    n, H, W, _ = np.shape(x)
     G, C = o.group, o.group_channels
-    ho, wo = go.shape[1:3]
-    taps = [(i, j) for i in range(o.kernel_w) for j in range(o.kernel_h)
-            if not (o.remove_center and i == o.kernel_w // 2 and j == o.kernel_h // 2)]
-    K = len(taps)
-    half_w, half_h = o.dilation_w * (o.kernel_w - 1) // 2, o.dilation_h * (o.kernel_h - 1) // 2
-    oy, ox = np.meshgrid(np.arange(ho), np.arange(wo), indexing="ij")
     g_x = np.zeros((n, H, W, G, C))
-    gog = go.reshape(n, ho, wo, G, C)
-    for b in range(n):
-        for g in range(G):
-            block = om[b, ..., g * K * 3:(g + 1) * K * 3]
-            for k, (i, j) in enumerate(taps):
-                dx, dy, mask = block[..., 2 * k], block[..., 2 * k + 1], block[..., 2 * K + k]
-                w = ox * o.stride_w - o.pad_w + half_w + (i * o.dilation_w - half_w + dx) * o.offset_scale
-                h = oy * o.stride_h - o.pad_h + half_h + (j * o.dilation_h - half_h + dy) * o.offset_scale
-                with np.errstate(invalid="ignore"):
-                    counts = (h > -1) & (w > -1) & (h < H) & (w < W)
-                h, w = np.where(counts, h, 0.0), np.where(counts, w, 0.0)
-                h0, w0 = np.floor(h).astype(int), np.floor(w).astype(int)
-                lh, lw = h - h0, w - w0
-                for cy, cx, weight in ((h0, w0, (1 - lh) * (1 - lw)), (h0, w0 + 1, (1 - lh) * lw),
-                                       (h0 + 1, w0, lh * (1 - lw)), (h0 + 1, w0 + 1, lh * lw)):
-                    inside = counts & (cy >= 0) & (cy < H) & (cx >= 0) & (cx < W)
-                    scale = np.where(inside, weight * np.where(counts, mask, 0), 0)
-                    np.add.at(g_x[b, :, :, g], (cy[inside], cx[inside]),
-                              scale[inside][:, None] * gog[b][inside][:, g])
-    return g_x.reshape(x.shape)
+    gog = go.reshape(*go.shape[:3], G, C)
+    for g, cy, cx, coef, inside in corner_coefficients(om, o, H, W):
+        for b in range(n):
+            at = inside[b]
+            np.add.at(g_x[b, :, :, g], (cy[b][at], cx[b][at]), coef[b][at][:, None] * gog[b][at][:, g])
+    return g_x.reshape(np.shape(x))
 
 
 @pytest.mark.parametrize("cfg", [DCNv4Config(2, 2, scatter="fixed"),
