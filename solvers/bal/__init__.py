@@ -25,7 +25,7 @@ from typing import Iterator, Optional, Tuple
 import numpy as np
 
 from ..checks import first_not_finite
-from ..io import progress
+from ..io import progress, read_ahead
 
 __all__ = ["BALProblem", "BALFormatError", "read_bal", "write_bal", "open_text", "problem_name"]
 
@@ -265,7 +265,8 @@ def read_bal(path, name: Optional[str] = None, chunk_bytes: int = CHUNK_BYTES) -
     """
     path = os.fspath(path)
     try:
-        with open_text(path) as f:
+        # Read (and decompressed) in a thread, ahead of the parser: solvers.io.read_ahead.
+        with read_ahead.take(path) as f:
             values, counts = _scan(f, path, chunk_bytes)
     except (OSError, EOFError) as e:
         if isinstance(e, FileNotFoundError):

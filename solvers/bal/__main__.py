@@ -102,7 +102,13 @@ def plot_convergence(result, path) -> None:
 
 def main(argv=None) -> int:
     parser = build_parser()
-    return cli.run(parser, parser.parse_args(argv), _main)
+    args = parser.parse_args(argv)
+    if args.file and os.path.isfile(args.file):
+        # Read and decompressed in a thread while the OpenCL driver starts (cli.run's
+        # start_build_workers) and the solver imports; read_bal takes the reader.
+        from ..io import read_ahead
+        read_ahead.start(args.file)
+    return cli.run(parser, args, _main)
 
 
 def _main(parser, args, comm=None) -> int:

@@ -275,6 +275,14 @@ def _read_points_text_lines(f) -> "_Points":
     return _Points.from_rows(pts3)
 
 
+def _joined(parts, dtype):
+    """One array from a list of per-image arrays (the text reader's), or the array itself (the
+    binary reader joins them as it reads)."""
+    if isinstance(parts, np.ndarray):
+        return parts
+    return np.concatenate(parts) if parts else np.zeros(0, dtype)
+
+
 def _assemble(cams, images, xy, ids, pts3, rigs, frames) -> Reconstruction:
     i64 = lambda v: np.array(v, np.int64)  # noqa: E731
     starts = lambda counts: np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)  # noqa: E731
@@ -284,8 +292,8 @@ def _assemble(cams, images, xy, ids, pts3, rigs, frames) -> Reconstruction:
         image_ids=i64([m[0] for m in images]), image_qvec=np.array([m[1] for m in images]).reshape(-1, 4),
         image_tvec=np.array([m[2] for m in images]).reshape(-1, 3), image_camera_ids=i64([m[3] for m in images]),
         image_names=[m[4] for m in images], image_points_start=starts([m[5] for m in images]),
-        points2d_xy=np.concatenate(xy).reshape(-1, 2) if xy else np.zeros((0, 2)),
-        points2d_point3d_ids=np.concatenate(ids) if ids else np.zeros(0, np.int64),
+        points2d_xy=_joined(xy, np.float64).reshape(-1, 2),
+        points2d_point3d_ids=_joined(ids, np.int64),
         point_ids=pts3.ids, point_xyz=pts3.xyz, point_rgb=pts3.rgb, point_error=pts3.error,
         track_start=pts3.track_start, track_image_ids=pts3.pairs[:, 0].copy(),
         track_point2d_idx=pts3.pairs[:, 1].copy())
@@ -327,12 +335,16 @@ class _Reader:
         self.pos += size
         return out
 
-    def array(self, dtype, count):
+    def array(self, dtype, count, copy=True):
+        """``count`` values of ``dtype`` at the read position; ``copy=False``: a read-only view
+        into the file's bytes."""
         dtype = np.dtype(dtype)
         size = dtype.itemsize * count
         if self.pos + size > len(self.buf):
             _fail(self.file, f"{self.record} at byte {self.pos}", f"the file ends before {count} values")
-        out = np.frombuffer(self.buf, dtype, count, self.pos).copy()
+        out = np.frombuffer(self.buf, dtype, count, self.pos)
+        if copy:
+            out = out.copy()
         self.pos += size
         return out
 
@@ -357,6 +369,7 @@ def _u64_ids(a):
     return np.where(a == _INVALID_U64, -1, a.astype(np.int64))
 
 
+_POINT2D = np.dtype([("x", "<f8"), ("y", "<f8"), ("id", "<u8")])
 _POINT_HEAD = np.dtype([("id", "<u8"), ("xyz", "<f8", 3), ("rgb", "u1", 3), ("error", "<f8"), ("length", "<u8")])
 
 
@@ -434,18 +447,23 @@ def _read_binary(path) -> Reconstruction:
     r.done()
 
     r = _Reader(os.path.join(path, "images.bin"))
-    images, xy, ids = [], [], []
+    images, points = [], []
     (n,) = r.take("<Q")
     for k in range(n):
         r.record = f"image record {k}"
         iid, qw, qx, qy, qz, tx, ty, tz, cid = r.take("<I7dI")
         name = r.name()
         (npts,) = r.take("<Q")
-        rec = r.array(np.dtype([("x", "<f8"), ("y", "<f8"), ("id", "<u8")]), npts)
+        # Views into the file's bytes, joined once below: per-image copies, stacks and id
+        # conversions cost 0.1 s for the 2.4 million 2-D points of a 200-image model.
+        points.append(r.array(_POINT2D, npts, copy=False))
         images.append((iid, np.array([qw, qx, qy, qz]), np.array([tx, ty, tz]), cid, name, npts))
-        xy.append(np.stack([rec["x"], rec["y"]], 1))
-        ids.append(_u64_ids(rec["id"]))
     r.done()
+    joined = np.concatenate(points) if points else np.zeros(0, _POINT2D)
+    xy = np.empty((joined.size, 2))
+    xy[:, 0], xy[:, 1] = joined["x"], joined["y"]
+    ids = _u64_ids(joined["id"])
+    del points, joined
 
     pts3 = _read_points_binary(_Reader(os.path.join(path, "points3D.bin")))
 
@@ -509,12 +527,18 @@ def write_model(rec: Reconstruction, path: str, binary: bool = False) -> None:
         if os.path.isdir(path):
             _carry_over(path, tmp)
         for name in names:
-            # Made in memory and written at once: thousands of small writes of a file object
-            # cost more than the formatting (measured: 0.2 s of 0.4 s for 200 images).
-            buf = io.BytesIO()
-            writers[name](rec, buf)
-            with open(os.path.join(tmp, name + ext), "wb") as fh:
-                fh.write(buf.getbuffer())
+            with open(os.path.join(tmp, name + ext), "wb", buffering=1 << 20) as fh:
+                if binary:
+                    # Written as made: a binary writer's small pieces land in the file's buffer
+                    # and its large arrays go straight to the file, copied no more.
+                    writers[name](rec, fh)
+                else:
+                    # Made in memory and written at once: thousands of small writes of a text
+                    # file object cost more than the formatting (measured: 0.2 s of 0.4 s for
+                    # 200 images).
+                    buf = io.BytesIO()
+                    writers[name](rec, buf)
+                    fh.write(buf.getbuffer())
 
 
 def _carry_over(old: str, new: str) -> None:
@@ -620,18 +644,20 @@ def _bin_cameras(rec, fh):
 
 
 def _bin_images(rec, fh):
-    # Gathered and written once: one write per piece cost more than making them.
-    chunks = [struct.pack("<Q", rec.image_ids.size)]
+    # Every image's 2-D points made in one array and written as slices of its bytes (no copy
+    # per image): 2.4 million points for 200 images are 57 MB.
+    fh.write(struct.pack("<Q", rec.image_ids.size))
     s = rec.image_points_start
-    pts = np.empty(int(s[-1]), np.dtype([("x", "<f8"), ("y", "<f8"), ("id", "<u8")]))
+    pts = np.empty(int(s[-1]), _POINT2D)
     pts["x"], pts["y"] = rec.points2d_xy[:, 0], rec.points2d_xy[:, 1]
     ids = rec.points2d_point3d_ids
     pts["id"] = np.where(ids < 0, _INVALID_U64, ids.astype(np.uint64))
+    raw, size = pts.view(np.uint8), _POINT2D.itemsize
     for k, iid in enumerate(rec.image_ids):
         a, b = s[k], s[k + 1]
-        chunks += [struct.pack("<I7dI", iid, *rec.image_qvec[k], *rec.image_tvec[k], rec.image_camera_ids[k]),
-                   rec.image_names[k].encode("utf-8") + b"\0", struct.pack("<Q", b - a), pts[a:b].tobytes()]
-    fh.write(b"".join(chunks))
+        fh.write(struct.pack("<I7dI", iid, *rec.image_qvec[k], *rec.image_tvec[k], rec.image_camera_ids[k])
+                 + rec.image_names[k].encode("utf-8") + b"\0" + struct.pack("<Q", b - a))
+        fh.write(raw[a * size:b * size])
 
 
 def _bin_points(rec, fh):
