@@ -2,7 +2,6 @@
 that reading the file in place gives (bz2.open, gzip.open), and raises what they raise."""
 import bz2
 import gzip
-import os
 import threading
 import time
 

@@ -189,7 +189,7 @@ def _validate_images(rec, cam_ids):
     """The image ids, where each image's 2-D points start, and the 3-D point each observes."""
     ids = _ids(rec, "image_ids", "images", "image", U32_MAX)
     cams = _column(rec, "image_camera_ids", "images", (ids.size,), int)
-    k = _first(~_rows(cam_ids, cams)[1])
+    k = _first(~id_rows(cam_ids, cams)[1])
     if k is not None:
         raise ColmapModelError("images", f"image {ids[k]}: camera {cams[k]} does not exist")
     if len(rec.image_names) != ids.size:
@@ -210,7 +210,7 @@ def _validate_images(rec, cam_ids):
 
 def _validate_points(rec, image_ids, start, on):
     ids = _ids(rec, "point_ids", "points3D", "point", I64_MAX)
-    k = _first(~_rows(ids, on)[1] & (on != -1))
+    k = _first(~id_rows(ids, on)[1] & (on != -1))
     if k is not None:
         i = np.searchsorted(start, k, side="right") - 1
         raise ColmapModelError("images", f"image {image_ids[i]}: point2D {k - start[i]} names 3-D point {on[k]}, "
@@ -225,7 +225,7 @@ def _validate_points(rec, image_ids, start, on):
     t_start = _starts(rec, "track_start", "points3D", ids.size, image.size)
     idx = _column(rec, "track_point2d_idx", "points3D", (image.size,), int)
     point = np.repeat(np.arange(ids.size), np.diff(t_start))
-    rows, found = _rows(image_ids, image)
+    rows, found = id_rows(image_ids, image)
     count = np.diff(start)[rows] if image_ids.size else np.zeros(image.size, np.int64)
     # Never wrapped as the binary file's uint32 would wrap them: -3 is not point2D 4294967293.
     k = _first(~found | (idx < 0) | (idx >= count))
@@ -245,7 +245,7 @@ def _validate_points(rec, image_ids, start, on):
 def _validate_rigs(rec, cam_ids, image_ids) -> None:
     rig_ids = _ids(rec, "rig_ids", "rigs", "rig", U32_MAX)
     ref = _column(rec, "rig_ref_sensors", "rigs", (rig_ids.size, 2), int)
-    found = _rows(cam_ids, ref[:, 1])[1]
+    found = id_rows(cam_ids, ref[:, 1])[1]
     k = _first(~np.isin(ref[:, 0], list(SENSOR_NAMES)) | (ref[:, 1] < 0) | (ref[:, 1] > U32_MAX)
                | ((ref[:, 0] == CAMERA_SENSOR) & ~found))
     if k is not None:
@@ -255,7 +255,7 @@ def _validate_rigs(rec, cam_ids, image_ids) -> None:
     _validate_rig_sensors(rec, rig_ids, ref, cam_ids)
     frame_ids = _ids(rec, "frame_ids", "frames", "frame", U32_MAX)
     frame_rigs = _column(rec, "frame_rig_ids", "frames", (frame_ids.size,), int)
-    k = _first(~_rows(rig_ids, frame_rigs)[1])
+    k = _first(~id_rows(rig_ids, frame_rigs)[1])
     if k is not None:
         raise ColmapModelError("frames", f"frame {frame_ids[k]}: rig {frame_rigs[k]} does not exist")
     _finite("frames", "frame", frame_ids, np.concatenate(
@@ -264,7 +264,7 @@ def _validate_rigs(rec, cam_ids, image_ids) -> None:
     data = _column(rec, "frame_data", "frames", (None, 3), int)
     start = _starts(rec, "frame_data_start", "frames", frame_ids.size, data.shape[0])
     bad = ~np.isin(data[:, 0], list(SENSOR_NAMES)) | (data[:, 1] < 0) | (data[:, 1] > U32_MAX) | (data[:, 2] < 0)
-    k = _first(bad | ((data[:, 0] == CAMERA_SENSOR) & ~_rows(image_ids, data[:, 2])[1]))
+    k = _first(bad | ((data[:, 0] == CAMERA_SENSOR) & ~id_rows(image_ids, data[:, 2])[1]))
     if k is not None:
         f = np.searchsorted(start, k, side="right") - 1
         t, sid, did = data[k].tolist()
@@ -288,7 +288,7 @@ def _validate_rig_sensors(rec, rig_ids, ref, cam_ids) -> None:
                            _column(rec, "rig_sensor_tvec", "rigs", (sensors.shape[0], 3), float)], axis=1)
     owner = np.repeat(np.arange(rig_ids.size), np.diff(start))
     bad = ~np.isin(sensors[:, 0], list(SENSOR_NAMES)) | (sensors[:, 1] < 0) | (sensors[:, 1] > U32_MAX) | \
-        ((sensors[:, 0] == CAMERA_SENSOR) & ~_rows(cam_ids, sensors[:, 1])[1])
+        ((sensors[:, 0] == CAMERA_SENSOR) & ~id_rows(cam_ids, sensors[:, 1])[1])
     k = _first(bad)
     if k is not None:
         t, sid = sensors[k].tolist()
@@ -343,8 +343,10 @@ def _ids(rec, field, kind, label, largest):
     return ids
 
 
-def _rows(ids, wanted):
-    """The row in ``ids`` (unique) of each of ``wanted``, and whether it is there at all."""
+def id_rows(ids, wanted):
+    """``(rows, found)``: the row in ``ids`` (unique ids, any order) of each of ``wanted``, and
+    whether it is there at all (the row of one that is not is meaningless)."""
+    wanted = np.asarray(wanted, np.int64)
     if ids.size == 0:
         return np.zeros(wanted.shape, np.int64), np.zeros(wanted.shape, bool)
     if ids[-1] - ids[0] == ids.size - 1 and (np.diff(ids) == 1).all():

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..models import cameras
 from . import priors as pose_prior
-from .model import CAMERA_SENSOR
+from .model import CAMERA_SENSOR, id_rows
 from .rotations import (angle_axis_to_quaternion, matrix_to_quaternion, quaternion_multiply,
                         quaternion_to_angle_axis, quaternion_to_matrix)
 
@@ -42,11 +42,8 @@ def _parameter_kinds(model: cameras.CameraModel):
 def _rows_of(ids, wanted):
     """``(rows, missing)``: the rows of the ids ``wanted`` in ``ids``, and those not there."""
     wanted = np.asarray(wanted, np.int64)
-    if ids.size == 0:
-        return np.zeros(wanted.size, np.int64), wanted
-    order = np.argsort(ids, kind="stable")
-    rows = order[np.minimum(np.searchsorted(ids, wanted, sorter=order), ids.size - 1)]
-    return rows, wanted[ids[rows] != wanted]
+    rows, found = id_rows(ids, wanted)
+    return rows, wanted[~found]
 
 
 def _intrinsics_groups(rec):
@@ -75,9 +72,10 @@ def _intrinsics_by_model(rec, image_row):
 def observations(rec):
     """``(image_row, point_row, xy)``: every 2-D point that observes a 3-D point, by image."""
     ids = rec.points2d_point3d_ids
-    has = ids >= 0
-    counts = np.diff(rec.image_points_start)
-    image_row = np.repeat(np.arange(rec.image_ids.size), counts)[has]
+    has = np.flatnonzero(ids >= 0)
+    # Each observation's image from where the images' 2-D points start: most 2-D points of a
+    # model observe nothing (2.4 million of them, 96,000 observations for 200 images).
+    image_row = np.searchsorted(rec.image_points_start, has, side="right") - 1
     point_row, missing = _rows_of(rec.point_ids, ids[has])
     if missing.size:
         raise ValueError(f"a 2-D point observes 3-D point {int(missing[0])}, which the reconstruction does not have")
