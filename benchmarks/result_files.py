@@ -14,6 +14,7 @@ TABLES = os.path.join(ROOT, "docs", "snippets", "perf")    # where table() write
 LATEST = {
     "ba_cpu": "bench_bundle_adjust-pocl-zen5",
     "convergence_cpu": "bench_convergence-pocl-full",
+    "convergence_gpu": "bench_convergence-nvidia-full",
     "ba_gpu_bal": "bench_bundle_adjust-nvidia-full-run4",
     "ba_gpu_venice": "bench_bundle_adjust-nvidia-venice-run4",
     "ba_gpu_final": "bench_bundle_adjust-nvidia-final-size-run2",
@@ -40,7 +41,7 @@ LATEST = {
     "tape_cpu": "bench_tape-pocl-full",
     "tape_gpu": "bench_tape-nvidia-full",
     "compile_cpu": "bench_compile_time-pocl-full",
-    "cold_gpu": "bench_cold_start-nvidia-build-workers",
+    "cold_gpu": "bench_cold_start-nvidia-read-ahead",
     # the 2-core CPU's --quick run (one process each), kept under this name: *-quick.* is ignored
     "cold_cpu": "bench_cold_start-pocl-2core",
 }
