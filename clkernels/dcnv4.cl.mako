@@ -82,8 +82,15 @@ inline void stv(${vec} v, __global ${T} *p) { vstore_half${'' if VW == 1 else VW
 inline float ldv(const __global ushort *p) { return as_float((uint)*p << 16); }
 inline void stv(float v, __global ushort *p) { *p = bf16_rte(v); }
 %elif st.is_bf16:
-## p is VW-aligned (as for float): a vector of raw bits, widened by a shift
-inline ${vec} ldv(const __global ushort *p) { return as_float${VW}(convert_uint${VW}(*(const __global ushort${VW} *)p) << 16); }
+## p is VW-aligned (as for float): the raw bits as 32-bit words (one 16-byte load for 8
+## channels; a ushort vector there compiled to slower loads on NVIDIA: 0.27 ms against half's
+## 0.17 ms at the paper's shape), each word two channels: the low half first (little-endian).
+<% words = [''] if VW == 2 else ['.s%x' % e for e in range(VW // 2)] %>
+inline ${vec} ldv(const __global ushort *p)
+{
+    const ${raw} r = *(const __global ${raw} *)p;
+    return (${vec})(${', '.join('as_float(r%s << 16), as_float(r%s & 0xffff0000u)' % (w, w) for w in words)});
+}
 inline void stv(${vec} v, __global ushort *p) { *(__global ushort${VW} *)p = bf16_rte${VW}(v); }
 %else:
 inline ${vec} ldv(const __global ${T} *p) { return *(const __global ${vec} *)p; }

@@ -194,10 +194,16 @@ def backward_config(info, group_channels: int, dtype, batch: int = 1, group: int
     as still gives every core two work-items."""
     if not info.is_cpu and info.int64_atomics and deterministic:
         # The gather: its first kernel (offset and mask gradients) reads like the forward, so
-        # vector loads pay; at least 4 work-items share a group's channels (H200: 8 channels
-        # per work-item at 32 and 64 channels per group, 4 at 16).
-        cpw = _largest_divisor(group_channels, tuple(v for v in (8, 4, 2, 1) if 4 * v <= group_channels) or (1,))
-        return DCNv4Config(cpw, cpw, True, 0, "gather")
+        # vector loads pay. H200, kernel events at the three as-called shapes: at least 4
+        # work-items share a group's channels in float32 (8 channels per work-item at 32 and
+        # 64 channels per group, 4 at 16), 2 with 16-bit storage (16 at 32 and 64, 8 at 16:
+        # 1.39 against 1.51 ms at the paper's shape, 0.33 against 0.39 ms at N=1 200x320).
+        narrow = np.dtype(dtype).itemsize == 2
+        share, widths = (2, (16, 8, 4, 2, 1)) if narrow else (4, (8, 4, 2, 1))
+        cpw = _largest_divisor(group_channels, tuple(v for v in widths if share * v <= group_channels) or (1,))
+        vw = _largest_divisor(cpw, (8, 4, 2, 1))
+        return DCNv4Config(cpw, vw, True, 0, "gather",
+                           gather_channels=_gather_channels(group_channels, vw, np.dtype(dtype).itemsize))
     if not info.is_cpu and not deterministic:
         # Float atomics: 2 channels per work-item, 1.5x faster than 1 on an H200 at the paper's shape.
         cpw = 2 if group_channels % 2 == 0 else 1
@@ -357,7 +363,8 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
                          f"which {info.name} lacks; use scatter='owner' (deterministic) or 'atomic'")
     gather_cpw = 0
     if scatter == "gather":
-        gather_cpw = cfg.gather_channels or _gather_channels(opts.group_channels, cfg.vector_width)
+        gather_cpw = cfg.gather_channels or _gather_channels(opts.group_channels, cfg.vector_width,
+                                                             np.dtype(input.dtype).itemsize)
         if opts.group_channels % gather_cpw or gather_cpw % cfg.vector_width:
             raise ValueError(f"config.gather_channels={gather_cpw} must divide group_channels="
                              f"{opts.group_channels} and be a multiple of vector_width={cfg.vector_width}")
@@ -365,7 +372,10 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
         slots_p2 = 1 << (opts.group_channels // cfg.channels_per_item - 1).bit_length()
         program = _program(rt, info, "backward", input.dtype, opts, cfg, slots_p2, scatter, gather_cpw)
         kernel = launch.kernel_for_plan(program, "dcnv4_backward")
-        wg = _work_group(rt, kernel, cfg, max(slots_p2, 64 if info.is_cpu else 256))
+        # 64 for the gather's first kernel on GPUs (H200: 1.87 against 2.00 ms at the paper's
+        # shape in float32, 0.91 against 0.96 ms at N=64 28x28), 256 for the float atomics.
+        wanted = 64 if info.is_cpu or scatter == "gather" else 256
+        wg = _work_group(rt, kernel, cfg, max(slots_p2, wanted))
         if wg % slots_p2 == 0:
             break
         if cfg.work_group_size:
@@ -405,11 +415,13 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
     return launch.LaunchPlan(outputs, steps, temps)
 
 
-def _gather_channels(group_channels: int, vector_width: int) -> int:
-    """Channels per work-item of the gathering kernel: up to 32, each work-item finding its
-    taps once for all its channels (H200: 32 against 16 at 32 and 64 channels per group,
-    2.09 against 2.28 ms and 1.03 against 1.12 ms; 16 at 16 channels per group)."""
-    return next(d for d in range(min(group_channels, 32), 0, -1)
+def _gather_channels(group_channels: int, vector_width: int, itemsize: int = 4) -> int:
+    """Channels per work-item of the gathering kernel, each work-item finding its taps once for
+    all its channels: up to 16 in float32, 32 with 16-bit storage (H200, kernel events of the
+    whole backward: float32 1.87 against 2.12 ms with 32 at the paper's shape, 0.91 against
+    1.06 ms at N=64 28x28; float16 1.39 against 1.53 ms with 16 at the paper's shape)."""
+    widest = 32 if itemsize == 2 else 16
+    return next(d for d in range(min(group_channels, widest), 0, -1)
                 if group_channels % d == 0 and d % vector_width == 0)
 
 

@@ -287,6 +287,31 @@ def test_backward_matches_central_differences(device, backward_problem, case):
     assert not np.any(g_offset_mask[..., o.group * o.taps * 3:])  # padding tail
 
 
+@pytest.mark.parametrize("dtype", [np.float16, BF16])
+def test_wide_gather_of_16_bit_storage_matches_central_differences(device, dtype):
+    """The GPU default for 16-bit storage at 32 channels per group (backward_config): 16 channels
+    per work-item in vectors of 8, 32 per gathering work-item, against central differences of
+    the values the kernel sees."""
+    o = DCNv4Options(group=2, group_channels=32, offset_scale=0.7)
+    x, om = make_inputs(o, 1, 4, 5, spread=1.5, seed=11)
+    go = np.random.default_rng(12).standard_normal((1, 4, 5, 64)).astype(np.float32)
+    x, om, go = (a.astype(dtype) for a in (x, om, go))
+    cfg = DCNv4Config(16, 8, scatter="gather", gather_channels=32)
+    g_in, g_om = dcnv4_backward(go, x, om, **call_opts(o), device=device, config=cfg)
+    if dtype == BF16:
+        g_x, g_om_right = central_differences(x, om, go, o, sides=(1, 0))
+        _, g_om_left = central_differences(x, om, go, o, sides=(0, -1))
+        assert_bf16_close(g_in, g_x, 1e-4, "input gradient")
+        assert_bf16_close(g_om, g_om_right, 1e-4, "offset/mask gradient", also=g_om_left)
+    else:
+        g_x, g_om_ref = central_differences(x, om, go, o)
+        assert_close(g_in, g_x, 2e-3, "input gradient")
+        assert_close(g_om, g_om_ref, 2e-3, "offset/mask gradient")
+    again = dcnv4_backward(go, x, om, **call_opts(o), device=device, config=cfg)
+    np.testing.assert_array_equal(again[0], g_in)
+    np.testing.assert_array_equal(again[1], g_om)
+
+
 def test_deterministic_gradients(device, backward_problem):
     """Offset/mask gradients are reduced in a fixed order on every path; the owner and fixed
     paths' input gradient too. (The atomic path's input gradient may differ in its last bits.)"""
