@@ -27,7 +27,7 @@ LATEST = {
     "colmap_gpu_rigs": "bench_colmap-nvidia-rigs",
     "colmap_gpu_priors": "bench_colmap-nvidia-priors",
     "colmap_gpu_fisheye": "bench_colmap-nvidia-fisheye.log",
-    "dcnv4": "bench_dcnv4-as-called-nvidia-tuned-gather",
+    "dcnv4": "bench_dcnv4-as-called-nvidia-tap-codes",
     "aggregation": "bench_deformable_aggregation-as-called-nvidia-full",
     "torch": "bench_torch_interop-nvidia-full",
     "warp_gpu": "bench_warpaffine-nvidia-full",

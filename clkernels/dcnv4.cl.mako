@@ -283,6 +283,12 @@ ${load_corners('c')}
 
 %if direction == 'backward':
 <% SP = slots_p2 %>
+%if scatter == 'gather':
+// tap_codes: per (output pixel, group, tap) a byte from dcnv4_backward for dcnv4_gather_input:
+// FAR_TAP (outside the input, or farther than the margin: added in fixed point), else where
+// the tap's floor corner lies from its nominal place, (row + margin) | (column + margin) << 4.
+#define FAR_TAP 0xFF
+%endif
 ${common.atomic_add(info, 'float', force_cas=not ptx)}
 %if FIXED:
 ${common.fixed_point(info, ptx)}
@@ -343,6 +349,9 @@ __kernel void dcnv4_backward(__global const ${T} *restrict input,
                              __global float *restrict grad_input,
 %endif
                              __global ${T} *restrict grad_offset_mask,
+%if scatter == 'gather':
+                             __global uchar *restrict tap_codes,
+%endif
                              const int pix_groups,
                              ${kernel_args()}
 %if SP > 1:
@@ -378,13 +387,22 @@ ${tap_loop_open()}
             // This work-item's share of d loss / d(w, h, mask) for tap k, and the factor
             // d(w, h)/d(dx, dy) * mask = offset_scale * mask that the (w, h) sums still need.
             float sw = 0.0f, sh = 0.0f, sm = 0.0f, scale = 0.0f;
+%if scatter == 'gather':
+            uchar code = FAR_TAP;
+%endif
             if (active) {
 ${tap_position()}
                 scale = offset_scale * m;
                 if (inside) {
 ${tap_gradients(scatter)}
+%if scatter == 'gather':
+                    if (near) code = (uchar)((fr + ${margin}) | ((fc + ${margin}) << 4));
+%endif
                 }
             }
+%if scatter == 'gather':
+            if (active && slot == 0) tap_codes[pg * ${K} + k] = code;
+%endif
 %if SP > 1:
             __local float *buf = partial + (k & 1) * 3 * lsize;
             buf[3 * lid] = sw; buf[3 * lid + 1] = sh; buf[3 * lid + 2] = sm;
@@ -421,6 +439,7 @@ inline int floor_div(const int a, const int b) { return a >= 0 ? a / b : -((b - 
 ## far from their nominal place were added in fixed point there (grad_fixed, and grad_side
 ## for non-finite terms): they join here, and the sum is stored in the gradient's storage.
 __kernel void dcnv4_gather_input(__global const ${T} *restrict offset_mask,
+                                 __global const uchar *restrict tap_codes,
                                  __global const ${T} *restrict grad_out,
                                  __global const long *restrict grad_fixed,
                                  __global const float *grad_side,
@@ -446,21 +465,20 @@ ${tap_loop_open()}
             for (int oy = oy0; oy <= oy1; ++oy) {
                 for (int ox = ox0; ox <= ox1; ++ox) {
                     const int pix = (image * H_out + oy) * W_out + ox, y = oy, x = ox;
+                    // dcnv4_backward's verdict on this tap: far (or outside), or where its
+                    // floor corner lies from the nominal place. Most candidates miss this pixel,
+                    // and a byte per tap says so without the offsets (4-byte loads 3K apart).
+                    const uchar code = tap_codes[(pix * ${G} + g) * ${K} + k];
+                    if (code == FAR_TAP) continue;
+                    const int h0 = (code & 15) - ${margin} + (y * stride_h - pad_h + j * dil_h);
+                    const int w0 = (code >> 4) - ${margin} + (x * stride_w - pad_w + i * dil_w);
+                    if ((r != h0 && r != h0 + 1) || (col != w0 && col != w0 + 1)) continue;
+                    // A corner of this pixel: the position again, by tap_position's expressions.
 ${tap_origin()}
-                    // tap_position and near_tap's tests, row first: most candidates miss this
-                    // pixel's row, and then need neither dx nor the mask.
-                    const float dy = ${st.load('om', '2 * k + 1')};
+                    const float dy = ${st.load('om', '2 * k + 1')}, dx = ${st.load('om', '2 * k')};
                     const float h = p0_h + ((float)(j * dil_h) + dy) * offset_scale;
-                    if (!(h > -1.0f && h < (float)H)) continue;
-                    const float hf = floor(h);
-                    const int h0 = (int)hf, fr = h0 - (y * stride_h - pad_h + j * dil_h);
-                    if (fr < ${-margin} || fr > ${margin} || (r != h0 && r != h0 + 1)) continue;
-                    const float dx = ${st.load('om', '2 * k')};
                     const float w = p0_w + ((float)(i * dil_w) + dx) * offset_scale;
-                    if (!(w > -1.0f && w < (float)W)) continue;
-                    const float wf = floor(w);
-                    const int w0 = (int)wf, fc = w0 - (x * stride_w - pad_w + i * dil_w);
-                    if (fc < ${-margin} || fc > ${margin} || (col != w0 && col != w0 + 1)) continue;
+                    const float hf = floor(h), wf = floor(w);
                     const float m = ${st.load('om', '%d + k' % (2 * K))};
                     const float lh = h - hf, lw = w - wf;
                     // bilinear_taps' weight of this corner: (1 - lh or lh) * (1 - lw or lw)

@@ -368,6 +368,10 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
         if opts.group_channels % gather_cpw or gather_cpw % cfg.vector_width:
             raise ValueError(f"config.gather_channels={gather_cpw} must divide group_channels="
                              f"{opts.group_channels} and be a multiple of vector_width={cfg.vector_width}")
+        if cfg.gather_margin > 7:
+            raise ValueError(f"config.gather_margin={cfg.gather_margin}: the gather takes margins up to 7 "
+                             "(a tap's place is kept in 4 bits per axis); larger offsets are summed in "
+                             "fixed point, so use 7 or less, or scatter='fixed'")
     while True:
         slots_p2 = 1 << (opts.group_channels // cfg.channels_per_item - 1).bit_length()
         program = _program(rt, info, "backward", input.dtype, opts, cfg, slots_p2, scatter, gather_cpw)
@@ -388,7 +392,7 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
                                   vector_width=math.gcd(cpw, cfg.vector_width))
     pix_groups = n * ho * wo * opts.group
     local = (cl.LocalMemory(2 * 3 * wg * 4),) if slots_p2 > 1 else ()
-    temps, steps = [], []
+    temps, steps, codes = [], [], ()
     if scatter in ("fixed", "gather"):
         # The input gradient as 64-bit fixed-point sums (common.cl.mako's fixed_point), then
         # converted to its storage: see _fixed_point_steps. "gather": only the taps far from
@@ -396,12 +400,15 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
         acc, to_storage = _fixed_point_steps(rt, program, outputs[0], grad_out, pix_groups, p,
                                              ho * wo * opts.taps, temps, steps, scatter == "fixed")
         if scatter == "gather":
+            # A byte per tap from the first kernel: where it landed (see the template's tap_codes).
+            temps.append(launch.Buffer("tap_codes", (pix_groups * opts.taps,), np.uint8))
+            codes = (Tmp(len(temps) - 1),)
             gather = launch.kernel_for_plan(program, "dcnv4_gather_input")
             items = n * h * w * opts.group * (opts.group_channels // gather_cpw)
             gwg = arrays.work_group_size(rt, gather, 256)
             sums, side, bound, terms_log2 = acc
             to_storage = [launch.step(gather, (arrays.round_up(items, gwg),), (gwg,),
-                                      [OFFSET_MASK, GRAD_OUT, sums, side, bound, terms_log2, Out(0),
+                                      [OFFSET_MASK, *codes, GRAD_OUT, sums, side, bound, terms_log2, Out(0),
                                        np.int32(items), *_geometry_args(opts, h, w, ho, wo, p)])]
     else:
         # Float atomics in float32: in the output itself for float32, else in a temporary
@@ -409,7 +416,7 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
         acc, to_storage = launch.accumulator(rt, input.dtype, outputs[0], 0, temps, steps)
         acc, to_storage = (acc,), [to_storage] if to_storage is not None else []
     steps.append(launch.step(kernel, (arrays.round_up(pix_groups * slots_p2, wg),), (wg,),
-                             [INPUT_, OFFSET_MASK, GRAD_OUT, *acc, Out(1), np.int32(pix_groups),
+                             [INPUT_, OFFSET_MASK, GRAD_OUT, *acc, Out(1), *codes, np.int32(pix_groups),
                               *_geometry_args(opts, h, w, ho, wo, p), *local]))
     steps += to_storage
     return launch.LaunchPlan(outputs, steps, temps)

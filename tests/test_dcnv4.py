@@ -287,6 +287,7 @@ def test_backward_matches_central_differences(device, backward_problem, case):
     assert not np.any(g_offset_mask[..., o.group * o.taps * 3:])  # padding tail
 
 
+@pytest.mark.oclgrind
 @pytest.mark.parametrize("dtype", [np.float16, BF16])
 def test_wide_gather_of_16_bit_storage_matches_central_differences(device, dtype):
     """The GPU default for 16-bit storage at 32 channels per group (backward_config): 16 channels
