@@ -11,6 +11,7 @@ new run is a new file name in ``LATEST`` and a rerun of this script.
 """
 import argparse
 import os
+import re
 import sys
 
 import result_files as rf
@@ -423,6 +424,7 @@ def headline():
          for p in ("forward", "backward")}
     cold = {(r["case"], r["variant"]): r["median_s"] for r in load(LATEST["cold_gpu"])["rows"]}
     bal49 = "BAL problem-49-7776-pre.txt.bz2"
+    colmap200 = "COLMAP 200 images, camera per image, 96000 observations"
     body = [
         ["bundle adjustment, five BAL problems, H200", f"{_span(bal, 1)} faster than Ceres' faster solver on 16 "
          f"cores; venice size (5.04M observations) {venice[0]:.1f}x", "[Bundle adjustment](bundle-adjustment.md)",
@@ -445,14 +447,39 @@ def headline():
         ["cold start, H200", f"`python -m solvers.bal` on problem-49: {cold[(bal49, 'ours cold')]:.2f} s from empty "
          f"caches, {cold[(bal49, 'ours warm')]:.2f} s warm, "
          f"{cold[(bal49, 'ours warm')] / cold[(bal49, 'peer (Ceres)')]:.2f}x the time of Ceres' process "
-         f"({cold[(bal49, 'peer (Ceres)')]:.2f} s in the same run)",
-         "[Cold start](cold-start.md)", link(LATEST["cold_gpu"])],
+         f"({cold[(bal49, 'peer (Ceres)')]:.2f} s in the same run); COLMAP, 200 images, warm: "
+         f"{cold[(colmap200, 'ours warm')] / cold[(colmap200, 'peer (pycolmap)')]:.2f}x the time of "
+         f"pycolmap's process", "[Cold start](cold-start.md)", link(LATEST["cold_gpu"])],
     ]
     lines = ["| area | figure | page | source |", "|---|---|---|---|"]
     lines += ["| " + " | ".join(r) + " |" for r in body]
     os.makedirs(rf.TABLES, exist_ok=True)
     with open(os.path.join(rf.TABLES, "headline.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
+    # The README's copy: the same rows, the page linked from the top of the checkout (the README
+    # cannot include a snippet; readme_table() puts this between its markers).
+    lines = ["| area | figure | details |", "|---|---|---|"]
+    lines += [f"| {area} | {figure} | " + re.sub(r"\[(.*?)\]\(([\w-]+\.md)\)",
+                                                  lambda m: f"[{m[1]}](docs/performance/{m[2]})", page) + " |"
+              for area, figure, page, _ in body]
+    with open(os.path.join(rf.TABLES, README_TABLE), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+README_TABLE = "readme_headline.md"
+README_MARKERS = ("<!-- headline table: written by benchmarks/plots.py -->", "<!-- end of headline table -->")
+
+
+def readme_table(readme=os.path.join(rf.ROOT, "README.md")):
+    """Put the headline table (headline()'s README copy) between the README's markers."""
+    with open(os.path.join(rf.TABLES, README_TABLE)) as f:
+        table = f.read()
+    with open(readme) as f:
+        text = f.read()
+    start, end = (text.index(m) for m in README_MARKERS)
+    text = text[:start + len(README_MARKERS[0])] + "\n\n" + table + "\n" + text[end:]
+    with open(readme, "w") as f:
+        f.write(text)
 
 
 class _NoPlots:
@@ -475,6 +502,8 @@ def main(argv=None):
     ap.add_argument("--tables", default=rf.TABLES, help="folder for the Markdown tables (default docs/snippets/perf)")
     ap.add_argument("--plots", default=PLOTS, help="folder for the PNG plots (default docs/assets/plots)")
     ap.add_argument("--no-plots", action="store_true", help="write the tables only (no matplotlib needed)")
+    ap.add_argument("--no-readme", dest="readme", action="store_false",
+                    help="leave README.md's headline table as it is")
     args = ap.parse_args(argv)
     rf.TABLES, PLOTS, DRAW = args.tables, args.plots, not args.no_plots
     plt = _NoPlots() if args.no_plots else _plt()
@@ -482,6 +511,8 @@ def main(argv=None):
         part(plt)
     multi_device()
     headline()
+    if args.readme:
+        readme_table()
     return 0
 
 

@@ -113,7 +113,8 @@ def test_the_performance_tables_are_what_the_results_give(tmp_path):
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     try:
         plots = importlib.import_module("plots")
-        assert plots.main(["--no-plots", "--tables", str(tmp_path)]) == 0
+        assert plots.main(["--no-plots", "--no-readme", "--tables", str(tmp_path)]) == 0
+        markers = plots.README_MARKERS
     finally:
         sys.path.remove(os.path.join(ROOT, "benchmarks"))
     committed = os.path.join(DOCS, "snippets", "perf")
@@ -121,6 +122,12 @@ def test_the_performance_tables_are_what_the_results_give(tmp_path):
     for name in os.listdir(tmp_path):
         with open(tmp_path / name) as made, open(os.path.join(committed, name)) as kept:
             assert made.read() == kept.read(), f"docs/snippets/perf/{name} differs: run python benchmarks/plots.py"
+    # The README's headline table is the same figures, written by the same script.
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    between = readme[readme.index(markers[0]) + len(markers[0]):readme.index(markers[1])]
+    with open(tmp_path / "readme_headline.md") as f:
+        assert between.strip() == f.read().strip(), "README.md's headline table differs: run python benchmarks/plots.py"
 
 
 def test_every_plot_a_page_shows_exists():
