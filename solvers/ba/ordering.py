@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -43,17 +44,41 @@ def threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+_pool = None
+_pool_lock = threading.Lock()
+
+
+def _threads_pool() -> ThreadPoolExecutor:
+    """One pool for the process, made on first use: a pool per call started and joined its
+    threads every time (16 of them, 16 calls in the setup of a 200-image COLMAP solve: about
+    0.03 s of the H200 machine's 0.2 s first solve)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(threads(), thread_name_prefix="ordering")
+        return _pool
+
+
+def _forget_pool():
+    # A forked child has none of the parent's threads: it makes its own pool when it needs one.
+    global _pool
+    _pool = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
 def _map(fn, items):
-    """``fn`` over ``items`` (for its side effects), on threads when there is more than one."""
+    """``fn`` over ``items`` (for its side effects), on threads when there is more than one.
+    Not reentrant: ``fn`` must not call _map (its tasks would wait for the pool it fills)."""
     items = list(items)
-    t = min(threads(), len(items))
-    if t <= 1:
+    if min(threads(), len(items)) <= 1:
         for item in items:
             fn(item)
         return
-    with ThreadPoolExecutor(t) as pool:
-        for _ in pool.map(fn, items):
-            pass
+    for _ in _threads_pool().map(fn, items):
+        pass
 
 
 def _chunks(n, size=CHUNK):
