@@ -52,6 +52,22 @@ def test_plain_bz2_gz_and_concatenated_streams_read_as_the_libraries_read_them(t
         assert read_all(path, size if size != 1 or name == "a.txt" else 4096) == expected, name
 
 
+def test_a_stream_ending_on_a_block_boundary_and_trailing_bytes(tmp_path):
+    half = len(TEXT) // 2
+    first = bz2.compress(TEXT[:half])
+    path = write(tmp_path, "c.txt.bz2", first + bz2.compress(TEXT[half:]))
+    with read_ahead.ReadAhead(path, block=len(first), ahead=2) as r:     # the second stream starts a block
+        assert b"".join(iter(lambda: r.read(), b"")) == TEXT
+    # bytes after the last stream that start none: ignored, as bz2.open and gzip.open do
+    for name, data in (("d.txt.bz2", bz2.compress(TEXT) + b"not bzip2 data"),
+                       ("d.txt.gz", gzip.compress(TEXT) + bytes(100))):
+        path = write(tmp_path, name, data)
+        opener = bz2.open if name.endswith(".bz2") else gzip.open
+        with opener(path, "rb") as f:
+            assert f.read() == TEXT
+        assert read_all(path) == TEXT, name
+
+
 def test_truncated_corrupt_and_missing_files_raise_what_reading_in_place_raises(tmp_path):
     cut_bz2 = write(tmp_path, "cut.txt.bz2", bz2.compress(TEXT)[:-20])
     with pytest.raises(EOFError):

@@ -102,7 +102,9 @@ _lock = threading.Lock()
 
 def _decoded(f, path, block):
     """The file's bytes, block by block, decompressed by its suffix. Several concatenated streams
-    (pbzip2, ``cat a.gz b.gz``) are read as one, as ``bz2.open`` and ``gzip.open`` read them."""
+    (pbzip2, ``cat a.gz b.gz``) are read as one, as ``bz2.open`` and ``gzip.open`` read them, and
+    bytes after the last stream that start no new one are ignored, as ``bz2.open`` ignores them
+    (``gzip.open`` ignores zero padding there)."""
     if path.endswith(".bz2"):
         new = bz2.BZ2Decompressor
     elif path.endswith(".gz"):
@@ -113,25 +115,25 @@ def _decoded(f, path, block):
             if not data:
                 return
             yield data
-    d, pending, started = new(), b"", False
+    d, fed, later, pending = new(), False, False, b""
     while True:
         data = pending or f.read(block)
         pending = b""
         if not data:
             break
-        started = True
+        if d.eof:       # the stream before ended: what follows starts another
+            d, fed, later = new(), False, True
         try:
             out = d.decompress(data)
-        except zlib.error as e:     # an OSError, as gzip.open raises for a bad file
-            raise OSError(f"corrupt gzip data ({e})") from None
+        except (OSError, EOFError, zlib.error) as e:
+            if later and not fed:
+                return  # trailing bytes that are no stream
+            raise OSError(f"corrupt compressed data ({e})") from None
+        fed = True
         yield out
         if d.eof:
             pending = d.unused_data
-            if pending:
-                d = new()
-            else:
-                started = False     # ended exactly at a stream's end: nothing is missing
-    if started and not d.eof:
+    if fed and not d.eof:
         raise EOFError("Compressed file ended before the end-of-stream marker was reached")
 
 
