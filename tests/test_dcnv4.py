@@ -431,6 +431,8 @@ def test_bad_input_names_the_argument():
         dcnv4_backward(x[:, :4], x, om, **kw)
     with pytest.raises(ValueError, match="remove_center=True with a 1x1 kernel"):
         dcnv4(x, om, **{**kw, "kernel_h": 1, "kernel_w": 1, "remove_center": True})
+    with pytest.raises(ValueError, match="config.gather_margin=8: the gather takes margins up to 7"):
+        dcnv4_backward(x, x, om, **kw, config=DCNv4Config(2, 2, scatter="gather", gather_margin=8))
 
 
 # ---------------------------------------------------------------- tiny shapes, also on Oclgrind
