@@ -43,7 +43,7 @@ LATEST = {
     "compile_cpu": "bench_compile_time-pocl-full",
     "cold_gpu": "bench_cold_start-nvidia-read-ahead",
     # the 2-core CPU's --quick run (one process each), kept under this name: *-quick.* is ignored
-    "cold_cpu": "bench_cold_start-pocl-2core",
+    "cold_cpu": "bench_cold_start-pocl-2core-read-ahead",
 }
 
 
