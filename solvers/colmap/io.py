@@ -217,6 +217,8 @@ def _read_text(path) -> Reconstruction:
                 _fail(f, f"line {no}", f"expected FRAME_ID RIG_ID QW QX QY QZ TX TY TZ NUM_DATA_IDS "
                                        f"(SENSOR_TYPE SENSOR_ID DATA_ID)[] ({e})")
             frames.append((fid, rid, q, t, data))
+    xy = np.concatenate(xy).reshape(-1, 2) if xy else np.zeros((0, 2))
+    ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
     return _assemble(cams, images, xy, ids, pts3, rigs, frames)
 
 
@@ -275,15 +277,9 @@ def _read_points_text_lines(f) -> "_Points":
     return _Points.from_rows(pts3)
 
 
-def _joined(parts, dtype):
-    """One array from a list of per-image arrays (the text reader's), or the array itself (the
-    binary reader joins them as it reads)."""
-    if isinstance(parts, np.ndarray):
-        return parts
-    return np.concatenate(parts) if parts else np.zeros(0, dtype)
-
-
 def _assemble(cams, images, xy, ids, pts3, rigs, frames) -> Reconstruction:
+    """The Reconstruction of what a reader parsed: ``xy`` (n, 2) and ``ids`` (n,) are every
+    image's 2-D points and their 3-D points, joined in image order."""
     i64 = lambda v: np.array(v, np.int64)  # noqa: E731
     starts = lambda counts: np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)  # noqa: E731
     rec = Reconstruction(
@@ -292,8 +288,7 @@ def _assemble(cams, images, xy, ids, pts3, rigs, frames) -> Reconstruction:
         image_ids=i64([m[0] for m in images]), image_qvec=np.array([m[1] for m in images]).reshape(-1, 4),
         image_tvec=np.array([m[2] for m in images]).reshape(-1, 3), image_camera_ids=i64([m[3] for m in images]),
         image_names=[m[4] for m in images], image_points_start=starts([m[5] for m in images]),
-        points2d_xy=_joined(xy, np.float64).reshape(-1, 2),
-        points2d_point3d_ids=_joined(ids, np.int64),
+        points2d_xy=xy, points2d_point3d_ids=ids,
         point_ids=pts3.ids, point_xyz=pts3.xyz, point_rgb=pts3.rgb, point_error=pts3.error,
         track_start=pts3.track_start, track_image_ids=pts3.pairs[:, 0].copy(),
         track_point2d_idx=pts3.pairs[:, 1].copy())
