@@ -224,9 +224,10 @@ ${tap_loop_close()}
 ##   d/d input[corner t] += go_c * mask * wt[t].
 ## near_tap: whether a tap that counts lands within `margin` whole pixels of its nominal
 ## place (the integer position it has with zero offsets at offset_scale 1): such taps are
-## gathered by dcnv4_gather_input, the others scattered. dcnv4_gather_input repeats these
-## tests (and tap_position's) on the same float positions, computed by the same expressions
-## without contraction, so every tap is taken by exactly one of the two kernels.
+## gathered by dcnv4_gather_input, the others scattered. The verdict reaches the gather as a
+## byte per tap (tap_codes), so every tap is taken by exactly one of the two kernels; the
+## gather recomputes a tap's position by tap_position's expressions, without contraction, for
+## the same weights.
 <%def name="near_tap()">
                     const int fr = (int)floor(h) - (y * stride_h - pad_h + j * dil_h);
                     const int fc = (int)floor(w) - (x * stride_w - pad_w + i * dil_w);
