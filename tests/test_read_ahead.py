@@ -3,7 +3,6 @@ that reading the file in place gives (bz2.open, gzip.open), and raises what they
 import bz2
 import gzip
 import threading
-import time
 
 import pytest
 
@@ -113,13 +112,14 @@ def test_started_reader_is_taken_once_and_a_closed_one_stops_its_thread(tmp_path
     assert (q.cameras == p.cameras).all() and (q.observations == p.observations).all()
     # a reader closed before its file is read leaves no thread behind
     big = write(tmp_path, "big.txt", TEXT * 20)
+    before = set(threading.enumerate())
     r = read_ahead.ReadAhead(big, block=1024, ahead=1)
     r.read(10)
+    mine = [t for t in threading.enumerate() if t not in before and t.name == "read-ahead"]
+    assert len(mine) == 1 and mine[0].is_alive()        # waiting for room in its full queue
     r.close()
-    deadline = time.monotonic() + 10
-    while any(t.name == "read-ahead" for t in threading.enumerate()) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not any(t.name == "read-ahead" for t in threading.enumerate())
+    mine[0].join(timeout=10)
+    assert not mine[0].is_alive()
 
 
 def test_real_bal_file_reads_the_same_through_the_reader(tmp_path):
