@@ -16,6 +16,7 @@ import sys
 
 import result_files as rf
 from result_files import LATEST, kv_log, link, load, md_rows, rows, table
+from solvers.io.atomic import replacing  # result_files put the checkout on sys.path
 
 ROOT = rf.ROOT
 PLOTS = os.path.join(ROOT, "docs", "assets", "plots")
@@ -37,7 +38,8 @@ def save(fig, name):
         return
     os.makedirs(PLOTS, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(os.path.join(PLOTS, name))
+    with replacing(os.path.join(PLOTS, name)) as f:     # the old plot or the new one, whole
+        fig.savefig(f, format="png")
     print("wrote", os.path.join("docs", "assets", "plots", name))
 
 
@@ -453,17 +455,14 @@ def headline():
     ]
     lines = ["| area | figure | page | source |", "|---|---|---|---|"]
     lines += ["| " + " | ".join(r) + " |" for r in body]
-    os.makedirs(rf.TABLES, exist_ok=True)
-    with open(os.path.join(rf.TABLES, "headline.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    rf.write_text(os.path.join(rf.TABLES, "headline.md"), "\n".join(lines) + "\n")
     # The README's copy: the same rows, the page linked from the top of the checkout (the README
     # cannot include a snippet; readme_table() puts this between its markers).
     lines = ["| area | figure | details |", "|---|---|---|"]
     lines += [f"| {area} | {figure} | " + re.sub(r"\[(.*?)\]\(([\w-]+\.md)\)",
                                                   lambda m: f"[{m[1]}](docs/performance/{m[2]})", page) + " |"
               for area, figure, page, _ in body]
-    with open(os.path.join(rf.TABLES, README_TABLE), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    rf.write_text(os.path.join(rf.TABLES, README_TABLE), "\n".join(lines) + "\n")
 
 
 README_TABLE = "readme_headline.md"
@@ -477,9 +476,7 @@ def readme_table(readme=os.path.join(rf.ROOT, "README.md")):
     with open(readme) as f:
         text = f.read()
     start, end = (text.index(m) for m in README_MARKERS)
-    text = text[:start + len(README_MARKERS[0])] + "\n\n" + table + "\n" + text[end:]
-    with open(readme, "w") as f:
-        f.write(text)
+    rf.write_text(readme, text[:start + len(README_MARKERS[0])] + "\n\n" + table + "\n" + text[end:])
 
 
 class _NoPlots:

@@ -5,8 +5,12 @@ pages; kept apart so the drawing reads on its own."""
 import json
 import os
 import re
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run from a checkout without installing
+
+from solvers.io.atomic import replacing  # noqa: E402
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 TABLES = os.path.join(ROOT, "docs", "snippets", "perf")    # where table() writes; plots.main may move it
 
@@ -86,9 +90,15 @@ def table(file, header, body, sources):
     for s in sources:
         if not s.endswith((".md", ".log")):
             lines.append(f"<br>{link(s)}: {meta(s)}")
-    os.makedirs(TABLES, exist_ok=True)
-    with open(os.path.join(TABLES, file), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    write_text(os.path.join(TABLES, file), "\n".join(lines) + "\n")
+
+
+def write_text(path, text):
+    """``text`` into ``path`` whole or not at all (solvers.io.atomic): a run stopped part-way
+    leaves the old table, or the old README, as it was."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with replacing(path, "w") as f:
+        f.write(text)
 
 
 def kv_log(name):
