@@ -270,18 +270,37 @@ def find_bal():
     return None
 
 
+# What the timed processes import, beyond PACKAGES: their modules' bytecode is compiled too.
+IMPORTED = ("numpy", "scipy.sparse", "solvers.colmap.cli", "solvers.split.cli", "solvers.io.read_ahead")
+_LIST_MODULES = ("import sys, importlib\n"
+                 "for n in sys.argv[1:]:\n"
+                 "    try: importlib.import_module(n)\n"
+                 "    except ImportError: pass\n"
+                 "print('\\n'.join(sorted({getattr(m, '__file__', None) or '' for m in list(sys.modules.values())})))")
+
+
 def prepare(tmp, base):
     """Bytecode compiled (as an install does) and one untimed import, so the first timed process
-    does not alone pay for compiling .py files or reading the libraries from disk."""
+    does not alone pay for compiling .py files or reading the libraries from disk.
+
+    Every module the processes import gets its bytecode, third-party ones too: an environment
+    whose packages were installed without it (``pip --no-compile``; numpy on the GPU machine
+    here, 0.3 s of compiling in every process) would otherwise be timed, where a user's install
+    has it. The peers' processes get the same modules compiled."""
     for name in PACKAGES:
         spec = importlib.util.find_spec(name)
         for d in (spec.submodule_search_locations or []) if spec else []:
             compileall.compile_dir(d, quiet=1)
-    names = [n for n in PACKAGES + ("scipy.sparse",) if n == "scipy.sparse" or importlib.util.find_spec(n)]
+    names = [n for n in PACKAGES if importlib.util.find_spec(n)] + list(IMPORTED)
     caches = Caches(tmp)
-    s, p = run([sys.executable, "-c", "import " + ", ".join(names)], caches.env(base))
+    s, p = run([sys.executable, "-c", _LIST_MODULES] + names, caches.env(base))
+    files = [f for f in p.stdout.splitlines() if f.endswith(".py")]
+    missing = [f for f in files if not os.path.exists(importlib.util.cache_from_source(f))]
+    compiled = sum(bool(compileall.compile_file(f, quiet=2)) for f in missing)
     caches.remove()
-    print(f"# prepared: bytecode compiled, untimed import of {', '.join(names)} ({s:.2f} s, exit {p.returncode})")
+    print(f"# prepared: bytecode of {len(files)} imported modules ({len(missing)} lacked it, {compiled} compiled "
+          f"now), untimed import of {', '.join(names)} ({s:.2f} s, exit {p.returncode})")
+    return {"bytecode_compiled": f"{compiled} of {len(files)} modules' .py lacked bytecode"}
 
 
 def main():
@@ -299,7 +318,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="bench_cold_start-") as tmp:
         os.environ.update(Caches(tmp).dirs)      # our own process leaves the user's caches alone too
         bench = Bench(args, tmp)
-        prepare(tmp, bench.base)
+        bench.rep.meta.update(prepare(tmp, bench.base))
         columns = ["case", "variant", "input", "median_s", "spread", "runs", "ratio_to_peer", "final_cost",
                    "cost_ratio", "solver_total_s", "preprocessor_s", "setup_s", "read_s", "iterations", "state",
                    "termination", "linear_solver", "bz2_decompress_s", "caches_after_cold", "error"]

@@ -8,10 +8,12 @@ compile at once, one core each.
 How: :func:`clkernels.templates.prefetch` hands the sources of the programs a caller is about to
 ask for, and that the binary cache lacks, to :func:`submit`. Each worker
 (``python -m clkernels.build_worker``) opens the same device (matched by
-:func:`clkernels.cache.device_identity`), builds a source and stores the binary in the cache, as
-the caller's own build would. The caller's later request for the program waits for its worker
-(:func:`wait`) and loads the binary. A worker that fails costs nothing but its time: the caller
-then builds in its own process, which reports a build error as it always did.
+:func:`clkernels.cache.device_identity`), then takes sources from the queue, builds each and stores
+the binary in the cache, as the caller's own build would. The caller's later request for a
+program waits for its worker (:func:`wait`) and loads the binary; if no worker has taken that
+source yet (they are still starting, or all busy), the caller takes it back and builds it itself,
+at once. A worker that fails costs nothing but its time: the caller then builds in its own
+process, which reports a build error as it always did.
 
 Workers start when sources are submitted, at most :func:`max_workers` at once in a process, take
 sources from one queue, and end when it is empty (so no idle process holds a device context). ``PYCLAD_BUILD_PROCESSES=0`` turns them off; a number caps them.
@@ -27,12 +29,13 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from concurrent.futures import Future
 from typing import Deque, Dict, List, Optional, Tuple
 
 from . import cache
 
-__all__ = ["ENV", "max_workers", "enabled", "start", "submit", "wait", "pending"]
+__all__ = ["ENV", "max_workers", "enabled", "start", "submit", "wait", "pending", "failed", "stats"]
 
 ENV = "PYCLAD_BUILD_PROCESSES"
 _MPI_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
@@ -76,6 +79,17 @@ class _Worker:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      env=env, text=True, bufsize=1)
 
+    def ready(self) -> Optional[str]:
+        """Wait until the worker has opened its device: None, or why it cannot build."""
+        try:
+            line = self.proc.stdout.readline()
+            if not line:
+                return f"the worker ended (exit {self.proc.wait()})"
+            answer = json.loads(line)
+            return None if answer.get("ready") else (answer.get("error") or "the worker is not ready")
+        except (OSError, ValueError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+
     def build(self, job: dict) -> Optional[str]:
         """The job's error text, or None once its binary is in the cache."""
         try:
@@ -97,19 +111,36 @@ _queues: Dict[str, Deque[Tuple[Future, dict]]] = {}   # device identity -> jobs 
 _live: Dict[str, int] = {}                             # device identity -> workers running
 _idle: Dict[str, int] = {}                             # of them, started ahead and not yet given a job
 _arrived = threading.Condition(_lock)                  # notified when jobs are queued
+_failed: Dict[str, str] = {}                           # device identity -> why its workers could not start
+_taken_back = 0                                        # jobs the caller built itself (wait)
 LINGER_S = 10.0       # how long a worker started ahead (start()) waits for its first job
 
 
 def _serve(identity: str, linger: float) -> None:
     """A worker's thread: start the process, build jobs of ``identity`` until none is left, end.
     A worker started ahead (``linger`` > 0) first waits that long for jobs to come."""
-    worker, error = None, None
+    # A job is taken only once the worker's device is open (its start: about a second), so that
+    # until then the caller can take a job back (wait) rather than wait for a worker to start.
+    idle = linger > 0
     try:
         worker = _Worker(identity)
+        error = worker.ready()
     except OSError as exc:
-        error = f"could not start a build worker process: {exc}"
+        worker, error = None, f"could not start a build worker process: {exc}"
+    if error is not None:    # its jobs stay queued: the caller takes them back when it needs them
+        if worker is not None:
+            worker.close()
+        with _lock:
+            _live[identity] -= 1
+            if idle:
+                _idle[identity] -= 1
+            first = identity not in _failed
+            _failed[identity] = error
+        if first:
+            warnings.warn(f"build worker processes cannot start ({error.splitlines()[0][:300]}); programs are "
+                          f"built in this process (set {ENV}=0 to stop trying)", cache.CacheWarning, stacklevel=2)
+        return
     deadline = time.monotonic() + linger
-    idle = linger > 0
     while True:
         with _arrived:
             queue = _queues[identity]
@@ -122,9 +153,8 @@ def _serve(identity: str, linger: float) -> None:
                 _live[identity] -= 1
                 break
             future, job = queue.popleft()
-        future.set_result(error if worker is None else worker.build(job))
-    if worker is not None:
-        worker.close()
+        future.set_result(worker.build(job))
+    worker.close()
 
 
 def _start_workers(identity: str, count: int, linger: float) -> None:
@@ -136,7 +166,7 @@ def start(identity: str, count: Optional[int] = None, linger: float = LINGER_S) 
     """Start worker processes for the device of ``identity`` now, before their sources are known, so
     that their start (the interpreter, pyopencl, the device's context: about a second) overlaps the
     caller's own; each waits up to ``linger`` seconds for a job. Returns how many were started."""
-    if not enabled():
+    if not enabled() or identity in _failed:
         return 0
     limit = max_workers()
     with _lock:
@@ -149,26 +179,52 @@ def start(identity: str, count: Optional[int] = None, linger: float = LINGER_S) 
     return n
 
 
-def submit(identity: str, jobs: List[Tuple[str, str, tuple, str]]) -> None:
+def submit(identity: str, jobs: List[Tuple[str, str, tuple, str]]) -> int:
     """Build ``jobs`` — ``(program key, source, options, name)`` — in worker processes for the
     device of ``identity``, at most :func:`max_workers` at once in this process (workers end when
     no job is left); :func:`wait` on a key blocks until its binary is in the cache (or the worker
-    failed)."""
+    failed). Returns how many jobs were queued (none where workers cannot start here)."""
     limit = max_workers()
-    if limit < 1:
-        return
+    if limit < 1 or identity in _failed:
+        return 0
+    queued = 0
     with _arrived:
         queue = _queues.setdefault(identity, collections.deque())
         # The longest sources first: a batch ends about when its largest build does.
         for key, source, options, name in sorted(jobs, key=lambda j: -len(j[1])):
             if key not in _pending:
                 _pending[key] = future = Future()
+                queued += 1
                 queue.append((future, {"key": key, "source": source, "options": list(options), "name": name}))
         live = _live.get(identity, 0)
         n = max(0, min(limit - live, len(queue) - _idle.get(identity, 0)))
         _live[identity] = live + n
         _arrived.notify_all()
     _start_workers(identity, n, 0.0)
+    return queued
+
+
+def _take_back(future: Future) -> bool:
+    """Remove ``future``'s job from its queue if no worker has taken it (the caller holds _lock)."""
+    for queue in _queues.values():
+        for entry in queue:
+            if entry[0] is future:
+                queue.remove(entry)
+                return True
+    return False
+
+
+def failed(identity: str) -> Optional[str]:
+    """Why the worker processes of ``identity`` could not start (None: they could, or none tried)."""
+    with _lock:
+        return _failed.get(identity)
+
+
+def stats() -> Dict[str, int]:
+    """``{"taken_back": n}``: the jobs that no worker had taken when the caller needed them, which
+    the caller then built itself."""
+    with _lock:
+        return {"taken_back": _taken_back}
 
 
 def pending(key: str) -> bool:
@@ -178,9 +234,19 @@ def pending(key: str) -> bool:
 
 def wait(key: str) -> Optional[str]:
     """Wait for the worker building ``key``, if any; returns its error text (None: built, or no
-    worker had it)."""
+    worker had it).
+
+    A job that no worker has taken yet is taken back instead (None, and no binary: the caller
+    builds it in its own process, at once). The caller would otherwise sit idle until a worker
+    is free or has started, about a second on NVIDIA's driver, and then for the whole build."""
     with _lock:
         future = _pending.get(key)
+        if future is not None and _take_back(future):
+            global _taken_back
+            _taken_back += 1
+            _pending.pop(key, None)
+            future.set_result(None)
+            return None
     if future is None:
         return None
     error = future.result()

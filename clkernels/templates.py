@@ -387,8 +387,7 @@ def prefetch(requests: Iterable[Optional[Request]], runtime: Runtime = None) -> 
             _rendered[local] = sha
     if len(jobs) < 2:     # one build is as fast here as in a worker, without the worker's start
         return 0
-    build_pool.submit(ident, jobs)
-    return len(jobs)
+    return build_pool.submit(ident, jobs)
 
 
 # ---------------------------------------------------------------- dtypes in templates

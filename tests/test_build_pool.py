@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -50,7 +51,7 @@ _PREFETCH = textwrap.dedent("""
     import json, sys, warnings
     import numpy as np, pyopencl as cl
     import clkernels
-    from clkernels import cache, templates
+    from clkernels import build_pool, cache, templates
     rt = clkernels.get_runtime(sys.argv[1])
     broken = sys.argv[2] == "broken"
     def source(i):
@@ -61,6 +62,12 @@ _PREFETCH = textwrap.dedent("""
     requests = [templates.Request("test/add", {"i": i}, (lambda i=i: source(i))) for i in range(3)]
     ahead = templates.start_build_workers(rt) if sys.argv[2] == "ahead" else None
     sent = templates.prefetch(requests, rt)
+    if sys.argv[3] == "settle":     # the caller's own work meanwhile: the workers take every job
+        import os, time
+        log, t0 = os.environ["PYCLAD_BUILD_LOG"], time.monotonic()
+        need = sent - broken          # a failed build is not logged
+        while time.monotonic() - t0 < 300 and (not os.path.exists(log) or len(open(log).readlines()) < need):
+            time.sleep(0.05)
     out, errors = [], []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -76,12 +83,16 @@ _PREFETCH = textwrap.dedent("""
             cl.enqueue_copy(rt.queue, a, buf)
             out.append(a.tolist())
     print(json.dumps({"sent": sent, "ahead": ahead, "seen": cache.code_seen(), "out": out, "errors": errors, "stats": cache.stats(), "made": cache.made(),
+                      "taken_back": build_pool.stats()["taken_back"],
                       "warnings": [str(w.message) for w in caught if issubclass(w.category, cache.CacheWarning)]}))
 """)
 
 
-def _prefetch(device, tmp_path, mode="good", **env):
-    p = subprocess.run([sys.executable, "-c", _PREFETCH, _spec(device), mode], env=_env(tmp_path, **env),
+def _prefetch(device, tmp_path, mode="good", settle=True, **env):
+    """Run _PREFETCH; ``settle``: the caller asks for the programs only once the workers have built
+    them all (else at once, before any worker can have started)."""
+    p = subprocess.run([sys.executable, "-c", _PREFETCH, _spec(device), mode, "settle" if settle else "now"],
+                       env=_env(tmp_path, **env),
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -100,6 +111,33 @@ def test_prefetched_programs_are_built_by_workers_and_loaded_by_the_caller(real_
     again = _prefetch(real_device, tmp_path)
     assert again["sent"] == 0 and again["out"] == r["out"]
     assert len(_log_lines(tmp_path)) == 3
+
+
+def test_a_source_no_worker_has_taken_is_built_by_the_caller_at_once(real_device, tmp_path):
+    # Asked for right after the prefetch: no worker can have opened the device yet, so the caller
+    # takes the first source back rather than wait for a worker's start and then its build.
+    r = _prefetch(real_device, tmp_path, settle=False)
+    assert r["sent"] == 3 and r["out"] == [[1] * 4, [2] * 4, [3] * 4]
+    assert r["taken_back"] >= 1 and r["stats"]["source_builds"] == r["taken_back"], r
+    assert r["stats"]["binary_loads"] == 3 - r["taken_back"]
+    # Each program was built once, here or in a worker, never twice.
+    assert len(_log_lines(tmp_path)) == 3
+    assert not r["warnings"], r["warnings"]
+
+
+def test_workers_that_cannot_start_leave_the_builds_to_the_caller(monkeypatch):
+    identity = "no such device (test)"
+    monkeypatch.setattr(build_pool, "enabled", lambda: True)
+    with pytest.warns(clkernels.cache.CacheWarning, match="build worker processes cannot start"):
+        assert build_pool.start(identity, count=1, linger=0.0) == 1
+        deadline = time.monotonic() + 120
+        while build_pool.failed(identity) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert "no OpenCL device" in build_pool.failed(identity)
+    # Nothing more goes to workers for that device: its programs are built by the caller.
+    assert build_pool.submit(identity, [("k1", "src", (), "x"), ("k2", "src", (), "y")]) == 0
+    assert build_pool.start(identity) == 0
+    assert not build_pool.pending("k1")
 
 
 def test_workers_started_ahead_take_the_sources_on_a_cold_cache_only(real_device, tmp_path):
@@ -160,24 +198,27 @@ _SOLVE = textwrap.dedent("""
     import json, sys
     import numpy as np
     import solvers
-    from clkernels import cache
+    from clkernels import build_pool, cache
     problem = solvers.synthetic_problem(8, 300, 3, seed=1)
     for ls, dt in (("sparse_schur", np.float64), ("iterative_schur", np.float32)):
         r = solvers.bundle_adjust(problem, linear_solver=ls, dtype=dt, max_iterations=2, handle_sigint=False,
                                   device=sys.argv[1])
         assert r.state == "device", r.state
-    print(json.dumps({"made": cache.made(), "stats": cache.stats()}))
+    print(json.dumps({"made": cache.made(), "stats": cache.stats(), "taken_back": build_pool.stats()["taken_back"]}))
 """)
 
 
 def test_a_solve_names_every_program_it_builds(real_device, tmp_path):
     """A cold bundle adjustment (both linear solvers, both dtypes) asks for no program that its
-    prefetch did not name: every program the solve made came from a worker's binary."""
+    prefetch did not name: every program the solve made came from a worker's binary, or was one
+    the solve took back from the workers' queue and built itself; none was built twice."""
     if not DeviceInfo.of(real_device).fp64:
         pytest.skip("the sparse_schur solve needs fp64")
     p = subprocess.run([sys.executable, "-c", _SOLVE, _spec(real_device)], env=_env(tmp_path),
                        capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout.strip().splitlines()[-1])
-    assert r["made"] and all(how == "binary" for _, how, _ in r["made"]), r["made"]
+    assert r["made"], r
+    sources = sum(how == "source" for _, how, _ in r["made"])
+    assert sources == r["taken_back"] and len(r["made"]) - sources == r["stats"]["binary_loads"], r
     assert len(_log_lines(tmp_path)) == len(r["made"])

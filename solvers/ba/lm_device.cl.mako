@@ -439,23 +439,21 @@ __kernel void schur_jacobi(__global const real *restrict B,        // (nc, T)
     # parameter block, so a merged camera's blocks are inverted apart (no coupling between them).
     part = [k for k, size in enumerate(BLOCKS) for _ in range(size)]
 %>
-%for t, (a, b) in enumerate(tri):
-%if part[a] != part[b]:
-    m[${a * C + b}] = m[${b * C + a}] = 0;
-%else:
-    {
-        acc v = B[(size_t)c * ${T} + ${t}];
-        for (int s = cam_seg[c]; s < cam_seg[c + 1]; ++s) v -= blocks[(size_t)s * ${T} + ${t}];
-%if a == b:
-        v += dc2[(size_t)c * ${C} + ${a}];
-        m[${a * C + a}] = v;
-%else:
-        m[${a * C + b}] = v;
-        m[${b * C + a}] = v;
-%endif
-    }
-%endif
-%endfor
+    // One loop over the upper triangle, not an unrolled statement per entry: NVIDIA's compiler
+    // took 1.4 s for the unrolled form against 0.6 s for this one, the slowest program of a cold
+    // solve, and the kernel is as fast (0.14 ms for 20,000 cameras on the H200; same bits).
+    const int part[${C}] = {${', '.join(str(v) for v in part)}};
+    for (int a = 0, t = 0; a < ${C}; ++a)
+        for (int b = a; b < ${C}; ++b, ++t) {
+            acc v = 0;
+            if (part[a] == part[b]) {
+                v = B[(size_t)c * ${T} + t];
+                for (int s = cam_seg[c]; s < cam_seg[c + 1]; ++s) v -= blocks[(size_t)s * ${T} + t];
+                if (a == b) v += dc2[(size_t)c * ${C} + a];
+            }
+            m[a * ${C} + b] = v;
+            m[b * ${C} + a] = v;
+        }
     int ok = 1;
     acc inv[${C * C}];
 ${cholesky_inverse(C, 'm', 'inv')}
