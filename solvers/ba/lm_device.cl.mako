@@ -439,18 +439,22 @@ __kernel void schur_jacobi(__global const real *restrict B,        // (nc, T)
     # parameter block, so a merged camera's blocks are inverted apart (no coupling between them).
     part = [k for k, size in enumerate(BLOCKS) for _ in range(size)]
 %>
-    // One loop over the upper triangle, not an unrolled statement per entry: NVIDIA's compiler
-    // took 1.4 s for the unrolled form against 0.6 s for this one, the slowest program of a cold
-    // solve, and the kernel is as fast (0.14 ms for 20,000 cameras on the H200; same bits).
+    // One loop over the upper triangle, kept a loop (unroll 1), not an unrolled statement per
+    // entry: NVIDIA's compiler took 1.35-1.4 s for the unrolled form and 0.64-0.67 s for this
+    // one (one parameter block, H200), the slowest program of a cold solve, and the kernel is no
+    // slower (0.14 ms against 0.16 ms for 20,000 cameras; the same bits).
+%if len(BLOCKS) > 1:
     const int part[${C}] = {${', '.join(str(v) for v in part)}};
+%endif
+    #pragma unroll 1
     for (int a = 0, t = 0; a < ${C}; ++a)
         for (int b = a; b < ${C}; ++b, ++t) {
-            acc v = 0;
-            if (part[a] == part[b]) {
-                v = B[(size_t)c * ${T} + t];
-                for (int s = cam_seg[c]; s < cam_seg[c + 1]; ++s) v -= blocks[(size_t)s * ${T} + t];
-                if (a == b) v += dc2[(size_t)c * ${C} + a];
-            }
+%if len(BLOCKS) > 1:
+            if (part[a] != part[b]) { m[a * ${C} + b] = m[b * ${C} + a] = 0; continue; }
+%endif
+            acc v = B[(size_t)c * ${T} + t];
+            for (int s = cam_seg[c]; s < cam_seg[c + 1]; ++s) v -= blocks[(size_t)s * ${T} + t];
+            if (a == b) v += dc2[(size_t)c * ${C} + a];
             m[a * ${C} + b] = v;
             m[b * ${C} + a] = v;
         }
