@@ -66,7 +66,7 @@ _PREFETCH = textwrap.dedent("""
         import os, time
         log, t0 = os.environ["PYCLAD_BUILD_LOG"], time.monotonic()
         need = sent - broken          # a failed build is not logged
-        while time.monotonic() - t0 < 300 and (not os.path.exists(log) or len(open(log).readlines()) < need):
+        while need > 0 and time.monotonic() - t0 < 300 and (not os.path.exists(log) or len(open(log).readlines()) < need):
             time.sleep(0.05)
     out, errors = [], []
     with warnings.catch_warnings(record=True) as caught:
