@@ -108,6 +108,45 @@ def _mpi_rank():
         print(json.dumps(out))
 
 
+def recorded_arithmetic() -> dict:
+    """Environment variables that give the host's numerical libraries the arithmetic the logs were
+    recorded with (an x86-64 CPU with AVX2 and no AVX-512: an AMD EPYC). OpenBLAS picks its
+    kernels by the CPU when it loads, and numpy its SIMD loops: on a CPU with AVX-512 (an Intel
+    Xeon, seen) both round differently in the last bits, and the host path's costs then differ from
+    the logs by 1e-11 relative after a few iterations. Pinned to OpenBLAS' Haswell kernels and
+    numpy's AVX2 loops, such a CPU repeats the recording. Empty elsewhere (nothing to pin)."""
+    import platform
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return {}
+    if "avx2" not in flags or "fma" not in flags:
+        return {}
+    env = {"OPENBLAS_CORETYPE": "Haswell"}
+    try:    # numpy's runtime dispatch targets (what np.show_runtime prints); 1.x kept them in numpy.core
+        from numpy._core._multiarray_umath import __cpu_dispatch__ as dispatch
+    except ImportError:
+        from numpy.core._multiarray_umath import __cpu_dispatch__ as dispatch
+    avx512 = [d for d in dispatch if d.startswith("AVX512") or d == "X86_V4"]
+    if avx512:
+        env["NPY_DISABLE_CPU_FEATURES"] = " ".join(avx512)
+    return env
+
+
+def run_case(name: str) -> dict:
+    """One case's log, from a process of its own with :func:`recorded_arithmetic`'s environment
+    (set before numpy and OpenBLAS load, which is when they read it)."""
+    env = dict(os.environ, **recorded_arithmetic())
+    run = subprocess.run([sys.executable, "-W", "ignore", os.path.abspath(__file__), name], env=env,
+                         capture_output=True, text=True, timeout=1800)
+    if run.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{run.stderr[-3000:]}")
+    return json.loads(run.stdout[run.stdout.index("{"):])[name]
+
+
 def cases():
     """Every case's name and the function that returns its log."""
     out = {f"bal-{n}-{ls}": (lambda n=n, ls=ls: _bal(n, ls)) for n in BAL for ls in LINEAR_SOLVERS}
@@ -132,9 +171,9 @@ def main(argv):
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                                 cwd=ROOT).stdout.strip()
         logs = {}
-        for name, run in table.items():
+        for name in table:
             print(name, flush=True)
-            logs[name] = run()
+            logs[name] = run_case(name)     # in the recording's arithmetic, as the test runs it
         from solvers.io.atomic import replacing
         with replacing(RECORDED, "w") as f:
             json.dump({"commit": commit, "logs": logs}, f, indent=1)
@@ -153,7 +192,7 @@ def main(argv):
             recorded = json.load(f)
         for name in names:
             print(name, flush=True)
-            recorded["logs"][name] = table[name]()
+            recorded["logs"][name] = run_case(name)
             recorded.setdefault("rerecorded", {})[name] = {"commit": commit, "why": why}
         from solvers.io.atomic import replacing
         with replacing(RECORDED, "w") as f:

@@ -6,7 +6,9 @@ at that change's commit: the file's ``rerecorded`` says which and why): the same
 iterations, and cost, gradient and step equal to 1e-12 relative.
 
 The logs were recorded on PoCL's CPU device; another OpenCL device rounds differently, so this
-test runs on PoCL only (``PYCLAD_TEST_DEVICES`` does not apply)."""
+test runs on PoCL only (``PYCLAD_TEST_DEVICES`` does not apply). Each case runs in a process of its
+own whose numpy and OpenBLAS round as the recording machine's did
+(``iteration_logs.recorded_arithmetic``)."""
 import json
 
 import numpy as np
@@ -41,7 +43,7 @@ def test_the_iterations_are_as_recorded(case):
         # The BAL cases, and the split and MPI ones (problem-21 in a child process): missing data
         # skips here, or fails where PYCLAD_REQUIRE_BAL=1, before any child starts.
         bal_file("problem-21-11315-pre")
-    want, got = RECORDED["logs"][case], iteration_logs.cases()[case]()
+    want, got = RECORDED["logs"][case], iteration_logs.run_case(case)
     again = RECORDED.get("rerecorded", {}).get(case)
     where = f"{case} (recorded at {(again or RECORDED)['commit'][:10]}{', again: ' + again['why'] if again else ''})"
     assert len(got["cost"]) == len(want["cost"]), where
