@@ -250,3 +250,25 @@ def test_a_point_behind_a_camera_costs_nothing_there_as_in_colmap(tmp_path):
     cs = pycolmap_ba(pycolmap.Reconstruction(str(tmp_path / "behind")))
     assert r.initial_cost == pytest.approx(cs.initial_cost, rel=1e-9)
     assert r.final_cost == pytest.approx(cs.final_cost, rel=1e-6)
+
+
+def test_point_errors_on_a_device_are_the_hosts_and_colmaps(tmp_path, device):
+    """The points' errors by the camera models' kernels on a device (what the command line
+    writes: the solve's own function) equal the host's within 1e-12 relative, and COLMAP's own
+    ``update_point_3d_errors``, with a point behind a camera (it counts sqrt(DBL_MAX) there)."""
+    rec, _ = synthetic(tmp_path, model="OPENCV", per_image_cameras=True, seed=5)
+    image = rec.images[sorted(rec.images)[0]]
+    pid = next(p.point3D_id for p in image.points2D if p.has_point3D())
+    pose = image.cam_from_world()
+    inside = pose * rec.points3D[pid].xyz
+    rec.points3D[pid].xyz = pose.inverse() * np.array([inside[0], inside[1], -inside[2]])
+    (tmp_path / "behind").mkdir()
+    rec.write_text(str(tmp_path / "behind"))
+    ours = colmap.read_model(str(tmp_path / "behind"))
+    host = colmap.point_errors(ours)
+    on_device = colmap.point_errors(ours, backend="auto", device=device)
+    np.testing.assert_allclose(on_device, host, rtol=1e-12, atol=0)
+    rec.update_point_3d_errors()
+    want = np.array([rec.points3D[int(p)].error for p in ours.point_ids])
+    assert want.max() > 1e100          # the point behind the camera
+    np.testing.assert_allclose(on_device, want, rtol=1e-9, atol=1e-12)

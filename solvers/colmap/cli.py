@@ -143,7 +143,8 @@ def _main(parser, args, comm=None) -> int:
     print(result.full_report())
     status = 0 if result.usable else 1
     if args.out:
-        problem.update_reconstruction(rec, result)
+        # The points' errors by the solve's own function and device (its kernels are built).
+        problem.update_reconstruction(rec, result, backend="auto", device=args.device)
         binary = args.binary or (not args.text and io.is_binary_model(args.model))
         # A write that fails now keeps the refined model in a fallback folder and names it.
         failed = cli_output.write_or_keep(lambda f: io.write_model(rec, f, binary=binary), args.out, "--out",
