@@ -35,7 +35,8 @@ from typing import Deque, Dict, List, Optional, Tuple
 
 from . import cache
 
-__all__ = ["ENV", "max_workers", "enabled", "start", "submit", "wait", "pending", "failed", "stats"]
+__all__ = ["ENV", "max_workers", "enabled", "start", "submit", "wait", "pending", "running", "failed",
+           "stats"]
 
 ENV = "PYCLAD_BUILD_PROCESSES"
 _MPI_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
@@ -212,6 +213,12 @@ def _take_back(future: Future) -> bool:
                 queue.remove(entry)
                 return True
     return False
+
+
+def running(identity: str) -> int:
+    """How many worker processes of ``identity`` are running (starting, idle or building)."""
+    with _lock:
+        return _live.get(identity, 0)
 
 
 def failed(identity: str) -> Optional[str]:

@@ -360,8 +360,8 @@ def template_request(template: str, options: Iterable[str] = (), **params) -> Re
 def prefetch(requests: Iterable[Optional[Request]], runtime: Runtime = None) -> int:
     """Start building, side by side in worker processes (:mod:`clkernels.build_pool`), the programs
     of ``requests`` (None entries are skipped) that neither this process nor the binary cache has,
-    when there are at least two; later ``get_program``/``program_for`` calls for them wait for their
-    worker and load the binary. Returns how many went to workers. A hint only: what it misses
+    when there are at least two or workers are running already; later ``get_program``/
+    ``program_for`` calls for them wait for their worker and load the binary. Returns how many went to workers. A hint only: what it misses
     is built when asked for, as without it."""
     runtime = get_runtime(runtime)
     if not simulator.binary_cache_ok(runtime) or not build_pool.enabled():
@@ -385,8 +385,8 @@ def prefetch(requests: Iterable[Optional[Request]], runtime: Runtime = None) -> 
         jobs.append((pkey, get_source(), options, r.name))
         if local is not None:
             _rendered[local] = sha
-    if len(jobs) < 2:     # one build is as fast here as in a worker, without the worker's start
-        return 0
+    if not jobs or (len(jobs) < 2 and not build_pool.running(ident)):
+        return 0          # one build is as fast here as in a worker, unless a worker is up already
     return build_pool.submit(ident, jobs)
 
 

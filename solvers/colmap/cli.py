@@ -121,6 +121,11 @@ def _main(parser, args, comm=None) -> int:
     except (ValueError, OSError) as e:       # (a bad or missing --pose-priors file too)
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.out:
+        # The points' errors written after the solve use the model's own function on the device:
+        # its program goes to the build workers now, beside the solve's (a cold cache only).
+        from clkernels.templates import prefetch
+        prefetch(problem.point_error_requests(rec, backend="auto", device=args.device), args.device)
     try:
         checkpoint = cli_options(args.checkpoint, args.checkpoint_every)
     except (ValueError, TypeError) as e:

@@ -428,6 +428,20 @@ def point_errors(rec, backend: str = "numpy", device=None) -> np.ndarray:
     return np.where(counts > 0, sums / np.maximum(counts, 1), 0.0)
 
 
+def point_error_requests(rec, backend: str = "auto", device=None) -> list:
+    """The programs :func:`point_errors` with ``backend`` and ``device`` will build, as requests for
+    :func:`clkernels.templates.prefetch` (none on the host): a caller that will write a model
+    after a solve hands them to the build workers beside the solve's own."""
+    if backend == "numpy":
+        return []
+    from clkernels import get_runtime
+    rt = get_runtime(device)
+    if not rt.info.fp64:
+        return []
+    return [m.batch_function(np.float64, backend, device).program_request(rt, jacobians=False)
+            for m, _, _ in _intrinsics_groups(rec)]
+
+
 def update_reconstruction(rec, result, backend: str = "numpy", device=None):
     """Write a :class:`solvers.SolveResult` of :func:`problem_from_reconstruction`'s problem back
     into ``rec`` (poses, frames of one-camera rigs, intrinsics, points) and recompute every
