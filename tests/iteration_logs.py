@@ -126,11 +126,13 @@ def recorded_arithmetic() -> dict:
     if "avx2" not in flags or "fma" not in flags:
         return {}
     env = {"OPENBLAS_CORETYPE": "Haswell"}
-    try:    # numpy's runtime dispatch targets (what np.show_runtime prints); 1.x kept them in numpy.core
-        from numpy._core._multiarray_umath import __cpu_dispatch__ as dispatch
+    try:    # the SIMD targets numpy's loops may dispatch to here (numpy 2's public introspection)
+        from numpy.lib.introspect import opt_func_info
     except ImportError:
-        from numpy.core._multiarray_umath import __cpu_dispatch__ as dispatch
-    avx512 = [d for d in dispatch if d.startswith("AVX512") or d == "X86_V4"]
+        return env
+    targets = {t for sigs in opt_func_info().values() for info in sigs.values()
+               for t in str(info.get("available", "")).split()}
+    avx512 = sorted(t for t in targets if t.startswith("AVX512") or t == "X86_V4")
     if avx512:
         env["NPY_DISABLE_CPU_FEATURES"] = " ".join(avx512)
     return env
