@@ -124,8 +124,10 @@ def _main(parser, args, comm=None) -> int:
     if args.out:
         # The points' errors written after the solve use the model's own function on the device:
         # its program goes to the build workers now, beside the solve's (a cold cache only).
-        from clkernels.templates import prefetch
-        prefetch(problem.point_error_requests(rec, backend="auto", device=args.device), args.device)
+        requests = problem.point_error_requests(rec, backend="auto", device=args.device)
+        if requests:
+            from clkernels.templates import prefetch
+            prefetch(requests, args.device)
     try:
         checkpoint = cli_options(args.checkpoint, args.checkpoint_every)
     except (ValueError, TypeError) as e:

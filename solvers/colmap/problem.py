@@ -402,10 +402,7 @@ def point_errors(rec, backend: str = "numpy", device=None) -> np.ndarray:
     ``device`` reuse the solve's own function and kernels (on the host they took 0.10 s of a
     200-image, 96,000-observation command line on the GPU machine). A device without float64 falls
     back to the host. Both round to within a few units in the last place of each other."""
-    if backend != "numpy":
-        from clkernels import get_runtime
-        if not get_runtime(device).info.fp64:
-            backend, device = "numpy", None
+    backend, device, _ = _errors_on(backend, device)
     image_row, point_row, xy = observations(rec)
     poses = np.concatenate([quaternion_to_angle_axis(rec.image_qvec), rec.image_tvec], axis=1)
     R = quaternion_to_matrix(rec.image_qvec)
@@ -428,15 +425,26 @@ def point_errors(rec, backend: str = "numpy", device=None) -> np.ndarray:
     return np.where(counts > 0, sums / np.maximum(counts, 1), 0.0)
 
 
+def _errors_on(backend: str, device):
+    """``(backend, device, runtime)`` that :func:`point_errors` evaluates with: the host (numpy,
+    runtime None) where asked, or where there is no OpenCL device (the solve ran on the host then)
+    or it has no float64."""
+    if backend == "numpy":
+        return "numpy", None, None
+    from clkernels import NoPlatformError, get_runtime
+    try:
+        rt = get_runtime(device)
+    except NoPlatformError:
+        return "numpy", None, None
+    return (backend, device, rt) if rt.info.fp64 else ("numpy", None, None)
+
+
 def point_error_requests(rec, backend: str = "auto", device=None) -> list:
     """The programs :func:`point_errors` with ``backend`` and ``device`` will build, as requests for
     :func:`clkernels.templates.prefetch` (none on the host): a caller that will write a model
     after a solve hands them to the build workers beside the solve's own."""
-    if backend == "numpy":
-        return []
-    from clkernels import get_runtime
-    rt = get_runtime(device)
-    if not rt.info.fp64:
+    backend, device, rt = _errors_on(backend, device)
+    if rt is None:
         return []
     return [m.batch_function(np.float64, backend, device).program_request(rt, jacobians=False)
             for m, _, _ in _intrinsics_groups(rec)]
