@@ -113,6 +113,7 @@ _live: Dict[str, int] = {}                             # device identity -> work
 _idle: Dict[str, int] = {}                             # of them, started ahead and not yet given a job
 _arrived = threading.Condition(_lock)                  # notified when jobs are queued
 _failed: Dict[str, str] = {}                           # device identity -> why its workers could not start
+_warned: set = set()                                   # device identities warned of that
 _taken_back = 0                                        # jobs the caller built itself (wait)
 LINGER_S = 10.0       # how long a worker started ahead (start()) waits for its first job
 
@@ -135,11 +136,13 @@ def _serve(identity: str, linger: float) -> None:
             _live[identity] -= 1
             if idle:
                 _idle[identity] -= 1
-            first = identity not in _failed
-            _failed[identity] = error
+            first = identity not in _warned
+            _warned.add(identity)
         if first:
             warnings.warn(f"build worker processes cannot start ({error.splitlines()[0][:300]}); programs are "
                           f"built in this process (set {ENV}=0 to stop trying)", cache.CacheWarning, stacklevel=2)
+        with _lock:             # after the warning: whoever sees failed() has been warned
+            _failed[identity] = error
         return
     deadline = time.monotonic() + linger
     while True:
