@@ -233,18 +233,24 @@ def test_parameter_kinds_are_pycolmaps():
                                        list(cam.extra_params_idxs()), list(cam.metadata_params_idxs())), m.name
 
 
-def test_a_point_behind_a_camera_costs_nothing_there_as_in_colmap(tmp_path):
-    """COLMAP's reprojection cost is 0 (zero Jacobian) for a point behind the camera: with one
-    point moved behind the first image's camera, the initial and final costs are pycolmap's."""
-    rec, _ = synthetic(tmp_path, model="SIMPLE_RADIAL", seed=3)
+def _a_point_behind_a_camera(rec, folder):
+    """Move one point of the first image behind its camera (in ``rec``), write ``rec`` into
+    ``folder`` and read it back as ours."""
     image = rec.images[sorted(rec.images)[0]]
     pid = next(p.point3D_id for p in image.points2D if p.has_point3D())
     pose = image.cam_from_world()
     inside = pose * rec.points3D[pid].xyz
     rec.points3D[pid].xyz = pose.inverse() * np.array([inside[0], inside[1], -inside[2]])
-    (tmp_path / "behind").mkdir()
-    rec.write_text(str(tmp_path / "behind"))
-    ours = colmap.read_model(str(tmp_path / "behind"))
+    folder.mkdir()
+    rec.write_text(str(folder))
+    return colmap.read_model(str(folder))
+
+
+def test_a_point_behind_a_camera_costs_nothing_there_as_in_colmap(tmp_path):
+    """COLMAP's reprojection cost is 0 (zero Jacobian) for a point behind the camera: with one
+    point moved behind the first image's camera, the initial and final costs are pycolmap's."""
+    rec, _ = synthetic(tmp_path, model="SIMPLE_RADIAL", seed=3)
+    ours = _a_point_behind_a_camera(rec, tmp_path / "behind")
     r = solvers.solve(colmap.problem_from_reconstruction(ours), max_iterations=100, function_tolerance=1e-10,
                       gradient_tolerance=1e-12, parameter_tolerance=1e-12, handle_sigint=False)
     cs = pycolmap_ba(pycolmap.Reconstruction(str(tmp_path / "behind")))
@@ -257,14 +263,7 @@ def test_point_errors_on_a_device_are_the_hosts_and_colmaps(tmp_path, device):
     writes: the solve's own function) equal the host's within 1e-12 relative, and COLMAP's own
     ``update_point_3d_errors``, with a point behind a camera (it counts sqrt(DBL_MAX) there)."""
     rec, _ = synthetic(tmp_path, model="OPENCV", per_image_cameras=True, seed=5)
-    image = rec.images[sorted(rec.images)[0]]
-    pid = next(p.point3D_id for p in image.points2D if p.has_point3D())
-    pose = image.cam_from_world()
-    inside = pose * rec.points3D[pid].xyz
-    rec.points3D[pid].xyz = pose.inverse() * np.array([inside[0], inside[1], -inside[2]])
-    (tmp_path / "behind").mkdir()
-    rec.write_text(str(tmp_path / "behind"))
-    ours = colmap.read_model(str(tmp_path / "behind"))
+    ours = _a_point_behind_a_camera(rec, tmp_path / "behind")
     host = colmap.point_errors(ours)
     on_device = colmap.point_errors(ours, backend="auto", device=device)
     np.testing.assert_allclose(on_device, host, rtol=1e-12, atol=0)
