@@ -10,6 +10,7 @@ from typing import Dict, Tuple
 
 import numpy as np
 
+from ..checks import first_not_finite
 from ..models import cameras
 
 # COLMAP's camera models: name -> (model id, number of parameters), from the one table of
@@ -200,7 +201,7 @@ def _validate_images(rec, cam_ids):
     xy = _column(rec, "points2d_xy", "images", (None, 2), float)
     start = _starts(rec, "image_points_start", "images", ids.size, xy.shape[0])
     on = _column(rec, "points2d_point3d_ids", "images", (xy.shape[0],), int)
-    k = None if np.isfinite(xy).all() else _first(~np.isfinite(xy).all(axis=1))
+    k = first_not_finite(xy)
     if k is not None:
         i = np.searchsorted(start, k, side="right") - 1
         raise ColmapModelError("images", f"image {ids[i]}: point2D {k - start[i]} is not finite "
@@ -368,8 +369,6 @@ def _starts(rec, field, kind, n, total):
 
 
 def _finite(kind, label, ids, values, what):
-    if np.isfinite(values).all():      # the usual answer, without the slower row-wise pass
-        return
-    k = _first(~np.isfinite(values).all(axis=1))
+    k = first_not_finite(values)
     if k is not None:
         raise ColmapModelError(kind, f"{label} {ids[k]}: {what} is not finite ({values[k].tolist()})")
