@@ -167,7 +167,10 @@ class Report:
         tag = "".join(c if c.isalnum() else "-" for c in self.runtime.info.vendor + "-" +
                       ("quick" if getattr(self.args, "quick", False) else "full"))
         base = os.path.join(self.args.out, f"{self.name}-{tag}")
-        with open(base + ".json", "w") as f:
+        # Whole files or none (solvers.io.atomic): a benchmark rewrites its results after every
+        # case, and a run killed while writing keeps the last whole ones.
+        from solvers.io.atomic import replacing
+        with replacing(base + ".json", "w") as f:
             json.dump({"meta": self.meta, "rows": self.rows}, f, indent=1)
         parts = [self.table(columns, main)] if main or not sections else []
         for name, cols in sections.items():
@@ -177,7 +180,7 @@ class Report:
         table = "\n\n".join(parts)
         text = f"# {self.name}\n\n" + "\n".join(f"- {k}: {v}" for k, v in self.meta.items()) + \
                "\n\n" + table + "\n"
-        with open(base + ".md", "w") as f:
+        with replacing(base + ".md", "w") as f:
             f.write(text)
         print("\n" + table)
         print(f"\nwritten: {base}.json and {base}.md")
