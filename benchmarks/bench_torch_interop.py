@@ -8,6 +8,9 @@ the GPU's OpenCL driver cannot share memory with CUDA):
   tensors) against the same op on OpenCL device arrays already on the device (the op's own host
   cost and kernel, then the queue's finish): wall clock around the call, medians. The parts
   alone: an idle stream sync, acquire+release of one buffer, an idle queue finish, a tensor view.
+  The context hand-over: a small CUDA copy (synced), the OpenCL op (finished), and the two in
+  turn; ``interop_us`` of the last row is what each hand-over of the GPU between PyTorch's CUDA
+  context and the OpenCL driver's own context adds.
 - ``steps``: one training step (forward, a loss, backward), wall clock around the step and
   ``torch.cuda.synchronize()``, medians after warm-up, ours and the official op's in the same
   process, the rest of the step the same torch code:
@@ -64,8 +67,21 @@ def cost(report, torch, bridge, repeat):
     report.add(case="dcnv4 1x8x8x64 forward", variant="CUDA tensors (torch_dcnv4)", timing=t_torch)
     report.add(case="dcnv4 1x8x8x64 forward", variant="OpenCL device arrays (dcnv4)", timing=t_cl,
                interop_us=round(1e6 * (t_torch.median - t_cl.median), 1))
-    block = bridge.pool.allocate(4096)
+    # The hand-over between the two APIs' contexts on one GPU: a small CUDA op (a copy, synced),
+    # the OpenCL op alone (finished), and the two in turn, so each run hands the GPU from one
+    # context to the other twice. What the pair costs above its parts is the GPU's switches.
+    y = torch.empty_like(x)
     stream = torch.cuda.current_stream()
+    cuda_op = lambda: (y.copy_(x), stream.synchronize())  # noqa: E731
+    cl_op = lambda: (dcnv4(dx, dom, **opts), q.finish())  # noqa: E731
+    t_cuda = wall(cuda_op, sync, repeat=repeat * 10)
+    t_cl_alone = wall(cl_op, sync, repeat=repeat * 10)
+    t_both = wall(lambda: (cuda_op(), cl_op()), sync, repeat=repeat * 10)
+    report.add(case="context hand-over", variant="CUDA copy + stream sync", timing=t_cuda)
+    report.add(case="context hand-over", variant="OpenCL dcnv4 + queue finish", timing=t_cl_alone)
+    report.add(case="context hand-over", variant="the two in turn (two hand-overs)", timing=t_both,
+               interop_us=round(1e6 * (t_both.median - t_cuda.median - t_cl_alone.median) / 2, 1))
+    block = bridge.pool.allocate(4096)
     parts = {"idle stream sync": stream.synchronize,
              "acquire + release of one buffer": lambda: (bridge.acquire.acquire(q, [block.buffer]),
                                                         bridge.acquire.release(q, [block.buffer])),

@@ -13,9 +13,15 @@ queue, and a :class:`~clkernels.interop.pool.SharedPool` of memory that both API
    buffers and waits for the queue (a host wait: the outputs are written before torch reads them);
 3. returns the outputs as tensors over their pool blocks.
 
-The two host waits stand in for external semaphores (``cl_khr_external_semaphore``), which the
-NVIDIA driver offers and this module does not use yet; ``benchmarks/bench_torch_interop.py``
-measures what they cost.
+The two host waits stand in for external semaphores (``cl_khr_external_semaphore``). A semaphore
+would need one side to make and export it: NVIDIA's OpenCL driver (580) imports opaque-fd
+semaphores but exports none (``CL_DEVICE_SEMAPHORE_EXPORT_HANDLE_TYPES_KHR`` is empty), and CUDA
+only imports them (from Vulkan, Direct3D 12 or NvSciSync). ``benchmarks/bench_torch_interop.py``
+measures the waits. Neither is what a call costs most: NVIDIA's OpenCL runs in a CUDA context of
+its own, and every hand-over of the GPU between PyTorch's context and it is a context switch
+(about 0.13 ms each way on the H200, the benchmark's "context hand-over" rows), which no
+synchronisation scheme avoids. So a call costs about 0.3-0.5 ms more than the op on device
+arrays: negligible beside a large op, and the reason to keep small tensors on one side.
 
 A GPU or driver without what this needs raises :class:`InteropUnavailable`, naming it.
 """
