@@ -88,6 +88,26 @@ def test_stable_order_over_many_chunks_and_threads(monkeypatch):
     assert np.array_equal(ordering.stable_order(keys, 4460000, dtype=np.int64), want)
 
 
+
+def test_sort_within_sorts_each_range_stably(monkeypatch):
+    rng = np.random.default_rng(5)
+    for chunk, t in ((1 << 20, 1), (64, 3)):
+        monkeypatch.setattr(ordering, "CHUNK", chunk)
+        monkeypatch.setattr(ordering, "threads", lambda: t)
+        for n, nranges, dtype in ((0, 1, np.uint16), (1, 1, np.uint16), (500, 1, np.int64),
+                                  (3000, 40, np.uint16), (3000, 3000, np.int32), (20000, 7, np.uint16)):
+            cuts = np.sort(rng.integers(0, n + 1, nranges - 1))
+            starts = np.concatenate(([0], cuts, [n]))         # empty ranges among them
+            keys = rng.integers(0, 6, n).astype(dtype)
+            values = rng.standard_normal((2, n))
+            seg = np.repeat(np.arange(nranges), np.diff(starts))
+            order = np.lexsort((np.arange(n), keys, seg))
+            got = ordering.sort_within(starts, keys, values[0], values[1].astype(np.float32))
+            assert got[0].dtype == keys.dtype and got[2].dtype == np.float32
+            assert np.array_equal(got[0], keys[order])
+            assert np.array_equal(got[1], values[0][order])
+            assert np.array_equal(got[2], values[1].astype(np.float32)[order])
+
 def test_sortedness_checks(monkeypatch):
     monkeypatch.setattr(ordering, "CHUNK", 5)
     rng = np.random.default_rng(0)

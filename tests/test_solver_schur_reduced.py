@@ -13,6 +13,7 @@ import solvers
 import solvers.linalg.sparse_schur_device as ssd
 from solvers.linalg import factorisation_limits
 from clkernels import arrays
+from solvers.ba import ordering
 from solvers.linalg import host_cholesky
 from solvers.linalg.dense_cholesky_device import DenseCholesky, block_sizes
 from solvers.ba.schur import NormalEquations, Structure
@@ -212,6 +213,48 @@ def test_pattern_rejects_bad_indices():
     with pytest.raises(ValueError, match="out of range"):
         ReducedPattern([0, 2], [0, 1], 2, 2)
 
+
+
+def plain_pattern(cam, pt, nc):
+    """ReducedPattern's groups and pairs from their definition: a group per (camera, point) seen,
+    numbered by camera then point; a pair per two groups of one point (a group with itself too)
+    with the first one's camera at most the second's, sorted by block (camera, camera), then point."""
+    keys = sorted(set(zip(cam.tolist(), pt.tolist())))
+    gid = {k: i for i, k in enumerate(keys)}
+    pairs = []
+    for (ca, p) in keys:
+        for (cb, q) in keys:
+            if p == q and ca <= cb:
+                pairs.append((ca * nc + cb, p, gid[(ca, p)], gid[(cb, q)]))
+    pairs.sort()
+    blocks = sorted({b for b, *_ in pairs} | {c * nc + c for c in range(nc)})
+    return keys, pairs, blocks
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pattern_is_the_plain_definition(seed, monkeypatch):
+    rng = np.random.default_rng(seed)
+    if seed % 2:        # many small tasks on several threads
+        monkeypatch.setattr(ordering, "CHUNK", 16)
+        monkeypatch.setattr(ordering, "threads", lambda: 3)
+    nc, npt = int(rng.integers(1, 12)), int(rng.integers(1, 40))
+    n = 0 if seed == 0 else int(rng.integers(1, 200))
+    cam, pt = rng.integers(0, nc, n), rng.integers(0, npt, n)       # repeats, unseen cameras too
+    order = np.argsort(pt, kind="stable")
+    cam, pt = cam[order], pt[order]
+    pat = ReducedPattern(cam, pt, nc, npt, max_run=3)
+    keys, pairs, blocks = plain_pattern(cam, pt, nc)
+    assert [tuple(k) for k in zip(pat.group_cam.tolist(), pat.group_pt.tolist())] == keys
+    assert pat.pair_a.tolist() == [a for *_, a, _ in pairs]
+    assert pat.pair_b.tolist() == [b for *_, b in pairs]
+    assert (pat.block_row * nc + pat.block_col).tolist() == blocks
+    # each block's runs cover exactly its pairs, in order, at most max_run long
+    block_of_pair = [b for b, *_ in pairs]
+    for i, blk in enumerate(blocks):
+        runs = range(pat.block_run[i], pat.block_run[i + 1])
+        covered = [j for r in runs for j in range(pat.run_start[r], pat.run_start[r + 1])]
+        assert covered == [j for j, b in enumerate(block_of_pair) if b == blk]
+        assert all(pat.run_start[r + 1] - pat.run_start[r] <= 3 for r in runs)
 
 # -- the host factorisers ------------------------------------------------------------------------
 

@@ -246,6 +246,40 @@ def stable_order(keys, bound: int, dtype=None) -> np.ndarray:
     return out
 
 
+def sort_within(starts, keys, *values):
+    """Each range ``[starts[i], starts[i + 1])`` sorted stably by ``keys`` on its own, ``values``
+    moved alike: with ``seg`` each element's range and
+    ``order = np.lexsort((np.arange(n), keys, seg))``, returns ``(keys[order], *(v[order] for v in
+    values))``. ``starts`` ascend from 0 to ``n``.
+
+    For many short ranges (a camera's pairs of groups): each is sorted where it lies, so the
+    gathers stay within memory just read, where one sort of everything by (range, key) gathers
+    from anywhere. Ranges are sorted on threads, runs of consecutive ranges of about ``CHUNK``
+    elements a task; keys of 16 bits or fewer make each sort numpy's radix sort."""
+    starts = np.asarray(starts, np.int64)
+    keys = np.asarray(keys)
+    values = [np.asarray(v) for v in values]
+    outs = [np.empty_like(keys)] + [np.empty_like(v) for v in values]
+    ins = [keys] + values
+    # Tasks: consecutive ranges whose elements add up to about CHUNK.
+    cuts = np.unique(np.searchsorted(starts, np.arange(0, int(starts[-1]) if starts.size else 0, CHUNK)))
+    tasks = list(zip(cuts, list(cuts[1:]) + [starts.size - 1]))
+
+    def sort_ranges(task):
+        for r in range(int(task[0]), int(task[1])):
+            lo, hi = int(starts[r]), int(starts[r + 1])
+            if hi - lo > 1:
+                local = np.argsort(keys[lo:hi], kind="stable")
+                for src, dst in zip(ins, outs):
+                    np.take(src[lo:hi], local, axis=0, out=dst[lo:hi])
+            elif hi > lo:
+                for src, dst in zip(ins, outs):
+                    dst[lo:hi] = src[lo:hi]
+
+    _map(sort_ranges, tasks)
+    return tuple(outs)
+
+
 Runs = collections.namedtuple("Runs", "start item_run owner k")
 
 
