@@ -1,5 +1,7 @@
-"""Where ``solvers.bundle_adjust`` spends its time before the first iteration (iterative_schur,
-the device-resident path), per stage, at the benchmark's large synthetic sizes.
+"""Where ``solvers.bundle_adjust`` spends its time before the first iteration (the device-resident
+path; iterative_schur, or sparse_schur with ``--linear-solver``), per stage, at the benchmark's
+large synthetic sizes. sparse_schur adds the reduced camera matrix's pattern (``ReducedPattern``:
+which camera pairs share points, through which observations), whose arrays go into the digest.
 
 The problem is made as ``bench_bundle_adjust.py`` makes it (``synthetic_problem(*SCALES[...],
 seed=1)``); a tiny solve first builds every kernel. Then one ``bundle_adjust`` with
@@ -18,6 +20,7 @@ which must match. ``--source DIR`` measures another checkout alone.
 
     python benchmarks/bench_preprocessing.py [--scale venice,final] [--before DIR] [--repeat N]
                                              [--settle S] [--setup-only] [--device SPEC] [--json]
+                                             [--linear-solver iterative_schur|sparse_schur]
 """
 import argparse
 import dataclasses
@@ -36,7 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # (cameras, points, mean observations per point): bench_bundle_adjust.SCALES without iterations.
 SCALES = {"tiny": (60, 25000, 4), "venice": (1778, 993923, 5.0708), "final": (13682, 4460000, 6.502)}
 STAGES = ["synthetic_problem", "bundle_adjust (rest)", "Evaluator", "SnavelyModel", "Evaluator.camera_order",
-          "DeviceState", "DevicePCG", "_camera_segments", "device_inputs", "setup total",
+          "DeviceState", "DevicePCG", "_camera_segments", "ReducedPattern", "device_inputs", "setup total",
           "iteration 0 evaluation"]
 
 
@@ -76,7 +79,7 @@ def _digest(*arrays):
     return h.hexdigest()[:16]
 
 
-def measure(scale, device, setup_only=False, settle=0.0):
+def measure(scale, device, setup_only=False, settle=0.0, solver="iterative_schur"):
     """One size in this process: {stage: seconds}, plus the orderings' digest and the peak RSS."""
     import numpy as np
     import solvers
@@ -84,6 +87,7 @@ def measure(scale, device, setup_only=False, settle=0.0):
     import solvers.loop.lm as lm
     import solvers.ba.lm_device as lm_device
     import solvers.linalg.schur_pcg_device as schur_pcg
+    import solvers.linalg.schur_reduced_device as schur_reduced
     import solvers.models.snavely as snavely
     from clkernels import get_runtime
 
@@ -107,19 +111,20 @@ def measure(scale, device, setup_only=False, settle=0.0):
     timers.wrap(lm_device.DeviceState, "__init__", "DeviceState")
     timers.wrap(schur_pcg.DevicePCG, "__init__", "DevicePCG")
     timers.wrap(schur_pcg, "_camera_segments", "_camera_segments")
+    timers.wrap(schur_reduced.ReducedPattern, "__init__", "ReducedPattern")
     timers.wrap(lm_device.DeviceState, "evaluate_jacobian", "iteration 0 evaluation")
     # The setup ends where iteration 0's evaluation starts; keep the state for the digest.
     run = lm.Minimizer.run
 
     def run_and_keep(self, x0):
-        make = self._make_state
+        make = self.make_state
 
-        def make_state(x):
-            seen["state"] = make(x)
+        def make_state(*args):
+            seen["state"] = make(*args)
             seen["ready"] = time.perf_counter()
             return seen["state"]
 
-        self._make_state = make_state
+        self.make_state = make_state
         return run(self, x0)
 
     lm.Minimizer.run = run_and_keep
@@ -139,7 +144,7 @@ def measure(scale, device, setup_only=False, settle=0.0):
         lm_device.DeviceState.evaluate_jacobian = stop_here
     t0 = time.perf_counter()
     try:
-        result = solvers.bundle_adjust(problem, linear_solver="iterative_schur", max_iterations=0,
+        result = solvers.bundle_adjust(problem, linear_solver=solver, max_iterations=0,
                                        device=device, handle_sigint=False)
         if result.state != "device":
             raise RuntimeError(f"the solve ran on the {result.state}, not on the device")
@@ -157,15 +162,20 @@ def measure(scale, device, setup_only=False, settle=0.0):
                          (ev.cam, ev.pt, pcg.obs.get(), pcg.seg_start.get(), pcg.cam_seg.get(),
                           pcg.pt_start.get(), pcg.cam.get(), pcg.pt.get(), state.index.get())),
                        state.observed.get())
+    pattern = getattr(getattr(state.linear, "system", None), "pattern", None)
+    if pattern is not None:
+        ordering += "-" + _digest(*(np.asarray(a, np.int64) for a in
+                                    (pattern.pair_a, pattern.pair_b, pattern.block_row, pattern.block_col,
+                                     pattern.block_run, pattern.run_start, pattern.group_start)))
     return {"scale": scale, "observations": problem.num_observations, "stages": out,
             "ordering_digest": ordering, "initial_cost": None if result is None else result.initial_cost,
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20,
-            "device": rt.info.name, "setup_only": setup_only}
+            "device": rt.info.name, "setup_only": setup_only, "linear_solver": solver}
 
 
-def run_child(source, scale, device, setup_only, settle):
+def run_child(source, scale, device, setup_only, settle, solver):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", scale, "--source", source,
-           "--settle", str(settle)]
+           "--settle", str(settle), "--linear-solver", solver]
     if device:
         cmd += ["--device", device]
     if setup_only:
@@ -216,11 +226,12 @@ def main():
                    help="seconds between making the problem and the solve (default 0, as in "
                         "bench_bundle_adjust.py)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON too")
+    p.add_argument("--linear-solver", default="iterative_schur", choices=("iterative_schur", "sparse_schur"))
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         sys.path.insert(0, os.path.abspath(args.source))
-        print(json.dumps(measure(args.child, args.device, args.setup_only, args.settle)))
+        print(json.dumps(measure(args.child, args.device, args.setup_only, args.settle, args.linear_solver)))
         return
     sources = (("before", args.before), ("after", args.source)) if args.before else (("", args.source),)
     rows, labels = [], []
@@ -231,7 +242,7 @@ def main():
         for _ in range(max(1, args.repeat)):          # alternate the checkouts: same conditions
             for label, source in sources:
                 row = run_child(os.path.abspath(source), scale, args.device,
-                                args.setup_only or scale == "final", args.settle)
+                                args.setup_only or scale == "final", args.settle, args.linear_solver)
                 runs[label].append(row)
                 print(f"{label or 'measured'} {scale}: {row['observations']} observations, setup "
                       f"{row['stages']['setup total']:.2f} s on {row['device']}", file=sys.stderr, flush=True)
