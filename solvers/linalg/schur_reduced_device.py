@@ -107,8 +107,10 @@ def _pairs_by_block(group_cam, group_pt, cam_group, nc: int, npt: int):
     groups after it in its point's run (cameras ascending), comes out sorted by ``a``'s camera,
     then by point; sorting each camera's pairs stably by ``b``'s camera finishes the order. Those
     sorts are over a camera's pairs (thousands, radix sorts of 16-bit keys, on threads), where
-    one sort of all the pairs by block, then gathers over all of them, reads memory at random
-    (venice size, 15.3M pairs on the 2-core CPU: 0.57 s against 1.24 s)."""
+    one sort of all the pairs by block, then gathers over all of them, read memory at random: the
+    whole pattern at venice size (15.3M pairs) took 0.70 s on the 2-core CPU against 0.96 s that
+    way (benchmarks/results/preprocessing-sparse-schur-pocl.md). ``first - where`` below may be
+    negative (a group's first pair lies before its place in point order), hence signed indices."""
     ng = group_cam.size
     it_g = ordering.index_dtype(ng)
     # Each group's place in point order (cameras ascending within a point), and its partners:
@@ -121,7 +123,8 @@ def _pairs_by_block(group_cam, group_pt, cam_group, nc: int, npt: int):
     pair_end = np.cumsum(partners, dtype=np.int64)
     npairs = int(pair_end[-1]) if ng else 0
     it = ordering.index_dtype(npairs)
-    # Pair p of group g (its k-th) pairs it with by_pt[where[g] + k]; k = p - (g's first pair).
+    # Pair p of group g (its k-th) pairs it with by_pt[where[g] + k], k = p - first:
+    # by_pt[p - (first - where[g])].
     at = np.repeat((pair_end - partners - where).astype(it), partners)
     np.subtract(np.arange(npairs, dtype=it), at, out=at)
     b = ordering.take(by_pt, at, it_g)
