@@ -88,7 +88,6 @@ def test_stable_order_over_many_chunks_and_threads(monkeypatch):
     assert np.array_equal(ordering.stable_order(keys, 4460000, dtype=np.int64), want)
 
 
-
 def test_sort_within_sorts_each_range_stably(monkeypatch):
     rng = np.random.default_rng(5)
     for chunk, t in ((1 << 20, 1), (64, 3)):
@@ -107,6 +106,7 @@ def test_sort_within_sorts_each_range_stably(monkeypatch):
             assert np.array_equal(got[0], keys[order])
             assert np.array_equal(got[1], values[0][order])
             assert np.array_equal(got[2], values[1].astype(np.float32)[order])
+
 
 def test_sortedness_checks(monkeypatch):
     monkeypatch.setattr(ordering, "CHUNK", 5)

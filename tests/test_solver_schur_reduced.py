@@ -214,7 +214,6 @@ def test_pattern_rejects_bad_indices():
         ReducedPattern([0, 2], [0, 1], 2, 2)
 
 
-
 def plain_pattern(cam, pt, nc):
     """ReducedPattern's groups and pairs from their definition: a group per (camera, point) seen,
     numbered by camera then point; a pair per two groups of one point (a group with itself too)
