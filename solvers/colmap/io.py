@@ -578,14 +578,19 @@ def _text_images(rec, fh):
            "#   IMAGE_ID, QW, QX, QY, QZ, TX, TY, TZ, CAMERA_ID, NAME", "#   POINTS2D[] as (X, Y, POINT3D_ID)",
            f"# Number of images: {rec.image_ids.size}"]
     s = rec.image_points_start.tolist()
-    # Python floats and ints (tolist) format several times faster than numpy scalars; repr of a
-    # float is the shortest text that reads back to the same double, as _g.
-    xy, ids = rec.points2d_xy.tolist(), rec.points2d_point3d_ids.tolist()
+    # The 2-D points as one flat list of Python floats and ints, x, y, id in turn, and each
+    # image's line as the repr of its slice: the list's repr formats every item in C (repr of a
+    # float is the shortest text that reads back to the same double, as _g), where a generator of
+    # f-strings formats them in Python. 200 images with 2.4M 2-D points: write_model 3.06 s against
+    # 3.83 s on the 2-core CPU, the same bytes; most of what is left is repr's own work.
+    flat = [0] * (3 * rec.points2d_point3d_ids.size)
+    flat[0::3] = rec.points2d_xy[:, 0].tolist()
+    flat[1::3] = rec.points2d_xy[:, 1].tolist()
+    flat[2::3] = rec.points2d_point3d_ids.tolist()
     for k, iid in enumerate(rec.image_ids):
         out.append(" ".join([str(iid), *map(_g, rec.image_qvec[k]), *map(_g, rec.image_tvec[k]),
                              str(rec.image_camera_ids[k]), rec.image_names[k]]))
-        a, b = s[k], s[k + 1]
-        out.append(" ".join(f"{x!r} {y!r} {pid}" for (x, y), pid in zip(xy[a:b], ids[a:b])))
+        out.append(repr(flat[3 * s[k]:3 * s[k + 1]])[1:-1].replace(", ", " "))
     fh.write(("\n".join(out) + "\n").encode())
 
 
