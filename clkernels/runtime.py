@@ -265,8 +265,8 @@ class DeviceInfo:
     def widest_vector(self, real: str) -> Optional[int]:
         """The widest OpenCL vector of ``real`` ("double" or "float", also for half storage
         computed in float) that a kernel configuration may ask for: on CPU compilers their
-        target's native width (wider ones can abort the build, see _compiled_vector_width);
-        None, any width, on GPUs and on the simulator."""
+        target's native width (PoCL may report a wider one than the CPU it compiles for, and
+        LLVM can abort on the wider vectors); None, any width, on GPUs and on the simulator."""
         if not self.is_cpu or self.is_simulator:
             return None
         return self.native_vector_width_double if real == "double" else self.native_vector_width_float
