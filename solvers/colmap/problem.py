@@ -102,7 +102,7 @@ def problem_from_reconstruction(model, refine_focal_length: bool = True, refine_
       holds those; ``"none"`` or None nothing (the gauge then stays free: LM's diagonal keeps the
       steps finite).
     - ``loss`` / ``loss_scale``: the robust loss of every observation.
-    - Rigs of several sensors (:func:`_rig_problem`): groups ``frames`` (each frame's
+    - Rigs of several sensors: groups ``frames`` (each frame's
       ``rig_from_world``) and ``sensors`` (each non-reference camera's ``sensor_from_rig``);
       ``refine_rig_from_world``, ``refine_sensor_from_rig`` and
       ``constant_rig_from_world_rotation`` are pycolmap's options, with its defaults.
