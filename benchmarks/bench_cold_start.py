@@ -67,6 +67,7 @@ import ceres_peer  # noqa: E402
 
 CACHE_VARS = {"PYCLAD_CACHE_DIR": "pyclad", "XDG_CACHE_HOME": "xdg", "POCL_CACHE_DIR": "pocl",
               "CUDA_CACHE_PATH": "nv"}
+DRIVER_CACHE_VARS = ("POCL_CACHE_DIR", "CUDA_CACHE_PATH")     # the drivers' own caches among them
 PACKAGES = ("solvers", "clkernels", "pyclad", "pyopencl", "pytools", "mako", "platformdirs", "pycolmap")
 TOLERANCES = ["--function-tolerance", "1e-06", "--gradient-tolerance", "1e-10", "--parameter-tolerance", "1e-08"]
 BAL_NAME = "problem-49-7776-pre.txt.bz2"
@@ -83,6 +84,11 @@ class Caches:
 
     def env(self, base):
         return {**base, **self.dirs}
+
+    def renew(self, variables):
+        """New, empty folders for ``variables`` (the others keep theirs)."""
+        for var in variables:
+            self.dirs[var] = tempfile.mkdtemp(prefix=CACHE_VARS[var] + "-", dir=self.root)
 
     def contents(self):
         """'pyclad 1.2 MB, xdg/pyopencl 3.4 MB, ...': what the processes left in each folder."""

@@ -31,6 +31,7 @@ sys.path.insert(0, HERE)
 
 import harness  # noqa: E402
 import ceres_peer  # noqa: E402
+from bench_cold_start import DRIVER_CACHE_VARS, Caches  # noqa: E402
 
 _CHILD = """
 import json, sys, time
@@ -54,14 +55,13 @@ def main():
         p.error("no BAL file: pass --bal")
     rep = harness.Report("bench_program_loads", args, bal=os.path.basename(bal))
     with tempfile.TemporaryDirectory(prefix="bench_program_loads-") as tmp:
-        dirs = {}
-        for phase, caches, workers in PHASES:
-            if caches == "new":
-                dirs = {v: tempfile.mkdtemp(dir=tmp) for v in
-                        ("PYCLAD_CACHE_DIR", "XDG_CACHE_HOME", "CUDA_CACHE_PATH", "POCL_CACHE_DIR")}
-            elif caches == "driver":
-                dirs.update({v: tempfile.mkdtemp(dir=tmp) for v in ("CUDA_CACHE_PATH", "POCL_CACHE_DIR")})
-            env = dict(os.environ, **dirs, PYTHONPATH=os.pathsep.join(filter(None, (ROOT, os.environ.get("PYTHONPATH")))))
+        caches = None
+        for phase, which, workers in PHASES:
+            if which == "new":
+                caches = Caches(tmp)
+            elif which == "driver":
+                caches.renew(DRIVER_CACHE_VARS)
+            env = caches.env(dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (ROOT, os.environ.get("PYTHONPATH"))))))
             env.pop("PYCLAD_BUILD_PROCESSES", None)
             if workers:
                 env["PYCLAD_BUILD_PROCESSES"] = workers
