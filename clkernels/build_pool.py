@@ -249,10 +249,10 @@ def wait(key: str) -> Optional[str]:
     A job that no worker has taken yet is taken back instead (None, and no binary: the caller
     builds it in its own process, at once). The caller would otherwise sit idle until a worker
     is free or has started, about a second on NVIDIA's driver, and then for the whole build."""
+    global _taken_back
     with _lock:
         future = _pending.get(key)
         if future is not None and _take_back(future):
-            global _taken_back
             _taken_back += 1
             _pending.pop(key, None)
             future.set_result(None)

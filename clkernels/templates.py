@@ -361,8 +361,8 @@ def prefetch(requests: Iterable[Optional[Request]], runtime: Runtime = None) -> 
     """Start building, side by side in worker processes (:mod:`clkernels.build_pool`), the programs
     of ``requests`` (None entries are skipped) that neither this process nor the binary cache has,
     when there are at least two or workers are running already; later ``get_program``/
-    ``program_for`` calls for them wait for their worker and load the binary. Returns how many went to workers. A hint only: what it misses
-    is built when asked for, as without it."""
+    ``program_for`` calls for them wait for their worker and load the binary. Returns how many
+    went to workers. A hint only: what it misses is built when asked for, as without it."""
     runtime = get_runtime(runtime)
     if not simulator.binary_cache_ok(runtime) or not build_pool.enabled():
         return 0
