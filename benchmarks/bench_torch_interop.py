@@ -8,6 +8,8 @@ the GPU's OpenCL driver cannot share memory with CUDA):
   tensors) against the same op on OpenCL device arrays already on the device (the op's own host
   cost and kernel, then the queue's finish): wall clock around the call, medians. The parts
   alone: an idle stream sync, acquire+release of one buffer, an idle queue finish, a tensor view.
+  The same call with ``out=``: a pool tensor (``clkernels.torch.empty``), written in place, and a
+  tensor of torch's allocator, which gets the result by one copy.
   The context hand-over: a small CUDA copy (synced), the OpenCL op (finished), and the two in
   turn; ``interop_us`` of the last row is what each hand-over of the GPU between PyTorch's CUDA
   context and the OpenCL driver's own context adds.
@@ -67,6 +69,16 @@ def cost(report, torch, bridge, repeat):
     report.add(case="dcnv4 1x8x8x64 forward", variant="CUDA tensors (torch_dcnv4)", timing=t_torch)
     report.add(case="dcnv4 1x8x8x64 forward", variant="OpenCL device arrays (dcnv4)", timing=t_cl,
                interop_us=round(1e6 * (t_torch.median - t_cl.median), 1))
+    # out=: a pool tensor (clkernels.torch.empty) is written in place; a tensor of torch's own
+    # allocator gets the result by one device-to-device copy.
+    from clkernels.torch import empty
+    pooled, plain = empty(x.shape, device="cuda"), torch.empty_like(x)
+    with torch.no_grad():
+        for variant, out in (("out= a pool tensor (clkernels.torch.empty)", pooled),
+                             ("out= a torch tensor (one copy)", plain)):
+            t_out = wall(lambda: dcnv4_module.torch_dcnv4(x, om, out=out, **opts), sync, repeat=repeat * 10)
+            report.add(case="dcnv4 1x8x8x64 forward", variant=variant, timing=t_out,
+                       interop_us=round(1e6 * (t_out.median - t_cl.median), 1))
     # The hand-over between the two APIs' contexts on one GPU: a small CUDA op (a copy, synced),
     # the OpenCL op alone (finished), and the two in turn, so each run hands the GPU from one
     # context to the other twice. What the pair costs above its parts is the GPU's switches.

@@ -672,12 +672,18 @@ def _torch_function():
     return torch_autograd.autograd_function("DCNv4Function", dcnv4, dcnv4_backward, (True, True))
 
 
-def torch_dcnv4(input, offset_mask, *, device=None, allow_host_copy=False, **options):
+def torch_dcnv4(input, offset_mask, *, out=None, device=None, allow_host_copy=False, **options):
     """:func:`dcnv4` on torch tensors, differentiable with respect to both (autograd). CPU tensors
     run on ``device`` (an OpenCL device); CUDA tensors on the OpenCL device of their GPU, in memory
     shared with CUDA, and the result is a CUDA tensor (:mod:`clkernels.interop.torch_cuda`). Where
     that is not possible, an :class:`~clkernels.interop.torch_cuda.InteropUnavailable` says why;
-    ``allow_host_copy=True`` then takes the host path instead, with a warning once."""
+    ``allow_host_copy=True`` then takes the host path instead, with a warning once.
+
+    ``out``: a tensor of the result's shape, dtype and device to write it into, returned; as
+    torch's own ``out=`` functions, not differentiable (an error if grad mode is on and an input
+    requires grad). A CUDA ``out`` from :func:`clkernels.torch.empty` is in the shared pool and
+    is written in place; any other is written by one device-to-device copy. The ``options`` are
+    :func:`dcnv4`'s geometry arguments."""
     opts = dataclasses.asdict(DCNv4Options(**options))  # checks the options now, not in backward
     return torch_autograd.apply(_torch_function(), (input, offset_mask), dict(opts, device=device), "torch_dcnv4",
-                                ("input", "offset_mask"), allow_host_copy)
+                                ("input", "offset_mask"), allow_host_copy, out=out)

@@ -12,6 +12,8 @@ clkernels does not).
 - :func:`letterbox` and :func:`warp_affine`: :func:`clkernels.letterbox` and
   :func:`clkernels.warp_affine` on uint8 image tensors (not differentiable), their results on the
   images' device.
+- :func:`empty`: a tensor in memory that the ops share (on CUDA, the interop's pool), for their
+  ``out=`` and inputs with no copy.
 
 CUDA tensors run on the OpenCL device of their GPU (:mod:`clkernels.interop.torch_cuda`);
 ``allow_host_copy=True`` lets them take the host path where that is not possible.
@@ -28,7 +30,7 @@ from .dcnv4 import torch_dcnv4
 from .deformable_aggregation import deformable_aggregation_torch
 from .warp_affine import letterbox as _letterbox_arrays, warp_affine as _warp_affine_arrays
 
-__all__ = ["DCNv4", "DeformableAggregation", "letterbox", "warp_affine"]
+__all__ = ["DCNv4", "DeformableAggregation", "empty", "letterbox", "warp_affine"]
 
 
 class DCNv4(nn.Module):
@@ -143,23 +145,71 @@ class DeformableAggregation(nn.Module):
                                             weights, allow_host_copy=self.allow_host_copy)
 
 
-def _on_images_device(fn, images, wrapper: str, n_outputs: int, allow_host_copy: bool):
-    """``fn(images as an array)`` with its results as tensors on the images' device."""
-    cuda = torch_autograd.check_devices([images], ["images"], wrapper)
+def empty(*size, dtype=torch.float32, device=None):
+    """An uninitialised tensor whose memory the ops' OpenCL device shares, for their ``out=``
+    and their inputs.
+
+    On a CUDA device it is a block of the shared pool (:mod:`clkernels.interop.torch_cuda`):
+    an op writes its ``out=`` there in place, and takes it as an input without the
+    device-to-device copy that other CUDA tensors cost. So a model whose activations are made
+    here passes them between the ops and torch with no copy. The block returns to the pool
+    when the tensor (and every view of it) is gone, after the work that reads it. On the CPU it
+    is ``torch.empty``: CPU tensors already share their memory with the ops.
+
+    Args:
+        *size: the shape, as ints or one sequence (as ``torch.empty``).
+        dtype: a torch dtype (default float32).
+        device: ``"cpu"`` (default: the CPU), ``"cuda"``, ``"cuda:1"`` or a ``torch.device``.
+
+    Returns:
+        The tensor, contiguous.
+
+    Raises:
+        ValueError: a device other than the CPU or a CUDA GPU.
+        clkernels.interop.torch_cuda.InteropUnavailable: a CUDA device whose GPU's OpenCL
+            device cannot share its memory (the message says what is missing).
+
+    Example:
+        >>> blob = clkernels.torch.empty(1, 3, 640, 640, device="cuda")       # doctest: +SKIP
+        >>> blob, d2i = clkernels.torch.letterbox(image, out=blob)             # doctest: +SKIP
+    """
+    shape = tuple(size[0]) if len(size) == 1 and not isinstance(size[0], int) else size
+    device = torch.device(device if device is not None else "cpu")
+    if device.type == "cpu":
+        return torch.empty(shape, dtype=dtype)
+    if device.type != "cuda":
+        raise ValueError(f"device is {device}; clkernels.torch.empty makes CPU or CUDA tensors")
+    return torch_autograd.cuda_bridge(device, "clkernels.torch.empty").empty(shape, dtype)
+
+
+def _on_images_device(fn, images, wrapper: str, n_outputs: int, allow_host_copy: bool, out=None, dtype=None):
+    """``fn(images as an array, out=array or None)`` with its results as tensors on the images'
+    device; ``out`` (for the first result, of ``dtype``) as in :func:`clkernels.torch_autograd.apply`."""
+    tensors, names = [images], ["images"]
+    if out is not None:
+        torch_autograd.check_out(out, tensors, names, wrapper, dtype)
+        tensors, names = [images, out], ["images", "out"]
+    cuda = torch_autograd.check_devices(tensors, names, wrapper)
     if cuda is not None:
         bridge = torch_autograd.cuda_bridge(cuda, wrapper, allow_host_copy)
         if bridge is not None:
-            return bridge.run(fn, [images], n_outputs=n_outputs, host_ints=False)
+            run = dict(n_outputs=n_outputs, host_ints=False)
+            if out is None:
+                return bridge.run(fn, [images], **run)
+            return torch_autograd.bridge_into(bridge, fn, [images], out, wrapper, **run)
         images = images.cpu()
-    results = fn(torch_autograd.numpy_of(images))
+    target = torch_autograd.numpy_of(out) if out is not None and cuda is None and out.is_contiguous() else None
+    results = fn(torch_autograd.numpy_of(images), out=target)
     results = results if isinstance(results, tuple) else (results,)
-    out = tuple(torch_autograd.tensor_of(r) for r in results)
+    tensors = [torch_autograd.tensor_of(r) for r in results]
     if cuda is not None:
-        out = tuple(t.to(cuda) for t in out)
-    return out if n_outputs > 1 else out[0]
+        tensors = [t.to(cuda) for t in tensors]
+    if out is not None:
+        tensors[0] = out if target is not None else torch_autograd.write_out(out, tensors[0], wrapper)
+    return tuple(tensors) if n_outputs > 1 else tensors[0]
 
 
-def letterbox(images, size=(640, 640), *, dtype=torch.float32, allow_host_copy=False, **options):
+def letterbox(images, size=(640, 640), *, dtype=torch.float32, out=None, allow_host_copy=False, **options):
     """:func:`clkernels.letterbox` on a uint8 BGR image tensor: ``(blob, d2i)`` as tensors on the
     images' device.
 
@@ -172,6 +222,9 @@ def letterbox(images, size=(640, 640), *, dtype=torch.float32, allow_host_copy=F
         size: the blob's ``(width, height)``.
         dtype: the blob's torch dtype: ``torch.float32`` (default), ``torch.float16`` or
             ``torch.bfloat16``.
+        out: a tensor of the blob's shape and dtype, on the images' device, to write the blob
+            into (reused across calls); returned as ``blob``. A CUDA one from :func:`empty` is
+            written in place, any other by one copy.
         allow_host_copy: CUDA tensors may take the host path where the GPU's OpenCL device
             cannot share their memory (with a warning once) instead of raising, as in
             :func:`clkernels.torch_dcnv4`.
@@ -184,17 +237,20 @@ def letterbox(images, size=(640, 640), *, dtype=torch.float32, allow_host_copy=F
         ``[N, 2, 3]``; both on the images' device.
 
     Raises:
-        TypeError: images that are not uint8, or a ``dtype`` other than those above.
-        ValueError: images on a device other than the CPU or a CUDA GPU.
+        TypeError: images that are not uint8, a ``dtype`` other than those above, or an
+            ``out`` that is not a tensor.
+        ValueError: images on a device other than the CPU or a CUDA GPU, or an ``out`` on
+            another device, of another shape or dtype than the blob, or sharing the images'
+            memory.
         clkernels.interop.torch_cuda.InteropUnavailable: CUDA images whose GPU's OpenCL device
             cannot share their memory, without ``allow_host_copy``.
     """
     np_dtype = dtypes.from_torch(dtype)
-    return _on_images_device(lambda im: _letterbox_arrays(im, size, dtype=np_dtype, **options), images,
-                             "clkernels.torch.letterbox", 2, allow_host_copy)
+    return _on_images_device(lambda im, out=None: _letterbox_arrays(im, size, dtype=np_dtype, out=out, **options),
+                             images, "clkernels.torch.letterbox", 2, allow_host_copy, out, dtype)
 
 
-def warp_affine(image, M, dsize, border_value=114, *, allow_host_copy=False):
+def warp_affine(image, M, dsize, border_value=114, *, out=None, allow_host_copy=False):
     """:func:`clkernels.warp_affine` on a uint8 ``[H, W, 3]`` image tensor: OpenCV's
     ``warpAffine`` with bilinear interpolation and a constant border, the result on the image's
     device.
@@ -209,6 +265,9 @@ def warp_affine(image, M, dsize, border_value=114, *, allow_host_copy=False):
         dsize: the result's ``(width, height)``.
         border_value: the level of pixels that map outside the image: an integer in
             [0, 255], or three of them in BGR order.
+        out: a uint8 ``[height, width, 3]`` tensor on the image's device to write the result
+            into, returned. A CUDA one from :func:`empty` is written in place, any other by one
+            copy.
         allow_host_copy: CUDA tensors may take the host path where the GPU's OpenCL device
             cannot share their memory (with a warning once) instead of raising, as in
             :func:`clkernels.torch_dcnv4`.
@@ -217,12 +276,14 @@ def warp_affine(image, M, dsize, border_value=114, *, allow_host_copy=False):
         The warped image, a uint8 ``[height, width, 3]`` tensor on the image's device.
 
     Raises:
-        TypeError: an image that is not uint8.
+        TypeError: an image that is not uint8, or an ``out`` that is not a tensor.
         ValueError: an image that is not ``[H, W, 3]``, a singular ``M``, a ``border_value``
-            outside [0, 255], or an image on a device other than the CPU or a CUDA GPU.
+            outside [0, 255], an image on a device other than the CPU or a CUDA GPU, or an
+            ``out`` on another device, of another shape or dtype than the result, or sharing
+            the image's memory.
         clkernels.interop.torch_cuda.InteropUnavailable: a CUDA image whose GPU's OpenCL device
             cannot share its memory, without ``allow_host_copy``.
     """
     M = M.detach().cpu().numpy() if isinstance(M, torch.Tensor) else M
-    return _on_images_device(lambda im: _warp_affine_arrays(im, M, dsize, border_value), image,
-                             "clkernels.torch.warp_affine", 1, allow_host_copy)
+    return _on_images_device(lambda im, out=None: _warp_affine_arrays(im, M, dsize, border_value, out=out), image,
+                             "clkernels.torch.warp_affine", 1, allow_host_copy, out, torch.uint8)

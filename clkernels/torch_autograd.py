@@ -17,7 +17,8 @@ import numpy as np
 
 from . import dtypes
 
-__all__ = ["autograd_function", "check_devices", "apply", "cuda_bridge", "numpy_of", "tensor_of"]
+__all__ = ["autograd_function", "check_devices", "check_out", "write_out", "bridge_into", "apply", "cuda_bridge",
+           "numpy_of", "tensor_of"]
 
 
 def check_devices(tensors: Sequence, names: Sequence[str], wrapper: str):
@@ -38,11 +39,54 @@ def check_devices(tensors: Sequence, names: Sequence[str], wrapper: str):
     return device if device is not None and device.type == "cuda" else None
 
 
+def check_out(out, tensors: Sequence, names: Sequence[str], wrapper: str, dtype=None) -> None:
+    """Check an ``out=`` tensor before any work: a tensor (of ``dtype``, the result's, where
+    given), outside autograd (as torch's own ``out=`` functions: nothing records how it was
+    written), and sharing no memory with an input (the op reads its inputs while it writes
+    ``out``). Its shape is checked where it is written."""
+    import torch
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"{wrapper}: out must be a torch.Tensor, not {type(out).__name__}")
+    if dtype is not None and out.dtype != dtype:
+        raise ValueError(f"{wrapper}: out is {out.dtype}, the result {dtype}; pass an out of the result's dtype")
+    if torch.is_grad_enabled():
+        grads = (["out"] if out.requires_grad else []) + \
+            [n for t, n in zip(tensors, names) if getattr(t, "requires_grad", False)]
+        if grads:
+            raise RuntimeError(f"{wrapper}: out= takes no part in autograd, and {grads[0]} requires grad; "
+                               "call it without out= (the result is then differentiable), or under torch.no_grad()")
+    if out.numel():
+        mine = out.untyped_storage().data_ptr()
+        for t, n in zip(tensors, names):
+            if isinstance(t, torch.Tensor) and t.numel() and t.untyped_storage().data_ptr() == mine:
+                raise ValueError(f"{wrapper}: out shares its memory with {n}, which the op reads while it "
+                                 "writes out; pass a tensor of its own")
+
+
+def write_out(out, result, wrapper: str):
+    """``out`` with ``result`` copied into it (one copy, on the current stream for CUDA tensors),
+    after checking that their shapes and dtypes are the same (``copy_`` would broadcast and cast)."""
+    if tuple(out.shape) != tuple(result.shape) or out.dtype != result.dtype:
+        raise ValueError(f"{wrapper}: out is {out.dtype} {tuple(out.shape)}, the result {result.dtype} "
+                         f"{tuple(result.shape)}; pass an out of the result's shape and dtype")
+    out.copy_(result)
+    return out
+
+
 def apply(function, tensors: Sequence, options: dict, wrapper: str, names: Sequence[str],
-          allow_host_copy: bool = False):
+          allow_host_copy: bool = False, out=None):
     """``function.apply(*tensors, options)`` for CPU or CUDA tensors. CUDA tensors need the interop
     (:mod:`clkernels.interop.torch_cuda`); where it is unavailable the error says why, unless
-    ``allow_host_copy``: then the tensors go through host memory, with a warning once."""
+    ``allow_host_copy``: then the tensors go through host memory, with a warning once.
+
+    ``out``: a tensor to write the result into, returned (see :func:`check_out`). The op writes
+    into its memory directly where it can: a contiguous CPU tensor, or a CUDA tensor in the shared
+    pool (:func:`clkernels.torch.empty`); else the result is copied into it once."""
+    if out is not None:
+        # (the result has the first input's dtype: the features of both ops)
+        check_out(out, tensors, names, wrapper, getattr(tensors[0], "dtype", None))
+        cuda = check_devices(list(tensors) + [out], list(names) + ["out"], wrapper)
+        return _apply_into(function.forward_arrays, tensors, options, wrapper, out, cuda, allow_host_copy)
     cuda = check_devices(tensors, names, wrapper)
     if cuda is None:
         return function.apply(*tensors, options)
@@ -50,6 +94,32 @@ def apply(function, tensors: Sequence, options: dict, wrapper: str, names: Seque
         out = function.apply(*(t.cpu() if hasattr(t, "cpu") else t for t in tensors), options)
         return out.to(cuda)
     return function.apply(*tensors, options)
+
+
+def bridge_into(bridge, fn, args, out, wrapper: str, **run):
+    """``bridge.run(fn, args, **run)`` with its (first) result in ``out``: written there by the op
+    where ``out`` is in the shared pool, else copied in once; the other results as they come."""
+    if bridge.block_of(out) is not None:
+        return bridge.run(fn, args, into=out, **run)
+    results = bridge.run(fn, args, **run)
+    if isinstance(results, tuple):
+        return (write_out(out, results[0], wrapper),) + results[1:]
+    return write_out(out, results, wrapper)
+
+
+def _apply_into(op, tensors, options, wrapper, out, cuda, allow_host_copy):
+    """``op`` (the forward on arrays) with its result in ``out``, outside autograd."""
+    if cuda is not None:
+        bridge = cuda_bridge(cuda, wrapper, allow_host_copy, options.get("device"))
+        if bridge is not None:
+            return bridge_into(bridge, lambda *a, **out: op(*a, **out, **_cuda_options(options)), tensors, out,
+                               wrapper)
+        tensors = [t.cpu() if hasattr(t, "cpu") else t for t in tensors]      # the host path
+    target = numpy_of(out) if cuda is None and out.is_contiguous() else None  # out's own memory
+    result = op(*(numpy_of(t) for t in tensors), out=target, **options)
+    if target is None:
+        write_out(out, tensor_of(result), wrapper)
+    return out
 
 
 def cuda_bridge(cuda, wrapper: str, allow_host_copy: bool = False, device=None):
@@ -141,6 +211,7 @@ def autograd_function(name: str, forward: Callable, backward: Callable,
                 out = tuple(tensor_of(next(grads)) if d else None for d in differentiable)
             return out + ((None,) if ctx.with_options else ())
 
+    Function.forward_arrays = staticmethod(forward)    # apply(out=...) calls it outside autograd
     Function.__name__ = Function.__qualname__ = name
     Function.__doc__ = f"{name}: an autograd Function over CPU or CUDA tensors through the OpenCL kernels."
     return Function

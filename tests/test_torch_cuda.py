@@ -215,3 +215,46 @@ def test_letterbox_and_warp_affine_on_cuda_images():
     warped = warp_affine(images[1].to(CUDA), M, (40, 30))
     assert blob.device == CUDA and warped.device == CUDA and BRIDGE.pool.block_of_ptr(blob.data_ptr()) is not None
     assert torch.equal(blob.cpu(), want) and torch.equal(d2i.cpu(), want_d2i) and torch.equal(warped.cpu(), want_w)
+
+
+def test_out_in_the_pool_is_written_in_place_and_any_other_by_one_copy(monkeypatch):
+    from clkernels import torch_autograd
+    from clkernels.torch import empty, letterbox
+    x, om, _ = _dcnv4_inputs()
+    want = dcnv4_module.torch_dcnv4(x, om, device=CPU_DEVICE, **OPTS)
+    x, om = x.to(CUDA), om.to(CUDA)
+    copies = []
+    original = torch_autograd.write_out
+    monkeypatch.setattr(torch_autograd, "write_out", lambda *a: copies.append(1) or original(*a))
+    pooled = empty(want.shape, device=CUDA)
+    assert BRIDGE.block_of(pooled) is not None
+    assert dcnv4_module.torch_dcnv4(x, om, out=pooled, **OPTS) is pooled and copies == []
+    plain = torch.empty(want.shape, device=CUDA)          # torch's own allocator: one copy into it
+    assert dcnv4_module.torch_dcnv4(x, om, out=plain, **OPTS) is plain and copies == [1]
+    assert torch.equal(pooled.cpu(), want) and torch.equal(plain.cpu(), want)
+    images = torch.from_numpy(np.random.default_rng(4).integers(0, 256, (45, 61, 3), dtype=np.uint8))
+    blob = empty(1, 3, 48, 64, device=CUDA)
+    got, _ = letterbox(images.to(CUDA), (64, 48), out=blob)
+    assert got is blob and copies == [1]
+    import clkernels
+    with clkernels.use_device(CPU_DEVICE):
+        want_blob, _ = letterbox(images, (64, 48))
+    assert torch.equal(blob.cpu(), want_blob)
+
+
+def test_a_pool_tensor_from_empty_is_an_input_without_a_copy(monkeypatch):
+    from clkernels.torch import empty
+    x, om, _ = _dcnv4_inputs()
+    xs = empty(x.shape, device=CUDA)
+    xs.copy_(x.to(CUDA))
+    copies = []
+    original = BRIDGE.in_pool
+
+    def counting(t, settled=False):
+        result = original(t, settled)
+        copies.append(result[0].data_ptr() != t.data_ptr())
+        return result
+    monkeypatch.setattr(BRIDGE, "in_pool", counting)
+    got = dcnv4_module.torch_dcnv4(xs, om.to(CUDA), **OPTS)
+    assert copies == [False, True]
+    assert torch.equal(got.cpu(), dcnv4_module.torch_dcnv4(x, om, device=CPU_DEVICE, **OPTS))

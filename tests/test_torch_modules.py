@@ -123,3 +123,87 @@ def test_letterbox_and_warp_affine_take_image_tensors(dtype, device):
     np.testing.assert_array_equal(d2i.numpy(), want_d2i)
     assert warped.dtype == torch.uint8
     np.testing.assert_array_equal(warped.numpy(), want_warped)
+
+
+def test_out_takes_the_result_in_its_own_memory_or_by_one_copy(device):
+    """out= on CPU tensors: a contiguous out is written in place (the same memory, returned as it
+    is), a strided one gets the result copied in; both hold the numpy reference's values."""
+    import clkernels
+    from clkernels.dcnv4 import torch_dcnv4
+    from clkernels.deformable_aggregation import deformable_aggregation_torch
+    from clkernels.torch import empty
+    from test_deformable_aggregation import problem, reference as da_reference
+    rng = np.random.default_rng(5)
+    o = DCNv4Options(group=2, group_channels=4, offset_scale=0.7)
+    x = rng.standard_normal((2, 5, 6, 8)).astype(np.float32)
+    om = (rng.standard_normal((2, 5, 6, 56)) * 0.5).astype(np.float32)
+    want = reference(x, om, o)
+    kw = dict(group=2, group_channels=4, offset_scale=0.7, device=device.device)
+    contiguous, wide = empty(2, 5, 6, 8), torch.full((2, 5, 6, 16), -7.0)
+    strided = wide[..., ::2]
+    for out in (contiguous, strided):
+        address = out.data_ptr()
+        assert torch_dcnv4(torch.from_numpy(x), torch.from_numpy(om), out=out, **kw) is out
+        assert out.data_ptr() == address
+        np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
+    assert torch.all(wide[..., 1::2] == -7.0)                # only out's own elements were written
+
+    feat, shape, start, loc, weights = problem(rng, bs=1, A=3, P=2, cams=2, C=8, G=2, special=False)
+    out = empty((1, 3, 8))
+    with clkernels.use_device(device.device):
+        got = deformable_aggregation_torch(*(torch.from_numpy(a) for a in (feat, shape, start, loc, weights)), out=out)
+    assert got is out
+    np.testing.assert_allclose(out.numpy(), da_reference(feat, shape, start, loc, weights), rtol=1e-5, atol=1e-5)
+
+
+def test_out_of_the_image_ops_matches_their_results(device):
+    import clkernels
+    from clkernels.torch import empty, letterbox, warp_affine
+    rng = np.random.default_rng(6)
+    image = torch.from_numpy(rng.integers(0, 256, (37, 53, 3), dtype=np.uint8))
+    M = [[0.6, 0.1, 3.0], [-0.1, 0.6, 2.0]]
+    with clkernels.use_device(device.device):
+        want, want_d2i = letterbox(image, (32, 24), dtype=torch.bfloat16)
+        blob = empty(1, 3, 24, 32, dtype=torch.bfloat16)
+        got, d2i = letterbox(image, (32, 24), dtype=torch.bfloat16, out=blob)
+        want_w = warp_affine(image, M, (40, 30))
+        strided = torch.zeros(3, 30, 40, dtype=torch.uint8).permute(1, 2, 0)     # channels apart
+        got_w = warp_affine(image, M, (40, 30), out=strided)
+    assert got is blob and torch.equal(blob.view(torch.int16), want.view(torch.int16)) and torch.equal(d2i, want_d2i)
+    assert got_w is strided and torch.equal(strided, want_w)
+
+
+def test_a_wrong_out_is_refused_before_anything_is_written(device):
+    from clkernels.dcnv4 import torch_dcnv4
+    from clkernels.torch import empty, warp_affine
+    x, om = torch.randn(1, 4, 4, 8), torch.randn(1, 4, 4, 56)
+    kw = dict(group=2, group_channels=4, device=device.device)
+    with pytest.raises(TypeError, match="torch_dcnv4: out must be a torch.Tensor, not ndarray"):
+        torch_dcnv4(x, om, out=np.zeros((1, 4, 4, 8), np.float32), **kw)
+    with pytest.raises(ValueError, match="out is torch.float64, the result torch.float32"):
+        torch_dcnv4(x, om, out=torch.zeros(1, 4, 4, 8, dtype=torch.float64), **kw)
+    for bad in (torch.zeros(1, 4, 4, 9), torch.zeros(1, 4, 4, 18)[..., ::2]):   # in place, and by a copy
+        with pytest.raises(ValueError, match="shape"):
+            torch_dcnv4(x, om, out=bad, **kw)
+        assert torch.all(bad == 0)
+    with pytest.raises(ValueError, match="out shares its memory with input"):
+        torch_dcnv4(x, om, out=x, **kw)
+    with pytest.raises(ValueError, match="x is on meta|out is on meta"):
+        torch_dcnv4(x, om, out=torch.zeros(1, 4, 4, 8, device="meta"), **kw)
+    with pytest.raises(ValueError, match="warp_affine: out is torch.float32, the result torch.uint8"):
+        warp_affine(torch.zeros(8, 8, 3, dtype=torch.uint8), [[1, 0, 0], [0, 1, 0]], (4, 4), out=torch.zeros(4, 4, 3))
+    with pytest.raises(ValueError, match="clkernels.torch.empty makes CPU or CUDA tensors"):
+        empty(3, device="meta")
+
+
+def test_out_takes_no_part_in_autograd(device):
+    """As torch's own out= functions: refused while grad mode records an input that needs it."""
+    from clkernels.dcnv4 import torch_dcnv4
+    x, om = torch.randn(1, 4, 4, 8, requires_grad=True), torch.randn(1, 4, 4, 56)
+    out = torch.zeros(1, 4, 4, 8)
+    kw = dict(group=2, group_channels=4, device=device.device)
+    with pytest.raises(RuntimeError, match="out= takes no part in autograd, and input requires grad"):
+        torch_dcnv4(x, om, out=out, **kw)
+    with torch.no_grad():
+        torch_dcnv4(x, om, out=out, **kw)
+    assert torch.equal(out, torch_dcnv4(x, om, **kw).detach())

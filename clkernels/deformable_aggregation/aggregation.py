@@ -479,13 +479,13 @@ def _torch_function():
 
 
 def deformable_aggregation_torch(mc_ms_feat, spatial_shape, scale_start_index, sampling_location, weights, *,
-                                 allow_host_copy=False):
+                                 out=None, allow_host_copy=False):
     """:func:`deformable_aggregation` on torch tensors, differentiable with ``torch.autograd``: CPU
     tensors, or CUDA tensors on the OpenCL device of their GPU with a CUDA result (as
-    :func:`clkernels.torch_dcnv4`; ``allow_host_copy`` likewise)."""
+    :func:`clkernels.torch_dcnv4`; ``allow_host_copy`` and ``out``, not differentiable, likewise)."""
     tensors = (mc_ms_feat, spatial_shape, scale_start_index, sampling_location, weights)
     return torch_autograd.apply(_torch_function(), tensors, {}, "deformable_aggregation_torch", _NAMES,
-                                allow_host_copy)
+                                allow_host_copy, out=out)
 
 
 def __getattr__(name):

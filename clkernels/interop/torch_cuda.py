@@ -146,14 +146,21 @@ class CudaBridge:
             return torch.empty(shape, dtype=dtype, device=self.torch_device)
         return self.view(self.pool.allocate(nbytes), shape, dtype, settled)
 
+    def block_of(self, t):
+        """The pool block that ``t`` covers from its start, contiguously; None for any other tensor."""
+        if t.is_contiguous() and t.numel():
+            block = self.pool.block_of_ptr(t.untyped_storage().data_ptr())
+            if block is not None and t.data_ptr() == block.ptr:
+                return block
+        return None
+
     def in_pool(self, t, settled: bool = False):
         """``t`` itself where it is a contiguous tensor at the start of a pool block, else a copy
         into the pool (one device-to-device copy on the current stream; ``settled`` as in
         :meth:`view`, for a caller that waits for all work on the copy before dropping it)."""
-        if t.is_contiguous() and t.numel():
-            block = self.pool.block_of_ptr(t.untyped_storage().data_ptr())
-            if block is not None and t.data_ptr() == block.ptr:
-                return t, block
+        block = self.block_of(t)
+        if block is not None:
+            return t, block
         new = self.empty(t.shape, t.dtype, settled)
         if not t.numel():
             return new, None
@@ -189,11 +196,22 @@ class CudaBridge:
         return a
 
     # -- a call ----------------------------------------------------------------------------------
-    def run(self, fn, args: Sequence, n_outputs: int = 1, host_ints: bool = True):
+    def run(self, fn, args: Sequence, n_outputs: int = 1, host_ints: bool = True, into=None):
         """``fn(*arrays)`` with the CUDA tensors of ``args`` as OpenCL device arrays over pool
         memory (integer tensors as host arrays where ``host_ints``: the vision ops' index tables);
-        its device-array results as CUDA tensors."""
+        its device-array results as CUDA tensors.
+
+        ``into``: a tensor in the pool (:meth:`block_of`) for the (first) result: the op is called
+        as ``fn(*arrays, out=array)``, writes into its memory, and ``into`` is returned in the
+        result's place. Its shape and dtype must be the result's (the op checks)."""
         import torch
+        target = None
+        if into is not None:
+            block = self.block_of(into) if into.device == self.torch_device else None
+            if block is None:
+                raise ValueError(f"into must be a contiguous tensor at the start of a block of {self.torch_device}'s "
+                                 "shared pool (clkernels.torch.empty); copy the result into other tensors")
+            target = self._cl_array(into, block)
         # The call's own copies of inputs are "settled": this call waits for the stream that writes
         # them and for the queue that reads them (on an error too) before dropping them, so their
         # blocks go back to the free list without a marker or an event.
@@ -223,9 +241,11 @@ class CudaBridge:
             stream.synchronize()                                   # the inputs are written
             self.rt.output_pool = outputs
             try:
+                if target is not None:
+                    blocks.append(target.base_data)
                 if blocks:
                     self.acquire.acquire(self.queue, blocks)
-                result = fn(*arrays)
+                result = fn(*arrays) if target is None else fn(*arrays, out=target)
                 used = blocks + [b.buffer for b in outputs.blocks]
                 if used:
                     self.acquire.release(self.queue, used)
@@ -233,9 +253,12 @@ class CudaBridge:
                 self.rt.output_pool = None
                 self.queue.finish()         # the outputs are written; nothing reads the inputs any more
         try:
-            if n_outputs == 1 and not isinstance(result, (tuple, list)):
-                return self._tensor(result, outputs)
-            return tuple(self._tensor(r, outputs) for r in result)
+            single = n_outputs == 1 and not isinstance(result, (tuple, list))
+            results = [result] if single else list(result)
+            if target is not None:      # the op wrote into the block of into
+                results[0] = into
+            tensors = [r if r is into else self._tensor(r, outputs) for r in results]
+            return tensors[0] if single else tuple(tensors)
         finally:
             for block in outputs.blocks:        # made but not returned (an error, or outputs dropped)
                 self.pool.give_back(block)
