@@ -41,3 +41,28 @@ def test_a_device_solve_from_the_binary_cache_loads_nothing_heavy(tmp_path):
     env = {"PYCLAD_CACHE_DIR": str(tmp_path / "cache")}
     _loaded(code, env)
     assert _loaded(code, env) == []
+
+
+def test_a_general_solve_factorised_on_the_device_loads_no_scipy_linalg():
+    """The general core (COLMAP's path) on a device that factorises S itself (GPUs; forced here,
+    as the CPU device factorises on the host) needs scipy.sparse, not scipy.linalg, whose import
+    costs 0.1 s and more (its array-API layer imports numpy.f2py)."""
+    code = """
+        import sys
+        sys.path.insert(0, "tests")
+        import solvers
+        from solvers.general import pair_schur_device
+        from test_solver_problem import scene, three_group_problem
+        pair_schur_device.factors_on_device = lambda runtime: True
+        r = solvers.solve(three_group_problem(scene(seed=3, n_images=6, n_cameras=1)), linear_solver="sparse_schur",
+                          max_iterations=3, handle_sigint=False, device_resident=False)
+        assert "dense Cholesky on " in r.linear_solver_detail and "LAPACK" not in r.linear_solver_detail, \\
+            r.linear_solver_detail
+        print("scipy.linalg loaded:", "scipy.linalg" in sys.modules)
+    """
+    script = textwrap.dedent(code)
+    path = os.pathsep.join(p for p in (ROOT, os.path.join(ROOT, "tests"), os.environ.get("PYTHONPATH", "")) if p)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=path))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "scipy.linalg loaded: False" in p.stdout, p.stdout

@@ -4,7 +4,6 @@ Problem. References: complex-step derivatives of a numpy reprojection written fr
 formulas, scipy.optimize.least_squares, numpy's linear least squares, and bundle_adjust."""
 import numpy as np
 import pytest
-import scipy.optimize
 
 import pyclad as pc
 import solvers
@@ -88,6 +87,13 @@ def three_group_problem(s, with_prior=True, loss=None, device=None):
     return prob
 
 
+def _least_squares(*args, **kwargs):
+    # (imported here: other test files take this file's scenes, and scipy.optimize imports
+    # scipy.linalg, which tests/test_imports.py checks a solve does not need)
+    import scipy.optimize
+    return scipy.optimize.least_squares(*args, **kwargs)
+
+
 def numpy_residuals(prob, values):
     s = prob
     r = [simple_radial_residuals(values["poses"], values["intrinsics"], values["points"],
@@ -157,7 +163,7 @@ def test_three_groups_two_kinds_against_scipy_least_squares(device, linear_solve
     assert r.eliminated == (None if linear_solver == "sparse_normal_cholesky" else "points")
     core = GeneralCore(prob, "points", solvers.Options())
     t0, values_at = tangent_functions(prob, core)
-    ref = scipy.optimize.least_squares(lambda t: numpy_residuals(prob, values_at(t)), t0, method="lm",
+    ref = _least_squares(lambda t: numpy_residuals(prob, values_at(t)), t0, method="lm",
                                        jac=lambda t: complex_step_jacobian(prob, values_at, t),
                                        xtol=1e-15, ftol=1e-15, gtol=1e-15, max_nfev=5000)
     ref_cost = 0.5 * np.sum(ref.fun ** 2)
@@ -191,7 +197,7 @@ def test_robust_loss_on_one_kind_matches_scipy(device):
                       parameter_tolerance=1e-14, handle_sigint=False)
     core = GeneralCore(prob, "points", solvers.Options())
     t0, values_at = tangent_functions(prob, core)
-    ref = scipy.optimize.least_squares(lambda t: numpy_residuals(prob, values_at(t)), t0, loss="huber",
+    ref = _least_squares(lambda t: numpy_residuals(prob, values_at(t)), t0, loss="huber",
                                        jac=lambda t: complex_step_jacobian(prob, values_at, t),
                                        f_scale=1.0, xtol=1e-15, ftol=1e-15, gtol=1e-15, max_nfev=1000)
     # scipy's huber is on each residual entry; Ceres' (and ours) on each block's squared norm:

@@ -20,13 +20,12 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import scipy.linalg
 import scipy.sparse as sp
 
 from ..linalg.cg import norm, conjugate_gradients
 from ..linalg.linear_solver import linear_solver
 from ..linalg.host_cholesky import (LABELS, MSG_NOT_FINITE, MSG_NOT_PD, NotPositiveDefinite, cholmod_cholesky,
-                                    installed, lapack_cholesky, superlu_ldlt)
+                                    installed, lapack_cholesky, lapack_solve, superlu_ldlt)
 from ..loop.step import LoopState, StepSolution
 from ..linalg import factorisation_limits as limits
 from ..ba.schur import spd_block_inverses
@@ -327,7 +326,7 @@ class SparseState(LoopState):
             if dense or limits.host_dense(n, forced=linear_solver(self.o.linear_solver).dense):
                 name = "lapack"
                 c = lapack_cholesky(A if dense else A.toarray(), overwrite=dense)
-                y = scipy.linalg.cho_solve(c, b, check_finite=False)
+                y = lapack_solve(c, b)
             elif installed("cholmod"):
                 name = "cholmod"
                 A = A.tocsc()

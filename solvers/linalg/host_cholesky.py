@@ -75,6 +75,15 @@ def lapack_cholesky(M, overwrite: bool = False, single_thread=None):
         raise NotPositiveDefinite(str(e)) from None
 
 
+def lapack_solve(factor, b, single_thread: bool = False):
+    """``M^-1 b`` from :func:`lapack_cholesky`'s ``factor`` of ``M`` (LAPACK's triangular solves).
+    scipy.linalg is imported here, at the first host factorisation: it costs 0.1 s and more (its
+    array-API layer imports numpy.f2py), which paths that factorise on the device never pay."""
+    import scipy.linalg
+    with single_threaded_blas() if single_thread else contextlib.nullcontext():
+        return scipy.linalg.cho_solve(factor, np.asarray(b, dtype=np.float64), check_finite=False)
+
+
 def cholmod_cholesky(A, factor=None):
     """CHOLMOD's supernodal Cholesky of the symmetric CSC matrix ``A`` (it reads the lower
     triangle), into ``factor`` (the symbolic analysis of ``A``'s pattern; made when None);
@@ -214,9 +223,7 @@ class Lapack(_BlockEntries):
         self._factor = lapack_cholesky(self._S)
 
     def solve(self, rhs):
-        import scipy.linalg
-        with single_threaded_blas():
-            return scipy.linalg.cho_solve(self._factor, np.asarray(rhs, dtype=np.float64), check_finite=False)
+        return lapack_solve(self._factor, rhs, single_thread=True)
 
 
 _CLASSES = {"cholmod": Cholmod, "cholespy": Cholespy, "superlu": SuperLU, "lapack": Lapack}

@@ -188,7 +188,6 @@ class DeviceSparseSchur:
     def _solve_copies(self, Jc, Jp, Vinv, B, dc2, gc, gp, x, defer):
         """The keys' system summed into the problem's columns (module docstring); ``dc2`` is on
         one copy of each column (lm_device.cl.mako's camera_regularize with COPIES)."""
-        import scipy.linalg
         q, sys_, cp, d = self.rt.queue, self.system, self.copies, self.dense
         flag = d.flag if d is not None else self.flag
         if d is not None:
@@ -219,7 +218,7 @@ class DeviceSparseSchur:
             c = host_cholesky.lapack_cholesky(S, overwrite=True)
         except host_cholesky.NotPositiveDefinite:
             return False, MSG_NOT_PD
-        y = np.ascontiguousarray(scipy.linalg.cho_solve(c, rhs, check_finite=False))
+        y = np.ascontiguousarray(host_cholesky.lapack_solve(c, rhs))
         cl.enqueue_copy(q, self.y.data, y)
         self.bytes_to_device += y.nbytes
         cp.to_copies(self.y, x)
