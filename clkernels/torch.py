@@ -205,7 +205,8 @@ def _on_images_device(fn, images, wrapper: str, n_outputs: int, allow_host_copy:
     if cuda is not None:
         tensors = [t.to(cuda) for t in tensors]
     if out is not None:
-        tensors[0] = out if target is not None else torch_autograd.write_out(out, tensors[0], wrapper)
+        tensors[0] = torch_autograd.mark_written(out) if target is not None else \
+            torch_autograd.write_out(out, tensors[0], wrapper)
     return tuple(tensors) if n_outputs > 1 else tensors[0]
 
 

@@ -17,8 +17,8 @@ import numpy as np
 
 from . import dtypes
 
-__all__ = ["autograd_function", "check_devices", "check_out", "write_out", "bridge_into", "apply", "cuda_bridge",
-           "numpy_of", "tensor_of"]
+__all__ = ["autograd_function", "check_devices", "check_out", "write_out", "mark_written", "bridge_into", "apply",
+           "cuda_bridge", "numpy_of", "tensor_of"]
 
 
 def check_devices(tensors: Sequence, names: Sequence[str], wrapper: str):
@@ -73,6 +73,15 @@ def write_out(out, result, wrapper: str):
     return out
 
 
+def mark_written(t):
+    """``t``, its version counter advanced as an in-place op's would be: an op that wrote its memory
+    directly (not through torch) must say so, or a graph that saved ``t`` for its backward would
+    use the new values without the error torch gives ("modified by an inplace operation")."""
+    from torch.autograd.graph import increment_version
+    increment_version(t)
+    return t
+
+
 def apply(function, tensors: Sequence, options: dict, wrapper: str, names: Sequence[str],
           allow_host_copy: bool = False, out=None):
     """``function.apply(*tensors, options)`` for CPU or CUDA tensors. CUDA tensors need the interop
@@ -100,7 +109,9 @@ def bridge_into(bridge, fn, args, out, wrapper: str, **run):
     """``bridge.run(fn, args, **run)`` with its (first) result in ``out``: written there by the op
     where ``out`` is in the shared pool, else copied in once; the other results as they come."""
     if bridge.block_of(out) is not None:
-        return bridge.run(fn, args, into=out, **run)
+        results = bridge.run(fn, args, into=out, **run)
+        mark_written(out)
+        return results
     results = bridge.run(fn, args, **run)
     if isinstance(results, tuple):
         return (write_out(out, results[0], wrapper),) + results[1:]
@@ -117,9 +128,7 @@ def _apply_into(op, tensors, options, wrapper, out, cuda, allow_host_copy):
         tensors = [t.cpu() if hasattr(t, "cpu") else t for t in tensors]      # the host path
     target = numpy_of(out) if cuda is None and out.is_contiguous() else None  # out's own memory
     result = op(*(numpy_of(t) for t in tensors), out=target, **options)
-    if target is None:
-        write_out(out, tensor_of(result), wrapper)
-    return out
+    return mark_written(out) if target is not None else write_out(out, tensor_of(result), wrapper)
 
 
 def cuda_bridge(cuda, wrapper: str, allow_host_copy: bool = False, device=None):

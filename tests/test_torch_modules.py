@@ -207,3 +207,25 @@ def test_out_takes_no_part_in_autograd(device):
     with torch.no_grad():
         torch_dcnv4(x, om, out=out, **kw)
     assert torch.equal(out, torch_dcnv4(x, om, **kw).detach())
+
+
+def test_a_tensor_written_by_out_is_known_to_autograd_as_changed(device):
+    """A graph that saved a tensor refuses its backward after out= overwrote it, as after any
+    in-place op (the op writes its memory outside torch, and says so)."""
+    from clkernels.dcnv4 import torch_dcnv4
+    from clkernels.torch import warp_affine
+    w = torch.randn(1, 4, 4, 8, requires_grad=True)
+    for strided in (False, True):
+        saved = torch.zeros(1, 4, 4, 16)[..., ::2] if strided else torch.zeros(1, 4, 4, 8)
+        y = (w * saved).sum()                    # saves `saved` for its backward
+        with torch.no_grad():
+            torch_dcnv4(torch.randn(1, 4, 4, 8), torch.randn(1, 4, 4, 56), out=saved, group=2, group_channels=4,
+                        device=device.device)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.backward()
+    image, out = torch.zeros(8, 8, 3, dtype=torch.uint8), torch.zeros(4, 4, 3, dtype=torch.uint8)
+    version = out._version
+    import clkernels
+    with clkernels.use_device(device.device):
+        warp_affine(image, [[1, 0, 0], [0, 1, 0]], (4, 4), out=out)
+    assert out._version > version
