@@ -54,11 +54,8 @@ def test_dcnv4_values_and_gradients_match_the_cpu_tensors_path(dtype):
         torch.testing.assert_close(g.cpu().float(), w.float(), rtol=tol, atol=tol)
 
 
-def test_outputs_live_in_the_shared_pool_and_feed_the_next_call_without_a_copy(monkeypatch):
-    x, om, _ = _dcnv4_inputs()
-    x, om = x.to(CUDA), om.to(CUDA)
-    out = dcnv4_module.torch_dcnv4(x, om, **OPTS)
-    assert BRIDGE.pool.block_of_ptr(out.data_ptr()) is not None
+def _count_input_copies(monkeypatch):
+    """A list that gets, for each input the bridge takes, whether it was copied into the pool."""
     copies = []
     original = BRIDGE.in_pool
 
@@ -67,6 +64,15 @@ def test_outputs_live_in_the_shared_pool_and_feed_the_next_call_without_a_copy(m
         copies.append(result[0].data_ptr() != t.data_ptr())
         return result
     monkeypatch.setattr(BRIDGE, "in_pool", counting)
+    return copies
+
+
+def test_outputs_live_in_the_shared_pool_and_feed_the_next_call_without_a_copy(monkeypatch):
+    x, om, _ = _dcnv4_inputs()
+    x, om = x.to(CUDA), om.to(CUDA)
+    out = dcnv4_module.torch_dcnv4(x, om, **OPTS)
+    assert BRIDGE.pool.block_of_ptr(out.data_ptr()) is not None
+    copies = _count_input_copies(monkeypatch)
     again = dcnv4_module.torch_dcnv4(out, om, **OPTS)
     assert copies == [False, True]       # out was in the pool; om (from torch's allocator) was copied
     assert torch.equal(again.cpu(), dcnv4_module.torch_dcnv4(out.cpu(), om.cpu(), device=CPU_DEVICE, **OPTS))
@@ -247,14 +253,7 @@ def test_a_pool_tensor_from_empty_is_an_input_without_a_copy(monkeypatch):
     x, om, _ = _dcnv4_inputs()
     xs = empty(x.shape, device=CUDA)
     xs.copy_(x.to(CUDA))
-    copies = []
-    original = BRIDGE.in_pool
-
-    def counting(t, settled=False):
-        result = original(t, settled)
-        copies.append(result[0].data_ptr() != t.data_ptr())
-        return result
-    monkeypatch.setattr(BRIDGE, "in_pool", counting)
+    copies = _count_input_copies(monkeypatch)
     got = dcnv4_module.torch_dcnv4(xs, om.to(CUDA), **OPTS)
     assert copies == [False, True]
     assert torch.equal(got.cpu(), dcnv4_module.torch_dcnv4(x, om, device=CPU_DEVICE, **OPTS))
