@@ -19,8 +19,9 @@ Beside each pyclad time: where the iterations ran (``state``), a second, profile
 device kernels against the rest (``kernel_s``, ``host_s``), the bytes that crossed to and from the
 device per iteration, and the ratio to Ceres' faster solver on the same problem; ``setup_s``, the
 solve's time before iteration 0 (``times["setup"]``), and ``first_at_size_s``, the first solve of
-that size in the process (the warm-up) with its ratio to the warm median. The first solve in the
-process (kernel builds, or the binary cache) is timed apart, before all.
+that size in the process (the warm-up, right after a short solve of another size, so that the
+device has not sat idle while Ceres ran) with its ratio to the warm median. The first solve in
+the process (kernel builds, or the binary cache) is timed apart, before all.
 
 ``--dtypes float64,float32`` adds iterative_schur with float32 storage (``final_cost_f64``: its
 solution's cost evaluated in float64).
@@ -69,8 +70,13 @@ def pyclad_row(problem, solver, iterations, device, args, dtype="float64"):
     samples, result = [], None
     kw = dict(linear_solver=solver, max_iterations=iterations, device=device, handle_sigint=False,
               dtype=np.dtype(dtype))
+    # A short solve of another size first: the device has just worked when this size's first
+    # solve starts, as in a process that solves one problem after another. Without it that
+    # solve came right after Ceres' run, tens of seconds of an idle GPU at venice size, and
+    # first_at_size_s mixed the device's wake-up with what a new size costs.
+    solvers.bundle_adjust(solvers.synthetic_problem(16, 800, 3, seed=2), **dict(kw, max_iterations=2))
     # Warm-up solves of this very problem (the rule: after warm-up): its launch plans and pooled
-    # buffers made, and a device that sat idle while Ceres ran brought back to speed.
+    # buffers made.
     first_s = None
     for _ in range(args.warmup):
         t0 = time.perf_counter()
