@@ -184,30 +184,22 @@ def empty(*size, dtype=torch.float32, device=None):
 
 def _on_images_device(fn, images, wrapper: str, n_outputs: int, allow_host_copy: bool, out=None, dtype=None):
     """``fn(images as an array, out=array or None)`` with its results as tensors on the images'
-    device; ``out`` (for the first result, of ``dtype``) as in :func:`clkernels.torch_autograd.apply`."""
-    tensors, names = [images], ["images"]
+    device; ``out`` (for the first result, of ``dtype``) as in :func:`clkernels.torch_autograd.call_into`."""
     if out is not None:
-        torch_autograd.check_out(out, tensors, names, wrapper, dtype)
-        tensors, names = [images, out], ["images", "out"]
-    cuda = torch_autograd.check_devices(tensors, names, wrapper)
+        return torch_autograd.call_into(fn, [images], ["images"], wrapper, out, dtype=dtype,
+                                        allow_host_copy=allow_host_copy, n_outputs=n_outputs, host_ints=False)
+    cuda = torch_autograd.check_devices([images], ["images"], wrapper)
     if cuda is not None:
         bridge = torch_autograd.cuda_bridge(cuda, wrapper, allow_host_copy)
         if bridge is not None:
-            run = dict(n_outputs=n_outputs, host_ints=False)
-            if out is None:
-                return bridge.run(fn, [images], **run)
-            return torch_autograd.bridge_into(bridge, fn, [images], out, wrapper, **run)
+            return bridge.run(fn, [images], n_outputs=n_outputs, host_ints=False)
         images = images.cpu()
-    target = torch_autograd.numpy_of(out) if out is not None and cuda is None and out.is_contiguous() else None
-    results = fn(torch_autograd.numpy_of(images), out=target)
+    results = fn(torch_autograd.numpy_of(images))
     results = results if isinstance(results, tuple) else (results,)
-    tensors = [torch_autograd.tensor_of(r) for r in results]
+    out = tuple(torch_autograd.tensor_of(r) for r in results)
     if cuda is not None:
-        tensors = [t.to(cuda) for t in tensors]
-    if out is not None:
-        tensors[0] = torch_autograd.mark_written(out) if target is not None else \
-            torch_autograd.write_out(out, tensors[0], wrapper)
-    return tuple(tensors) if n_outputs > 1 else tensors[0]
+        out = tuple(t.to(cuda) for t in out)
+    return out if n_outputs > 1 else out[0]
 
 
 def letterbox(images, size=(640, 640), *, dtype=torch.float32, out=None, allow_host_copy=False, **options):

@@ -17,8 +17,8 @@ import numpy as np
 
 from . import dtypes
 
-__all__ = ["autograd_function", "check_devices", "check_out", "write_out", "mark_written", "bridge_into", "apply",
-           "cuda_bridge", "numpy_of", "tensor_of"]
+__all__ = ["autograd_function", "check_devices", "check_out", "write_out", "mark_written", "bridge_into", "call_into",
+           "apply", "cuda_bridge", "numpy_of", "tensor_of"]
 
 
 def check_devices(tensors: Sequence, names: Sequence[str], wrapper: str):
@@ -93,9 +93,10 @@ def apply(function, tensors: Sequence, options: dict, wrapper: str, names: Seque
     pool (:func:`clkernels.torch.empty`); else the result is copied into it once."""
     if out is not None:
         # (the result has the first input's dtype: the features of both ops)
-        check_out(out, tensors, names, wrapper, getattr(tensors[0], "dtype", None))
-        cuda = check_devices(list(tensors) + [out], list(names) + ["out"], wrapper)
-        return _apply_into(function.forward_arrays, tensors, options, wrapper, out, cuda, allow_host_copy)
+        op = function.forward_arrays
+        return call_into(lambda *a, out=None: op(*a, out=out, **options), tensors, names, wrapper, out,
+                         dtype=getattr(tensors[0], "dtype", None), allow_host_copy=allow_host_copy,
+                         device=options.get("device"))
     cuda = check_devices(tensors, names, wrapper)
     if cuda is None:
         return function.apply(*tensors, options)
@@ -118,17 +119,28 @@ def bridge_into(bridge, fn, args, out, wrapper: str, **run):
     return write_out(out, results, wrapper)
 
 
-def _apply_into(op, tensors, options, wrapper, out, cuda, allow_host_copy):
-    """``op`` (the forward on arrays) with its result in ``out``, outside autograd."""
+def call_into(fn, tensors: Sequence, names: Sequence[str], wrapper: str, out, *, dtype=None,
+              allow_host_copy: bool = False, device=None, n_outputs: int = 1, host_ints: bool = True):
+    """``fn(*arrays, out=array or None)`` on CPU or CUDA tensors, outside autograd, with its (first)
+    result in ``out`` (checked first, :func:`check_out`; ``dtype``: the result's), returned in
+    the result's place; the other results as tensors on the tensors' device. The op writes into
+    ``out`` itself where it can: a contiguous CPU tensor, a CUDA tensor of the shared pool
+    (:func:`clkernels.torch.empty`); any other gets the result by one copy. ``device``: the
+    wrapper's ``device=`` (CPU tensors only); ``n_outputs``, ``host_ints``: as
+    :meth:`~clkernels.interop.torch_cuda.CudaBridge.run`."""
+    check_out(out, tensors, names, wrapper, dtype)
+    cuda = check_devices(list(tensors) + [out], list(names) + ["out"], wrapper)
     if cuda is not None:
-        bridge = cuda_bridge(cuda, wrapper, allow_host_copy, options.get("device"))
+        bridge = cuda_bridge(cuda, wrapper, allow_host_copy, device)
         if bridge is not None:
-            return bridge_into(bridge, lambda *a, **out: op(*a, **out, **_cuda_options(options)), tensors, out,
-                               wrapper)
+            return bridge_into(bridge, fn, tensors, out, wrapper, n_outputs=n_outputs, host_ints=host_ints)
         tensors = [t.cpu() if hasattr(t, "cpu") else t for t in tensors]      # the host path
     target = numpy_of(out) if cuda is None and out.is_contiguous() else None  # out's own memory
-    result = op(*(numpy_of(t) for t in tensors), out=target, **options)
-    return mark_written(out) if target is not None else write_out(out, tensor_of(result), wrapper)
+    results = fn(*(numpy_of(t) for t in tensors), out=target)
+    results = list(results) if isinstance(results, tuple) else [results]
+    rest = [tensor_of(r) if cuda is None else tensor_of(r).to(cuda) for r in results[1:]]
+    first = mark_written(out) if target is not None else write_out(out, tensor_of(results[0]), wrapper)
+    return (first, *rest) if n_outputs > 1 else first
 
 
 def cuda_bridge(cuda, wrapper: str, allow_host_copy: bool = False, device=None):
