@@ -44,12 +44,11 @@ def test_a_device_solve_from_the_binary_cache_loads_nothing_heavy(tmp_path):
 
 
 def test_a_general_solve_factorised_on_the_device_loads_no_scipy_linalg():
-    """The general core (COLMAP's path) on a device that factorises S itself (GPUs; forced here,
-    as the CPU device factorises on the host) needs scipy.sparse, not scipy.linalg (0.03 s more
-    to import)."""
+    """The general core on a device that factorises S itself (GPUs; forced here, as the CPU
+    device factorises on the host) needs scipy.sparse, not scipy.linalg (0.03 s more to
+    import)."""
     code = """
         import sys
-        sys.path.insert(0, "tests")
         import solvers
         from solvers.general import pair_schur_device
         from test_solver_problem import scene, three_group_problem
