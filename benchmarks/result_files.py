@@ -47,7 +47,7 @@ LATEST = {
     "compile_cpu": "bench_compile_time-pocl-full",
     "cold_gpu": "bench_cold_start-nvidia-take-back",
     # the 2-core CPU's --quick run (three processes each), kept under this name: *-quick.* is ignored
-    "cold_cpu": "bench_cold_start-pocl-2core-take-back",
+    "cold_cpu": "bench_cold_start-pocl-2core-dec04",
 }
 
 
