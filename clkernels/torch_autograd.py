@@ -17,8 +17,8 @@ import numpy as np
 
 from . import dtypes
 
-__all__ = ["autograd_function", "check_devices", "check_out", "write_out", "mark_written", "bridge_into", "call_into",
-           "apply", "cuda_bridge", "numpy_of", "tensor_of"]
+__all__ = ["autograd_function", "check_devices", "write_out", "call_into", "apply", "cuda_bridge", "numpy_of",
+           "tensor_of"]
 
 
 def check_devices(tensors: Sequence, names: Sequence[str], wrapper: str):
@@ -39,7 +39,7 @@ def check_devices(tensors: Sequence, names: Sequence[str], wrapper: str):
     return device if device is not None and device.type == "cuda" else None
 
 
-def check_out(out, tensors: Sequence, names: Sequence[str], wrapper: str, dtype=None) -> None:
+def _check_out(out, tensors: Sequence, names: Sequence[str], wrapper: str, dtype=None) -> None:
     """Check an ``out=`` tensor before any work: a tensor (of ``dtype``, the result's, where
     given), outside autograd (as torch's own ``out=`` functions: nothing records how it was
     written), and sharing no memory with an input (the op reads its inputs while it writes
@@ -73,7 +73,7 @@ def write_out(out, result, wrapper: str):
     return out
 
 
-def mark_written(t):
+def _mark_written(t):
     """``t``, its version counter advanced as an in-place op's would be: an op that wrote its memory
     directly (not through torch) must say so, or a graph that saved ``t`` for its backward would
     use the new values without the error torch gives ("modified by an inplace operation")."""
@@ -88,9 +88,7 @@ def apply(function, tensors: Sequence, options: dict, wrapper: str, names: Seque
     (:mod:`clkernels.interop.torch_cuda`); where it is unavailable the error says why, unless
     ``allow_host_copy``: then the tensors go through host memory, with a warning once.
 
-    ``out``: a tensor to write the result into, returned (see :func:`check_out`). The op writes
-    into its memory directly where it can: a contiguous CPU tensor, or a CUDA tensor in the shared
-    pool (:func:`clkernels.torch.empty`); else the result is copied into it once."""
+    ``out``: a tensor to write the result into, returned (see :func:`call_into`)."""
     if out is not None:
         # (the result has the first input's dtype: the features of both ops)
         op = function.forward_arrays
@@ -106,41 +104,37 @@ def apply(function, tensors: Sequence, options: dict, wrapper: str, names: Seque
     return function.apply(*tensors, options)
 
 
-def bridge_into(bridge, fn, args, out, wrapper: str, **run):
-    """``bridge.run(fn, args, **run)`` with its (first) result in ``out``: written there by the op
-    where ``out`` is in the shared pool, else copied in once; the other results as they come."""
-    if bridge.block_of(out) is not None:
-        results = bridge.run(fn, args, into=out, **run)
-        mark_written(out)
-        return results
-    results = bridge.run(fn, args, **run)
-    if isinstance(results, tuple):
-        return (write_out(out, results[0], wrapper),) + results[1:]
-    return write_out(out, results, wrapper)
-
-
 def call_into(fn, tensors: Sequence, names: Sequence[str], wrapper: str, out, *, dtype=None,
               allow_host_copy: bool = False, device=None, n_outputs: int = 1, host_ints: bool = True):
     """``fn(*arrays, out=array or None)`` on CPU or CUDA tensors, outside autograd, with its (first)
-    result in ``out`` (checked first, :func:`check_out`; ``dtype``: the result's), returned in
-    the result's place; the other results as tensors on the tensors' device. The op writes into
-    ``out`` itself where it can: a contiguous CPU tensor, a CUDA tensor of the shared pool
-    (:func:`clkernels.torch.empty`); any other gets the result by one copy. ``device``: the
-    wrapper's ``device=`` (CPU tensors only); ``n_outputs``, ``host_ints``: as
+    result in ``out``, returned in the result's place; the other results as tensors on the
+    tensors' device.
+
+    ``out`` is checked before any work: a tensor of ``dtype`` (the result's, where given), not
+    sharing memory with an input, and not while grad mode records an input (or ``out``) that
+    requires grad, as torch's own ``out=`` functions; its shape where it is written. The op
+    writes into ``out`` itself where it can: a contiguous CPU tensor, a CUDA tensor of the
+    shared pool (:func:`clkernels.torch.empty`); any other gets the result by one copy.
+    ``device``: the wrapper's ``device=`` (CPU tensors only); ``n_outputs``, ``host_ints``: as
     :meth:`~clkernels.interop.torch_cuda.CudaBridge.run`."""
-    check_out(out, tensors, names, wrapper, dtype)
+    _check_out(out, tensors, names, wrapper, dtype)
     cuda = check_devices(list(tensors) + [out], list(names) + ["out"], wrapper)
-    if cuda is not None:
-        bridge = cuda_bridge(cuda, wrapper, allow_host_copy, device)
-        if bridge is not None:
-            return bridge_into(bridge, fn, tensors, out, wrapper, n_outputs=n_outputs, host_ints=host_ints)
-        tensors = [t.cpu() if hasattr(t, "cpu") else t for t in tensors]      # the host path
-    target = numpy_of(out) if cuda is None and out.is_contiguous() else None  # out's own memory
-    results = fn(*(numpy_of(t) for t in tensors), out=target)
-    results = list(results) if isinstance(results, tuple) else [results]
-    rest = [tensor_of(r) if cuda is None else tensor_of(r).to(cuda) for r in results[1:]]
-    first = mark_written(out) if target is not None else write_out(out, tensor_of(results[0]), wrapper)
-    return (first, *rest) if n_outputs > 1 else first
+    bridge = cuda_bridge(cuda, wrapper, allow_host_copy, device) if cuda is not None else None
+    if bridge is not None:
+        run = dict(n_outputs=n_outputs, host_ints=host_ints)
+        written = bridge.block_of(out) is not None          # in the pool: the op writes it
+        results = bridge.run(fn, tensors, into=out, **run) if written else bridge.run(fn, tensors, **run)
+        results = list(results) if isinstance(results, tuple) else [results]
+    else:
+        if cuda is not None:                                 # the host path
+            tensors = [t.cpu() if hasattr(t, "cpu") else t for t in tensors]
+        target = numpy_of(out) if cuda is None and out.is_contiguous() else None  # out's own memory
+        results = fn(*(numpy_of(t) for t in tensors), out=target)
+        results = list(results) if isinstance(results, tuple) else [results]
+        results = [tensor_of(r) if cuda is None else tensor_of(r).to(cuda) for r in results]
+        written = target is not None
+    first = _mark_written(out) if written else write_out(out, results[0], wrapper)
+    return (first, *results[1:]) if n_outputs > 1 else first
 
 
 def cuda_bridge(cuda, wrapper: str, allow_host_copy: bool = False, device=None):
