@@ -240,6 +240,26 @@ __kernel void stack_pairs(__global const int *a, __global const int *b, const ul
     }
 }
 
+// flags[i] = 1 where a run of equal (a[i], b[i]) begins (i = 0, or either differs from row
+// i - 1), else 0; b may be a (runs of a alone).
+__kernel void run_flags(__global const int *a, __global const int *b, const ulong n,
+                        __global int *flags)
+{
+    const size_t i = get_global_id(0);
+    if (i < n)
+        flags[i] = i == 0 || a[i] != a[i - 1] || b[i] != b[i - 1];
+}
+
+// out[at[i]] = i where flags[i] (at: the exclusive scan of flags): the flagged positions, in
+// order (np.flatnonzero).
+__kernel void flagged_positions(__global const int *flags, __global const int *at, const ulong n,
+                                __global int *out)
+{
+    const size_t i = get_global_id(0);
+    if (i < n && flags[i])
+        out[at[i]] = (int)i;
+}
+
 // q[p[i]] = i; an entry of p outside [0, n) writes nothing and sets flag[0].
 __kernel void inverse_permutation(__global const int *p, const ulong n, __global int *q,
                                   volatile __global int *flag)

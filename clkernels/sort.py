@@ -12,7 +12,8 @@ The device twins of :mod:`solvers.ba.ordering`'s host functions, each equal to a
 - :func:`counts`, :func:`starts` -- ``np.bincount`` and its exclusive scan with the total at the
   end; :func:`exclusive_scan` -- device-wide, any length (reduce, scan the block sums, scan).
 - :func:`inverse_permutation` -- ``q[p] = arange(n)``; :func:`take` -- ``a[idx]`` along axis 0;
-  :func:`stack_pairs` -- ``np.stack((a, b), axis=1)``.
+  :func:`stack_pairs` -- ``np.stack((a, b), axis=1)``; :func:`run_starts` -- where each run of
+  equal rows begins (``np.flatnonzero`` of the changes).
 
 Inputs: device arrays (``pyopencl.array.Array``, on ``runtime``'s queue, or on another queue
 whose pending events are waited for), or numpy arrays (copied over; the result comes back as
@@ -44,7 +45,7 @@ from .runtime import get_runtime
 from .templates import get_program
 
 __all__ = ["stable_order", "counts", "starts", "exclusive_scan", "inverse_permutation", "take", "stack_pairs",
-           "Config", "config_for"]
+           "run_starts", "Config", "config_for"]
 
 TEMPLATE = "clkernels/sort.cl.mako"
 
@@ -409,4 +410,31 @@ def stack_pairs(runtime, a, b):
         ks = _kernels(rt, None)
         with ks.lock:
             event = ks.k["stack_pairs"](rt.queue, *ks.items(n), a.data, b.data, np.uint64(n), out.data)
+    return _result(out, event, host)
+
+
+def run_starts(runtime, a, b=None, *, config: Config = None):
+    """Where each run of equal ``a`` (of equal ``(a, b)`` rows with ``b``) begins, for int32 arrays
+    of one length: ``np.flatnonzero(np.r_[True, (a[1:] != a[:-1]) | (b[1:] != b[:-1])])`` as
+    int32 (empty for empty inputs). Its length is data-dependent, so the call reads one count
+    back (one wait for the device)."""
+    rt = _runtime(runtime, a, b)
+    host = isinstance(a, np.ndarray) and (b is None or isinstance(b, np.ndarray))
+    a = _input(rt, a, "a")
+    b = a if b is None else _input(rt, b, "b")
+    if a.shape != b.shape:
+        raise ValueError(f"a and b must have one shape, got {a.shape} and {b.shape}")
+    n = a.size
+    if n == 0:
+        return _result(_int32(rt, 0), None, host)
+    ks = _kernels(rt, config)
+    flags, at = _int32(rt, n), _int32(rt, n + 1)
+    with ks.lock:
+        ks.k["run_flags"](rt.queue, *ks.items(n), a.data, b.data, np.uint64(n), flags.data)
+        _scan(ks, flags.data, n, n + 1, at.data)
+    total = np.empty(1, np.int32)
+    cl.enqueue_copy(rt.queue, total, at.data, src_offset=4 * n)       # blocking: the count
+    out = _int32(rt, int(total[0]))
+    with ks.lock:
+        event = ks.k["flagged_positions"](rt.queue, *ks.items(n), flags.data, at.data, np.uint64(n), out.data)
     return _result(out, event, host)

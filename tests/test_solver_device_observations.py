@@ -7,7 +7,9 @@ import pytest
 import solvers
 from solvers.ba import observations_device as dobs
 from solvers.ba import ordering
-from solvers.linalg import schur_pcg_device
+from solvers.linalg import schur_pattern_device, schur_pcg_device
+
+_pattern_on_device = schur_pattern_device.pattern_on_device
 
 
 def _problem(n_cams, n_points, per_point, seed, shuffle=True, repeats=False):
@@ -48,13 +50,18 @@ def test_orders_equal_the_hosts(device, shuffle, repeats):
 
 @pytest.mark.parametrize("linear_solver, dtype", [("iterative_schur", np.float64), ("iterative_schur", np.float32),
                                                   ("sparse_schur", np.float64)])
-def test_solves_are_bit_identical_with_either_setup(device, linear_solver, dtype):
+def test_solves_are_bit_identical_with_either_setup(device, linear_solver, dtype, monkeypatch):
     if dtype == np.float64 and not device.info.fp64:
         pytest.skip("no fp64 on this device")
     p = _problem(12, 900, 4.4, seed=5, repeats=True)
     kw = dict(linear_solver=linear_solver, dtype=dtype, max_iterations=4, device=device.device, handle_sigint=False)
     host = solvers.bundle_adjust(p, device_setup=False, **kw)
+    # sparse_schur's pattern is then made on the device too (solvers.linalg.schur_pattern_device).
+    made = []
+    monkeypatch.setattr(schur_pattern_device, "pattern_on_device",
+                        lambda *a, **k: made.append(_pattern_on_device(*a, **k)) or made[-1])
     dev = solvers.bundle_adjust(p, device_setup=True, **kw)
+    assert len(made) == (linear_solver == "sparse_schur") and all(m is not None for m in made)
     assert host.state == dev.state == "device"
     assert [h.cost for h in dev.history] == [h.cost for h in host.history]
     np.testing.assert_array_equal(dev.cameras, host.cameras)

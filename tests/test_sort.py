@@ -274,3 +274,39 @@ def test_stack_pairs_matches_numpy(device, n):
     np.testing.assert_array_equal(got.get(), np.stack((a, b), axis=1))
     with pytest.raises(ValueError, match="one shape"):
         sort.stack_pairs(device, a, np.zeros(n + 1, np.int32))
+
+
+def _run_starts(a, b=None):
+    """Where each run of equal a (or (a, b) rows) begins, from the definition."""
+    if not a.size:
+        return np.zeros(0, np.int64)
+    change = a[1:] != a[:-1]
+    if b is not None:
+        change |= b[1:] != b[:-1]
+    return np.flatnonzero(np.concatenate(([True], change)))
+
+
+@pytest.mark.oclgrind
+@pytest.mark.parametrize("n", [0, 1, 2, 33, 300])
+def test_tiny_run_starts(device, n):
+    rng = np.random.default_rng(n)
+    a = np.sort(rng.integers(0, 4, n)).astype(np.int32)
+    b = rng.integers(0, 3, n).astype(np.int32)
+    np.testing.assert_array_equal(sort.run_starts(device, a), _run_starts(a))
+    np.testing.assert_array_equal(sort.run_starts(device, a, b), _run_starts(a, b))
+    got = sort.run_starts(device, _device(device, a), _device(device, b))
+    assert isinstance(got, cla.Array) and got.dtype == np.int32
+    np.testing.assert_array_equal(got.get(), _run_starts(a, b))
+    with pytest.raises(ValueError, match="one shape"):
+        sort.run_starts(device, a, np.zeros(n + 1, np.int32))
+
+
+@pytest.mark.parametrize("kind", ["random", "constant", "camera-major"])
+def test_run_starts_matches_numpy(device, kind):
+    rng = np.random.default_rng(7)
+    n = 100_003
+    a = _keys(rng, kind, n, 50).astype(np.int32)
+    b = _keys(rng, "sorted", n, 9).astype(np.int32)
+    for config in [None, SMALL_CONFIGS[0]]:
+        np.testing.assert_array_equal(sort.run_starts(device, a, b, config=config), _run_starts(a, b))
+        np.testing.assert_array_equal(sort.run_starts(device, a, config=config), _run_starts(a))

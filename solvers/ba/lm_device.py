@@ -162,7 +162,8 @@ class DeviceState(LoopState):
         # side in worker processes while this one goes on (a cold start's cost is the compiler's).
         own = program_requests(rt, C, P, R, ev.loss.name, self.dtype, blocks, self.copies is not None)
         prefetch([*own, schur_pcg_device.program_request(rt, C, P, R, self.dtype),
-                  *entry.device.program_requests(rt, C, P, R, nc, need, entry),
+                  *entry.device.program_requests(rt, C, P, R, nc, need, entry,
+                                                 device_setup=ev.device_observations is not None),
                   *(self.fn.program_request(rt, jacobians) for jacobians in (True, False))], rt)
         # The Evaluator's camera order: sorted once for everything that needs it.
         dev = ev.device_observations

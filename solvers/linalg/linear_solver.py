@@ -75,7 +75,7 @@ class DeviceIterativeSchur:
         self.st = state
 
     @staticmethod
-    def program_requests(runtime, C, P, R, nc, other_bytes, entry):
+    def program_requests(runtime, C, P, R, nc, other_bytes, entry, device_setup=False):
         """The programs it builds beyond the state's and the CG's: none."""
         return []
 
@@ -131,18 +131,26 @@ class DeviceExplicitSchur:
     def __init__(self, state, entry):
         from .sparse_schur_device import DeviceSparseSchur
         self.st = st = state
-        self.system = DeviceSparseSchur(st.rt, st.ev.cam, st.ev.pt, st.nc, st.npt, st.C, st.P, st.R,
+        ev, dev = st.ev, st.ev.device_observations
+        if dev is not None:
+            # Ordered on the device: the pattern is made there, the host copies read back only
+            # if it cannot be (solvers.linalg.schur_pattern_device).
+            cam = pt = camera_order = None
+        else:
+            cam, pt, camera_order = ev.cam, ev.pt, ev.camera_order()
+        self.system = DeviceSparseSchur(st.rt, cam, pt, st.nc, st.npt, st.C, st.P, st.R,
                                         other_bytes=st.bytes_needed, events=st.events,
-                                        camera_order=st.ev.camera_order(), copies=st.copies,
-                                        pattern=st.ev.reduced_pattern, dense=entry.dense)
+                                        camera_order=camera_order, copies=st.copies,
+                                        pattern=ev.reduced_pattern, dense=entry.dense, device_observations=dev)
         self.description = self.system.description
 
     @staticmethod
-    def program_requests(runtime, C, P, R, nc, other_bytes, entry):
+    def program_requests(runtime, C, P, R, nc, other_bytes, entry, device_setup=False):
         """The programs it will build, for :func:`clkernels.templates.prefetch` (a guess where the
-        factorisation's place depends on the pattern, which is made later)."""
+        factorisation's place depends on the pattern, which is made later). ``device_setup``: the
+        observations are ordered on the device, and the pattern is made there."""
         from .sparse_schur_device import DeviceSparseSchur
-        return DeviceSparseSchur.program_requests(runtime, C, P, R, nc, other_bytes, entry.dense)
+        return DeviceSparseSchur.program_requests(runtime, C, P, R, nc, other_bytes, entry.dense, device_setup)
 
     @property
     def nbytes(self):

@@ -12,6 +12,7 @@ assembly, either as S's nonzero blocks (for a host factorisation) or into a dens
 from __future__ import annotations
 
 import numpy as np
+import pyopencl.array as cla
 
 from clkernels import arrays
 from clkernels.launch import Preset, owned_kernel
@@ -44,22 +45,42 @@ class ReducedPattern:
             raise ValueError("an observation's camera or point index is out of range")
         if n and not ordering.is_sorted(pt):
             raise ValueError("observations must be sorted by point index")
-        self.n, self.nc, self.npt = n, nc, npt
-        self.max_run = max_run
         # Observations in camera order, points in order within a camera (the Evaluator's
         # camera_order when given: the same order, already made), cut into groups.
-        self.obs = camera_order if camera_order is not None else ordering.stable_order(cam, nc)
-        c, p = ordering.take(cam, self.obs), ordering.take(pt, self.obs)
+        obs = camera_order if camera_order is not None else ordering.stable_order(cam, nc)
+        c, p = ordering.take(cam, obs), ordering.take(pt, obs)
         new_group = ordering.changes(c, np.arange(n)) | ordering.changes(p, np.arange(n)) if n \
             else np.zeros(0, bool)
         first = np.flatnonzero(new_group)
-        self.group_start = np.concatenate((first, [n]))
-        self.group_cam, self.group_pt = c[first], p[first]
+        self.group_cam = group_cam = c[first]
+        group_pt = p[first]
         del c, p, new_group
-        ng = first.size
-        self.cam_group = ordering.starts(self.group_cam, nc)
-        self.pair_a, self.pair_b, present, present_start = _pairs_by_block(
-            self.group_cam, self.group_pt, self.cam_group, nc, npt)
+        cam_group = ordering.starts(group_cam, nc)
+        pair_a, pair_b, present, present_start = _pairs_by_block(group_cam, group_pt, cam_group, nc, npt)
+        self._finish(n, nc, npt, max_run, obs, np.concatenate((first, [n])), group_pt, cam_group,
+                     pair_a, pair_b, present, present_start)
+
+    @classmethod
+    def from_pairs(cls, n, nc, npt, max_run, obs, group_start, group_pt, cam_group, pair_a, pair_b,
+                   present, present_start) -> "ReducedPattern":
+        """The pattern of groups and pairs made elsewhere (on the device:
+        :mod:`solvers.linalg.schur_pattern_device`), equal to what ``__init__`` makes of the
+        observations: ``obs``, ``group_start`` (ngroups + 1), ``group_pt``, ``pair_a``, ``pair_b``
+        (host or device arrays, as the system takes them), and on the host ``cam_group`` (nc + 1),
+        the blocks that have pairs (``present``, as ``a * nc + b``, ascending) and where each
+        one's pairs begin (``present_start``). ``group_cam`` is not kept (None)."""
+        self = cls.__new__(cls)
+        self.group_cam = None
+        self._finish(n, nc, npt, max_run, obs, group_start, group_pt, cam_group, pair_a, pair_b,
+                     np.asarray(present, np.int64), np.asarray(present_start, np.int64))
+        return self
+
+    def _finish(self, n, nc, npt, max_run, obs, group_start, group_pt, cam_group, pair_a, pair_b,
+                present, present_start):
+        """The blocks and the runs, from the groups and the pairs sorted by block."""
+        self.n, self.nc, self.npt, self.max_run = n, nc, npt, max_run
+        self.obs, self.group_start, self.group_pt, self.cam_group = obs, group_start, group_pt, cam_group
+        self.pair_a, self.pair_b = pair_a, pair_b
         # Blocks: every diagonal one (an unobserved camera's holds Dc^2 only) and the shared ones.
         # Both are sorted: a stable sort merges the two runs in one pass (np.union1d would sort
         # or hash them whole: 0.24 s at 1,000 images on the H200 machine's host).
@@ -69,16 +90,16 @@ class ReducedPattern:
             blocks = blocks[np.concatenate(([True], blocks[1:] != blocks[:-1]))]
         self.block_row, self.block_col = blocks // nc, blocks % nc
         self.nblocks = blocks.size
+        self.npairs = npairs = int(pair_a.size)
         # Each block's first pair (a block without pairs: where the next one's begin).
-        pair_start = np.concatenate((present_start, [self.pair_a.size]))[np.searchsorted(present, blocks)]
+        pair_start = np.concatenate((present_start, [npairs]))[np.searchsorted(present, blocks)]
         # Runs of at most max_run pairs of one block (a block without pairs has none); the
         # blocks' pair ranges follow one another in the sorted pairs.
-        runs = ordering.cut_runs(np.concatenate((pair_start, [self.pair_a.size])), max_run)
+        runs = ordering.cut_runs(np.concatenate((pair_start, [npairs])), max_run)
         self.block_run, self.run_start, self.nruns = runs.item_run, runs.start, runs.owner.size
-        self.npairs = self.pair_a.size
         # rhs: each camera's groups in runs of at most MAX_RHS_RUN.
-        self.ngroups = ng
-        runs = ordering.cut_runs(self.cam_group, MAX_RHS_RUN)
+        self.ngroups = int(group_start.size) - 1
+        runs = ordering.cut_runs(cam_group, MAX_RHS_RUN)
         self.cam_rhs_run, self.rhs_run_start, self.nrhs_runs = runs.item_run, runs.start, runs.owner.size
 
     @property
@@ -165,7 +186,18 @@ class ReducedCameraSystem:
         if max(pattern.n, pattern.npairs, C * pattern.nc, pattern.nruns * C * C,
                2 * C * P * pattern.ngroups) >= 2 ** 31:
             raise ValueError("the reduced camera system indexes with 32-bit ints: problem too large")
-        i32 = lambda a: arrays.to_device(runtime, np.ascontiguousarray(a if len(a) else [0], dtype=np.int32))  # noqa: E731
+        uploaded = []
+
+        def i32(a):
+            # Arrays the pattern made on the device (solvers.linalg.schur_pattern_device) stay there.
+            if isinstance(a, cla.Array):
+                if a.dtype != np.int32 or not a.flags.c_contiguous:
+                    raise ValueError(f"a device pattern's index arrays are contiguous int32, got {a.dtype}")
+                return a if a.size else arrays.zeros(runtime, 1, np.int32)
+            out = arrays.to_device(runtime, np.ascontiguousarray(a if len(a) else [0], dtype=np.int32))
+            uploaded.append(out.nbytes)
+            return out
+
         pat = pattern
         self.obs, self.group_start, self.group_pt = i32(pat.obs), i32(pat.group_start), i32(pat.group_pt)
         self.cam_group = i32(pat.cam_group)
@@ -176,7 +208,7 @@ class ReducedCameraSystem:
         self.rhs_partial = arrays.scratch(runtime, max(1, pat.nrhs_runs * C), np.float64)
         # G and Z = G V^-1 per camera-point group: made by enqueue_groups for rhs and blocks.
         self.GZ = arrays.scratch(runtime, max(1, pat.ngroups * 2 * C * P), np.float64)
-        self.bytes_to_device = pat.index_bytes()
+        self.bytes_to_device = sum(uploaded)
         self._k = {}
         self.events = None        # a list to keep (name, event) pairs for a profile, or None
         ls = 8 if runtime.info.is_cpu else 64

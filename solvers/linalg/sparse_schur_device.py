@@ -64,14 +64,25 @@ class DeviceSparseSchur:
     structure does not change). :meth:`solve` per linear system."""
 
     def __init__(self, runtime, cam, pt, num_cameras, num_points, C=9, P=3, R=2, other_bytes=0, events=None,
-                 camera_order=None, copies=None, pattern=None, dense=False):
+                 camera_order=None, copies=None, pattern=None, dense=False, device_observations=None):
         """``pattern``: the :class:`ReducedPattern` of these arguments where the caller has it
         (made with the device's run length); ``dense``: factorised dense at any size
-        (:func:`choose_factorisation`)."""
+        (:func:`choose_factorisation`). ``device_observations``: the observations ordered on the
+        device (:class:`solvers.ba.observations_device.DeviceObservations`; ``cam``, ``pt`` and
+        ``camera_order`` may then be None): the pattern is made there
+        (:mod:`solvers.linalg.schur_pattern_device`), else from their host copies."""
         self.rt, self.C, self.copies = runtime, C, copies
         info = runtime.info
         max_run = MAX_RUN_CPU if info.is_cpu else MAX_RUN_GPU
-        if pattern is None or pattern.max_run != max_run:
+        if pattern is not None and pattern.max_run != max_run:
+            pattern = None
+        dev = device_observations
+        if pattern is None and dev is not None:
+            from .schur_pattern_device import pattern_on_device
+            pattern = pattern_on_device(runtime, dev, max_run, other_bytes)
+        if pattern is None:
+            if dev is not None:         # (the device could not make it: its host copies)
+                cam, pt, camera_order = dev.host("cam"), dev.host("pt"), dev.host("camera_order")
             pattern = ReducedPattern(cam, pt, num_cameras, num_points, max_run=max_run, camera_order=camera_order)
         self.pattern = pat = pattern
         self.system = ReducedCameraSystem(runtime, pat, C, P, R)
@@ -118,14 +129,18 @@ class DeviceSparseSchur:
         arrays.keep_on_simulator(runtime, self)
 
     @staticmethod
-    def program_requests(runtime, C, P, R, num_cameras, other_bytes=0, dense=False):
+    def program_requests(runtime, C, P, R, num_cameras, other_bytes=0, dense=False, device_setup=False):
         """The programs a system of ``num_cameras`` cameras builds, for
         :func:`clkernels.templates.prefetch`: the assembly's, and the dense output with the device's
         Cholesky where the matrix would be factorised there, else the blocks' (the pattern's fill,
-        made later, can move a factorisation from LAPACK to CHOLMOD, never onto the device)."""
+        made later, can move a factorisation from LAPACK to CHOLMOD, never onto the device);
+        ``device_setup``: the pattern's own (made on the device from device observations)."""
         on_device = choose_factorisation(runtime.info, C * num_cameras, other_bytes, 0.0, dense) == "device"
         out = "dense" if on_device else "blocks"
         reduced = [ReducedCameraSystem.program_request(runtime, C, P, R, o) for o in (None, out)]
+        if device_setup:
+            from .schur_pattern_device import program_request
+            reduced.append(program_request())
         return reduced + ([DenseCholesky.program_request(runtime)] if on_device else [])
 
     def close(self):
