@@ -17,8 +17,9 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import os
+import threading
 import warnings
-from typing import List, Optional, Tuple, Union
+from typing import Callable, List, Optional, Tuple, Union
 
 import pyopencl as cl
 
@@ -26,6 +27,7 @@ __all__ = [
     "DeviceNotFoundError", "NoPlatformError", "DeviceInfo", "Runtime",
     "list_devices", "match_devices", "select_device", "get_runtime", "use_device",
     "describe_devices", "runtime_for_queue", "runtime_for_context", "unusable_devices",
+    "start_in_background",
 ]
 
 _TYPE_WORDS = {
@@ -64,6 +66,7 @@ def list_devices() -> List[cl.Device]:
     process: the ICDs do not change while it runs, and enumeration costs tens of microseconds per
     call. A device that cannot build any kernel is left out with a warning that says why and what
     to install (:func:`unusable_devices` lists them)."""
+    _wait_for_background()
     if _device_list:
         return list(_device_list)
     try:
@@ -394,6 +397,8 @@ class Runtime:
 
     def __init__(self, device: cl.Device, context: cl.Context = None, queue: cl.CommandQueue = None):
         self.device = device
+        if context is None:             # one made without the GIL by start_in_background, if any
+            context = _prepared_contexts.pop(device.int_ptr, None)
         self.context = context if context is not None else cl.Context([device])
         # Profiling costs next to nothing and gives benchmarks exact kernel times.
         self.queue = queue if queue is not None else cl.CommandQueue(
@@ -478,6 +483,7 @@ def get_runtime(device: DeviceLike = None) -> Runtime:
     """
     if isinstance(device, Runtime):
         return device
+    _wait_for_background()
     if device is None or isinstance(device, str):
         # What decides the choice: the argument, use_device() and the two variables.
         key = (device, _chosen_in_code.get(), os.environ.get("PYCLAD_DEVICE"),
@@ -492,6 +498,67 @@ def get_runtime(device: DeviceLike = None) -> Runtime:
                 _selected[key] = rt
         return rt
     return _own_runtime(select_device(device)[0])
+
+
+# ----------------------------------------------------------------- a start in the background
+
+_background: Optional[threading.Thread] = None
+_background_error: Optional[BaseException] = None
+_background_lock = threading.Lock()
+_prepared_contexts: dict = {}       # device int_ptr -> a context made without the GIL
+
+
+def start_in_background(device: DeviceLike = None, then: Optional[Callable[[Runtime], object]] = None) -> None:
+    """Start the OpenCL driver and make ``device``'s :class:`Runtime` (as :func:`get_runtime`
+    would) in a thread, then call ``then(runtime)`` there; at most once per process. For
+    command-line tools, which call it before they read their input.
+
+    The driver's start (enumerating the platforms, making a context: about a quarter of a second
+    on NVIDIA's) runs through :mod:`clkernels.opencl_nogil`, without the GIL, so the process goes
+    on reading and importing meanwhile; through pyopencl it would hold the GIL throughout. Every
+    function of this module that needs the devices waits for the thread first, so nothing sees a
+    half-made state. Where the thread fails for a reason the foreground meets again (no platform,
+    no such device, a driver error), it leaves nothing behind and the foreground's own call
+    reports it as without this; any other exception is raised by the next such function."""
+    global _background
+    with _background_lock:
+        if _background is not None:
+            return
+        # Not a daemon: an early exit (a bad input file) waits for the driver's start to end
+        # rather than unloading the driver under it.
+        _background = threading.Thread(target=_start, args=(device, then), name="opencl-start")
+    _background.start()
+
+
+def _start(device, then):
+    global _background_error
+    from . import opencl_nogil
+    try:
+        opencl_nogil.start_drivers()
+        chosen = select_device(device)[0]
+        handle = opencl_nogil.create_context(chosen.int_ptr)
+        if handle is not None:
+            _prepared_contexts[chosen.int_ptr] = cl.Context.from_int_ptr(handle, retain=False)
+        runtime = get_runtime(device)
+        if then is not None:
+            then(runtime)
+    except (NoPlatformError, DeviceNotFoundError, cl.Error, OSError):
+        _prepared_contexts.clear()      # the foreground's call meets the reason and reports it
+    except BaseException as e:          # noqa: B902 - raised in the foreground (see below)
+        _background_error = e
+
+
+def _wait_for_background():
+    """Wait for :func:`start_in_background`'s thread (not from the thread itself); raise what it
+    raised that the foreground would not meet again, once."""
+    global _background_error
+    thread = _background
+    if thread is None or thread is threading.current_thread():
+        return
+    thread.join()
+    error, _background_error = _background_error, None
+    if error is not None:
+        raise RuntimeError(f"starting the OpenCL runtime in the background failed: {error!r}") from error
 
 
 def runtime_for_queue(queue: cl.CommandQueue) -> Runtime:

@@ -118,19 +118,17 @@ def run(parser, args, main) -> int:
 
 
 def start_build_workers(args) -> None:
-    """Where the program cache is cold for this code, start build worker processes now
-    (:func:`clkernels.templates.start_build_workers`), so that their start overlaps the imports and
-    the reading of the input; the solve then hands them its programs. Not for the host path or a
-    split over several devices."""
+    """Start the OpenCL driver and the device's runtime in a thread that does not hold the GIL
+    (:func:`clkernels.runtime.start_in_background`), and there, where the program cache is cold
+    for this code, build worker processes (:func:`clkernels.templates.start_build_workers`): both
+    overlap the imports and the reading of the input; the solve then finds the runtime made and
+    hands the workers its programs. Not for the host path or a split over several devices. A
+    device that cannot be used is reported by the solve (or it takes the host path), as without
+    this."""
     if getattr(args, "backend", None) == "numpy" or getattr(args, "devices", None):
         return
-    import clkernels
-    import pyopencl as cl
-    from clkernels import templates
-    try:
-        templates.start_build_workers(getattr(args, "device", None))
-    except (clkernels.NoPlatformError, clkernels.DeviceNotFoundError, cl.Error):
-        pass    # no usable device: the command reports it (or takes the host path) as it always did
+    from clkernels import runtime, templates
+    runtime.start_in_background(getattr(args, "device", None), then=templates.start_build_workers)
 
 
 def only_root_prints(comm) -> bool:
