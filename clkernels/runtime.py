@@ -525,9 +525,11 @@ def start_in_background(device: DeviceLike = None, then: Optional[Callable[[Runt
         if _background is not None:
             return
         # Not a daemon: an early exit (a bad input file) waits for the driver's start to end
-        # rather than unloading the driver under it.
-        _background = threading.Thread(target=_start, args=(device, then), name="opencl-start")
-    _background.start()
+        # rather than unloading the driver under it. In the caller's context, so that a
+        # use_device() there chooses the device as it would here.
+        _background = threading.Thread(target=contextvars.copy_context().run, args=(_start, device, then),
+                                       name="opencl-start")
+        _background.start()
 
 
 def _start(device, then):

@@ -14,8 +14,8 @@ from clkernels import opencl_nogil
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run(code):
-    env = {k: v for k, v in os.environ.items() if k != "PYCLAD_DEVICE"}
+def _run(code, **extra_env):
+    env = {**{k: v for k, v in os.environ.items() if k != "PYCLAD_DEVICE"}, **extra_env}
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                          cwd=ROOT, env=env, timeout=300)
     return out
@@ -99,3 +99,24 @@ def test_an_early_exit_waits_for_the_thread(code):
         {code}
         """)
     assert out.returncode == 3 and not out.stderr, out.stderr
+
+
+def test_the_callers_use_device_chooses_the_device():
+    """The thread runs in the caller's context: a use_device() there picks the second of two
+    PoCL devices, not the default first one, and the thread's context serves it."""
+    out = _run("""
+        import clkernels
+        from clkernels import opencl_nogil, runtime
+        pocl = [d for d in clkernels.list_devices() if clkernels.DeviceInfo.of(d).vendor == "pocl"]
+        if len(pocl) < 2:
+            print("fewer than two PoCL devices")
+            raise SystemExit(0)
+        made, seen = [], []
+        create = opencl_nogil.create_context
+        opencl_nogil.create_context = lambda ptr: made.append((ptr, create(ptr))) or made[-1][1]
+        clkernels.use_device(pocl[1])
+        runtime.start_in_background(then=seen.append)
+        rt = clkernels.get_runtime()
+        print(rt.device == pocl[1], seen == [rt], made[0][0] == pocl[1].int_ptr, rt.context.int_ptr == made[0][1])
+        """, POCL_DEVICES="pthread pthread")
+    assert out.returncode == 0 and out.stdout.split() == ["True"] * 4, (out.stdout, out.stderr)

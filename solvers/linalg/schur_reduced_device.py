@@ -192,7 +192,8 @@ class ReducedCameraSystem:
             # Arrays the pattern made on the device (solvers.linalg.schur_pattern_device) stay there.
             if isinstance(a, cla.Array):
                 if a.dtype != np.int32 or not a.flags.c_contiguous:
-                    raise ValueError(f"a device pattern's index arrays are contiguous int32, got {a.dtype}")
+                    raise ValueError("a device pattern's index arrays must be contiguous int32, got "
+                                     f"{a.dtype} (contiguous: {a.flags.c_contiguous})")
                 return a if a.size else arrays.zeros(runtime, 1, np.int32)
             out = arrays.to_device(runtime, np.ascontiguousarray(a if len(a) else [0], dtype=np.int32))
             uploaded.append(out.nbytes)
