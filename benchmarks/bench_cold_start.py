@@ -24,7 +24,10 @@ caches, and pyclad's default), ``POCL_CACHE_DIR`` (PoCL's kernel cache) and ``CU
 (NVIDIA's ComputeCache). The user's own caches (~/.cache/*, ~/.nv, a CUDA_CACHE_PATH already set)
 are neither read nor touched (this script's own process gets throwaway ones too). Warm:
 ``--repeat`` runs right after a cold run, in its folders.
-``caches_after_cold`` lists what the first cold run left in each. Before anything is timed the
+``caches_after_cold`` lists what the first cold run left in each. ``--phases``: one more warm process
+of each of ours through ``cli_phases.py`` (the ``phases`` column: when its imports, the driver's
+start in its thread, the reading, the solve and the writing began and ended, seconds from the
+process' start; its wall clock is that one process'). Before anything is timed the
 packages' bytecode is compiled (as an install does) and one untimed process imports them (so the
 OS page cache does not count on the first case only); each peer gets ``--warmup`` untimed runs.
 ``iterations`` is Ceres' minimizer count (iteration 0 included) on every side.
@@ -177,7 +180,28 @@ class Bench:
             if peer_cost and "final_cost" in figures:
                 row["cost_ratio"] = figures["final_cost"] / peer_cost
             self.rep.add(case, variant, t, **row)
+        if self.args.phases:
+            self.phases(case, argv, caches, fresh_out)
         caches.remove()
+
+    def phases(self, case, argv, caches, fresh_out):
+        """One more warm process through cli_phases.py: when its parts began and ended."""
+        if fresh_out:
+            shutil.rmtree(fresh_out, ignore_errors=True)
+        out = os.path.join(self.tmp, "phases.json")
+        env = caches.env(self.base)
+        env["PYCLAD_PHASES_T0"] = repr(time.monotonic())
+        p = subprocess.run([argv[0], os.path.join(HERE, "cli_phases.py"), out] + argv[1:], cwd=ROOT, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=900)
+        end = time.monotonic() - float(env["PYCLAD_PHASES_T0"])
+        if p.returncode != 0:
+            return self.rep.add(case, "ours warm, phases", error=failed("cli_phases.py", p))
+        with open(out) as f:
+            events = sorted(json.load(f), key=lambda e: e["start"])
+        short = lambda e: e["what"].rsplit(".", 1)[-1] + (" (thread)" if e["thread"] != "MainThread" else "")  # noqa: E731
+        text = "; ".join(f"{short(e)} {e['start']:.3f}-{e['end']:.3f}" for e in events if e["end"] > e["start"]
+                         or e["what"] in ("interpreter up", "exit"))
+        self.rep.add(case, "ours warm, phases", harness.Timing([end]), phases=f"{text}; process ended {end:.3f}")
 
     def missing(self, case, variant, why):
         print(f"  !! {case}: {variant} not run: {why}", flush=True)
@@ -315,6 +339,8 @@ def main():
     p.add_argument("--cases", default="bal,readme,colmap,import", help="comma-separated: bal, readme, colmap, import")
     p.add_argument("--bal", help=f"the BAL file (default: {BAL_NAME} from ceres_peer.bal_files())")
     p.add_argument("--colmap-images", default="200,240", help="COLMAP model sizes in images (--quick: 200)")
+    p.add_argument("--phases", action="store_true",
+                   help="one more warm process of each of ours through cli_phases.py: when its parts ran")
     p.set_defaults(repeat=3, warmup=1)
     args = p.parse_args()
     cases = args.cases.split(",")
@@ -327,7 +353,7 @@ def main():
         bench.rep.meta.update(prepare(tmp, bench.base))
         columns = ["case", "variant", "input", "median_s", "spread", "runs", "ratio_to_peer", "final_cost",
                    "cost_ratio", "solver_total_s", "preprocessor_s", "setup_s", "read_s", "iterations", "state",
-                   "termination", "linear_solver", "bz2_decompress_s", "caches_after_cold", "error"]
+                   "termination", "linear_solver", "bz2_decompress_s", "caches_after_cold", "phases", "error"]
         for case in cases:
             {"bal": bench.bal, "readme": bench.readme, "colmap": bench.colmap, "import": bench.imports}[case]()
             bench.rep.write([c for c in columns if any(c in r for r in bench.rep.rows)])

@@ -198,4 +198,4 @@ def _main(parser, args, comm=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.exit_process(main())

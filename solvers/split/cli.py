@@ -131,6 +131,33 @@ def start_build_workers(args) -> None:
     runtime.start_in_background(getattr(args, "device", None), then=templates.start_build_workers)
 
 
+FAST_EXIT_ENV = "PYCLAD_FAST_EXIT"
+
+
+def exit_process(status: int):
+    """End a command line's process with ``status`` after its ``main`` returned: every output is
+    written by then (atomically, and synced), so the streams are flushed and the process ends
+    with ``os._exit``, leaving to the OS what the interpreter's teardown would still do (free every
+    object, run the drivers' own exit code: 0.06-0.1 s of a 1.4 s COLMAP command on the 2-core
+    CPU). Exits as usual (``sys.exit``) where something still runs at exit: under MPI (mpi4py
+    finalises MPI then), under a tracer or profiler (coverage, cProfile write their data then),
+    where a stream cannot be flushed (its error is reported as usual), and with
+    ``PYCLAD_FAST_EXIT=0``. Exceptions of ``main`` never come here: they end the process as usual."""
+    if ("mpi4py.MPI" in sys.modules or sys.gettrace() is not None or sys.getprofile() is not None
+            or os.environ.get(FAST_EXIT_ENV, "").strip() == "0"):
+        sys.exit(status)
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+    except (OSError, ValueError):
+        sys.exit(status)
+    if "logging" in sys.modules:        # (file handlers a caller configured)
+        import logging
+        logging.shutdown()
+    os._exit(0 if status is None else int(status))
+
+
 def only_root_prints(comm) -> bool:
     """Whether this process prints and writes (rank 0, or no MPI); the others' stdout is dropped."""
     if comm is None or comm.Get_rank() == 0:
