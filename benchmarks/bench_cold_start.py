@@ -198,7 +198,9 @@ class Bench:
             return self.rep.add(case, "ours warm, phases", error=failed("cli_phases.py", p))
         with open(out) as f:
             events = sorted(json.load(f), key=lambda e: e["start"])
-        short = lambda e: e["what"].rsplit(".", 1)[-1] + (" (thread)" if e["thread"] != "MainThread" else "")  # noqa: E731
+        def short(e):           # a function by its own name; the interpreter's events as they are
+            what = e["what"] if " " in e["what"] else e["what"].rsplit(".", 1)[-1]
+            return what + (" (thread)" if e["thread"] != "MainThread" else "")
         text = "; ".join(f"{short(e)} {e['start']:.3f}-{e['end']:.3f}" for e in events if e["end"] > e["start"]
                          or e["what"] in ("interpreter up", "exit"))
         self.rep.add(case, "ours warm, phases", harness.Timing([end]), phases=f"{text}; process ended {end:.3f}")

@@ -49,3 +49,21 @@ def test_the_status_is_kept():
     out = _bal(["--synthetic", "6,300,3", "-q", "--out", "/proc/no-such-folder/solution.txt"])
     assert out.returncode == 2 and "--out" in out.stderr
     assert "exit handlers ran" not in out.stdout
+
+
+@pytest.mark.parametrize("module, args, flag", [
+    ("solvers.bal", ["--iterations", "-3"], "--iterations"),
+    ("solvers.bal", ["--function-tolerance", "nan"], "--function-tolerance"),
+    ("solvers.bal", ["--eta", "-0.5"], "--eta"),
+    ("solvers.bal", ["--loss", "huber", "--loss-scale", "0"], "--loss-scale"),
+    ("solvers.colmap", ["MODEL", "--out", "OUT", "--gradient-tolerance", "-1"], "--gradient-tolerance"),
+    ("solvers.colmap", ["MODEL", "--out", "OUT", "--loss", "cauchy", "--loss-scale", "-2"], "--loss-scale"),
+])
+def test_a_solver_option_out_of_range_is_one_error_line(module, args, flag, tmp_path):
+    """Named by its flag, before the input is read (MODEL need not exist), status 2, no traceback."""
+    args = [str(tmp_path / a) if a in ("MODEL", "OUT") else a for a in args]
+    out = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=ROOT,
+                         timeout=300)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith(f"error: {flag} ") and "Traceback" not in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1

@@ -115,6 +115,10 @@ def _main(parser, args, comm=None) -> int:
     if not cli.only_root_prints(comm):          # rank 0 prints and writes; the others compute
         args.out = args.ply = args.plot = None
     args.linear_solver = cli.linear_solver(args)
+    bad = cli.solver_option_error(args)
+    if bad:
+        print(f"error: {bad}", file=sys.stderr)
+        return 2
     if args.checkpoint_every is not None and not args.checkpoint:
         parser.error("--checkpoint-every needs --checkpoint PATH")
     if args.plot:

@@ -86,6 +86,10 @@ def _main(parser, args, comm=None) -> int:
     if not cli.only_root_prints(comm):          # rank 0 prints and writes; the others compute
         args.out = None
     args.linear_solver = cli.linear_solver(args)
+    bad = cli.solver_option_error(args)
+    if bad:
+        print(f"error: {bad}", file=sys.stderr)
+        return 2
     if args.binary and args.text:
         print("error: --binary and --text exclude each other", file=sys.stderr)
         return 2

@@ -1,12 +1,15 @@
-"""``--devices`` and ``--mpi`` of the command lines (``python -m solvers.bal``, ``python -m
-solvers.colmap``): a solve split over several devices of this host, or over the ranks of
-``MPI_COMM_WORLD`` (solvers.split.partitioned). Under MPI rank 0 prints and writes, the other ranks
-only compute, and a rank that fails ends every rank with a message (``MPI_Abort``) rather than
-leaving them waiting in a reduction."""
+"""What the command lines (``python -m solvers.bal``, ``python -m solvers.colmap``) share: how
+they run (:func:`run`: the driver started in the background, the build workers), their solver
+options checked before the input is read (:func:`solver_option_error`), how they end
+(:func:`exit_process`), and ``--devices`` and ``--mpi``: a solve split over several devices of
+this host, or over the ranks of ``MPI_COMM_WORLD`` (solvers.split.partitioned). Under MPI rank 0
+prints and writes, the other ranks only compute, and a rank that fails ends every rank with a
+message (``MPI_Abort``) rather than leaving them waiting in a reduction."""
 from __future__ import annotations
 
 import os
 import sys
+from typing import Optional
 
 
 def add_arguments(parser):
@@ -129,6 +132,36 @@ def start_build_workers(args) -> None:
         return
     from clkernels import runtime, templates
     runtime.start_in_background(getattr(args, "device", None), then=templates.start_build_workers)
+
+
+# The solver options of the command lines: the Options field, its flag, the args attribute.
+SOLVER_FLAGS = (("max_iterations", "--iterations", "iterations"),
+                ("function_tolerance", "--function-tolerance", "function_tolerance"),
+                ("gradient_tolerance", "--gradient-tolerance", "gradient_tolerance"),
+                ("parameter_tolerance", "--parameter-tolerance", "parameter_tolerance"),
+                ("eta", "--eta", "eta"))
+
+
+def solver_option_error(args) -> Optional[str]:
+    """The ``error:`` text for the first solver option on the command line that the solve would
+    refuse (its own message, named by its flag), or None: checked before the input is read, so
+    a mistyped value costs neither the reading nor a traceback."""
+    from ..loop.lm import Options
+    from ..models.loss import Loss
+    for field, flag, attr in SOLVER_FLAGS:
+        if not hasattr(args, attr):
+            continue
+        try:
+            Options(**{field: getattr(args, attr)}).check()
+        except (ValueError, TypeError) as e:
+            return f"{flag} {getattr(args, attr)}: {e}"
+    loss = getattr(args, "loss", "none")
+    if loss not in (None, "none"):
+        try:
+            Loss(loss, args.loss_scale)
+        except ValueError as e:
+            return f"--loss-scale {args.loss_scale}: {e}"
+    return None
 
 
 FAST_EXIT_ENV = "PYCLAD_FAST_EXIT"
