@@ -387,7 +387,11 @@ def cold_start(plt):
         rows_ = load(LATEST[key])["rows"]
         table(file, ["case", "variant", "whole process s (median)", "x peer", "input"],
               [[x["case"], x["variant"], x["median_s"], x.get("ratio_to_peer", "-"), x.get("input", "")]
-               for x in rows_], [LATEST[key]])
+               for x in rows_ if "phases" not in x], [LATEST[key]])
+        phased = [x for x in rows_ if "phases" in x]
+        if phased:          # (--phases runs: one more warm process each, its parts' times)
+            table(file.replace(".md", "_phases.md"), ["case", "seconds from the process' start"],
+                  [[x["case"], x["phases"]] for x in phased], [LATEST[key]])
     r = load(LATEST["cold_gpu"])["rows"]
     cases = [c for c in dict.fromkeys(x["case"] for x in r) if c != "import"]
     by = {(x["case"], x["variant"]): x["median_s"] for x in r}

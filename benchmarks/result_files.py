@@ -46,8 +46,8 @@ LATEST = {
     "tape_gpu": "bench_tape-nvidia-full",
     "compile_cpu": "bench_compile_time-pocl-full",
     "cold_gpu": "bench_cold_start-nvidia-take-back",
-    # the 2-core CPU's --quick run (three processes each), kept under this name: *-quick.* is ignored
-    "cold_cpu": "bench_cold_start-pocl-2core-dec04",
+    # the 2-core CPU's --quick run (five processes each), kept under this name: *-quick.* is ignored
+    "cold_cpu": "bench_cold_start-pocl-2core-fast-exit",
 }
 
 
