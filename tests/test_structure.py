@@ -70,6 +70,9 @@ THIRD_PARTY_API = {
     # torch.Tensor's version counter: the one way to tell that a tensor changed in place
     # (clkernels.interop reads an index table from the GPU once per tensor and version).
     "_version",
+    # os._exit: the standard library's documented exit without the interpreter's teardown
+    # (solvers.split.cli.exit_process).
+    "_exit",
 }
 
 
