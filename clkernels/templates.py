@@ -31,6 +31,13 @@ __all__ = ["render", "render_string", "build", "get_program", "program_for", "pr
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _lookup = None
+# Mako's work, one thread at a time: it parses a template's Python with ast.parse when it first
+# compiles it (a package template may be compiled at render time, by a namespace it names), and
+# CPython before 3.12 can fail when two threads convert syntax trees at once ("SystemError: AST
+# constructor recursion depth mismatch": 1 in 5 runs of 8 threads compiling the templates anew,
+# Python 3.11.7; warmup's and several devices' threads render side by side). Rendering is
+# milliseconds; builds, which take the time, are outside it.
+_mako_lock = threading.RLock()
 
 
 def _template_lookup():
@@ -94,13 +101,15 @@ def render(template: str, **params) -> str:
         mako.exceptions.TemplateLookupException: no template of that path.
         NameError: the template uses a name that ``params`` does not give.
     """
-    return _template_lookup().get_template(template).render(**params)
+    with _mako_lock:
+        return _template_lookup().get_template(template).render(**params)
 
 
 def render_string(text: str, **params) -> str:
     """Render template text given inline (it may include package templates)."""
     from mako.template import Template
-    return Template(text, lookup=_template_lookup(), strict_undefined=True).render(**params)
+    with _mako_lock:
+        return Template(text, lookup=_template_lookup(), strict_undefined=True).render(**params)
 
 
 _programs: Dict[tuple, cl.Program] = {}     # (source sha256, options, context, device)

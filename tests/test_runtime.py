@@ -143,3 +143,38 @@ def test_the_listing_names_the_devices_left_out():
     out = _cli()
     for d, why in clkernels.unusable_devices():
         assert f"left out: {d.name.strip()}" in out.stdout
+
+
+def test_mako_work_is_one_thread_at_a_time(monkeypatch):
+    """templates.render from several threads (warmup's, several devices'): Mako's lookups and
+    compiles one at a time. Mako parses templates with ast.parse, and CPython before 3.12 can fail
+    when two threads convert syntax trees at once ("AST constructor recursion depth mismatch")."""
+    import threading
+    import time
+
+    from mako.lookup import TemplateLookup
+    inside, most, guard = [0], [0], threading.Lock()
+    real = TemplateLookup.get_template
+
+    def counting(self, uri):
+        with guard:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.01)            # a window for another thread to enter
+        try:
+            return real(self, uri)
+        finally:
+            with guard:
+                inside[0] -= 1
+
+    monkeypatch.setattr(TemplateLookup, "get_template", counting)
+    params = dict(L=4, K=8, BITS=4, SK=8, item=0, W=1, vector=False)
+    out = []
+    threads = [threading.Thread(target=lambda: out.append(templates.render("clkernels/sort.cl.mako", **params)))
+               for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(out) == 8 and len(set(out)) == 1 and "radix_scatter" in out[0]
+    assert most[0] == 1
