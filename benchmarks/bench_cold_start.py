@@ -202,7 +202,7 @@ class Bench:
             what = e["what"] if " " in e["what"] else e["what"].rsplit(".", 1)[-1]
             return what + (" (thread)" if e["thread"] != "MainThread" else "")
         text = "; ".join(f"{short(e)} {e['start']:.3f}-{e['end']:.3f}" for e in events if e["end"] > e["start"]
-                         or e["what"] in ("interpreter up", "exit"))
+                         or e["what"].startswith(("interpreter up", "exit")))
         self.rep.add(case, "ours warm, phases", harness.Timing([end]), phases=f"{text}; process ended {end:.3f}")
 
     def missing(self, case, variant, why):

@@ -134,12 +134,11 @@ def start_build_workers(args) -> None:
     runtime.start_in_background(getattr(args, "device", None), then=templates.start_build_workers)
 
 
-# The solver options of the command lines: the Options field, its flag, the args attribute.
-SOLVER_FLAGS = (("max_iterations", "--iterations", "iterations"),
-                ("function_tolerance", "--function-tolerance", "function_tolerance"),
-                ("gradient_tolerance", "--gradient-tolerance", "gradient_tolerance"),
-                ("parameter_tolerance", "--parameter-tolerance", "parameter_tolerance"),
-                ("eta", "--eta", "eta"))
+# The solver options of the command lines: the Options field and its flag (argparse's attribute
+# is the flag's name with underscores).
+SOLVER_FLAGS = (("max_iterations", "--iterations"), ("function_tolerance", "--function-tolerance"),
+                ("gradient_tolerance", "--gradient-tolerance"), ("parameter_tolerance", "--parameter-tolerance"),
+                ("eta", "--eta"))
 
 
 def solver_option_error(args) -> Optional[str]:
@@ -148,7 +147,8 @@ def solver_option_error(args) -> Optional[str]:
     a mistyped value costs neither the reading nor a traceback."""
     from ..loop.lm import Options
     from ..models.loss import Loss
-    for field, flag, attr in SOLVER_FLAGS:
+    for field, flag in SOLVER_FLAGS:
+        attr = flag[2:].replace("-", "_")
         if not hasattr(args, attr):
             continue
         try:
