@@ -134,6 +134,7 @@ def test_counts_and_starts(monkeypatch):
         s = np.sort(keys).astype(np.int32)
         want = np.concatenate((np.searchsorted(s, np.arange(bound)), [n]))
         assert np.array_equal(ordering.starts(s, bound), want)
+        assert np.array_equal(ordering.starts(keys, bound), want)      # unsorted: the same
 
 
 def test_inverse_permutation_take_and_changes(monkeypatch):

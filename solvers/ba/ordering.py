@@ -160,11 +160,12 @@ def counts(keys, bound: int) -> np.ndarray:
     return out
 
 
-def starts(sorted_keys, bound: int) -> np.ndarray:
-    """``np.concatenate((np.searchsorted(sorted_keys, np.arange(bound)), [n]))`` for sorted keys in
-    ``[0, bound)``: where each key's run begins, and the end (int64, bound + 1)."""
+def starts(keys, bound: int) -> np.ndarray:
+    """``np.concatenate((np.searchsorted(np.sort(keys), np.arange(bound)), [n]))`` for keys in
+    ``[0, bound)``: where each key's run begins once they are sorted stably, and the end (int64,
+    bound + 1). From the counts alone, so the keys need not be sorted."""
     out = np.zeros(bound + 1, np.int64)
-    np.cumsum(counts(sorted_keys, bound), out=out[1:])
+    np.cumsum(counts(keys, bound), out=out[1:])
     return out
 
 

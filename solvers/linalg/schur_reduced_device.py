@@ -138,7 +138,7 @@ def _pairs_by_block(group_cam, group_pt, cam_group, nc: int, npt: int):
     # itself and the groups after it in its point's run.
     by_pt = ordering.stable_order(group_pt, npt, it_g)
     where = ordering.inverse_permutation(by_pt, it_g)
-    point_end = ordering.starts(ordering.take(group_pt, by_pt), npt)
+    point_end = ordering.starts(group_pt, npt)              # (from counts: no gather by by_pt)
     partners = (ordering.take(point_end, group_pt + 1) - where).astype(it_g)
     del point_end
     pair_end = np.cumsum(partners, dtype=np.int64)
