@@ -88,6 +88,7 @@ def measure(scale, device, setup_only=False, settle=0.0, solver="iterative_schur
     import solvers.ba.lm_device as lm_device
     import solvers.linalg.schur_pcg_device as schur_pcg
     import solvers.linalg.schur_reduced_device as schur_reduced
+    import solvers.linalg.schur_pattern_device as schur_pattern
     import solvers.models.snavely as snavely
     from clkernels import get_runtime
 
@@ -111,7 +112,9 @@ def measure(scale, device, setup_only=False, settle=0.0, solver="iterative_schur
     timers.wrap(lm_device.DeviceState, "__init__", "DeviceState")
     timers.wrap(schur_pcg.DevicePCG, "__init__", "DevicePCG")
     timers.wrap(schur_pcg, "_camera_segments", "_camera_segments")
+    # The pattern, wherever it is made: on the host, or on the device from device-ordered observations.
     timers.wrap(schur_reduced.ReducedPattern, "__init__", "ReducedPattern")
+    timers.wrap(schur_pattern, "pattern_on_device", "ReducedPattern")
     timers.wrap(lm_device.DeviceState, "evaluate_jacobian", "iteration 0 evaluation")
     # The setup ends where iteration 0's evaluation starts; keep the state for the digest.
     run = lm.Minimizer.run
@@ -164,7 +167,8 @@ def measure(scale, device, setup_only=False, settle=0.0, solver="iterative_schur
                        state.observed.get())
     pattern = getattr(getattr(state.linear, "system", None), "pattern", None)
     if pattern is not None:
-        ordering += "-" + _digest(*(np.asarray(a, np.int64) for a in
+        # (the device pattern's large arrays are device arrays: read back for the digest)
+        ordering += "-" + _digest(*(np.asarray(a.get() if hasattr(a, "get") else a, np.int64) for a in
                                     (pattern.pair_a, pattern.pair_b, pattern.block_row, pattern.block_col,
                                      pattern.block_run, pattern.run_start, pattern.group_start)))
     return {"scale": scale, "observations": problem.num_observations, "stages": out,
