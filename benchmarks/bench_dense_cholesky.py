@@ -4,7 +4,7 @@ solve of one symmetric positive definite float64 matrix already on the device.
 Per size and variant (``defer``: block columns over which the trailing update is deferred, 1 =
 after every panel; ``RT``: update entries per work-item and dimension): the wall clock of
 ``factor(); solve(x); queue.finish()`` (median after warm-up, the variants taken in turns), the
-kernels' event span, the factorisation's rate (n^3 / 3 multiply-adds, 2 flops each) and the
+kernels' event span and each kernel's summed event time (``kernel_sums``), the factorisation's rate (n^3 / 3 multiply-adds, 2 flops each) and the
 relative residual ``|S x - b| / |b|`` checked on the host. The matrix is diagonally dominant
 (random symmetric entries in [-0.5, 0.5] plus n on the diagonal), so it is positive definite.
 
@@ -79,11 +79,15 @@ def main():
             return wall, ev
 
         walls = {k: [] for k in variants}
-        spans = {}
+        spans, per_kernel = {}, {}
         for key in variants:
             run(key)
             _, ev = run(key, events=True)
             spans[key] = (max(e.profile.end for _, e in ev) - min(e.profile.start for _, e in ev)) * 1e-9
+            sums = {}
+            for name, e in ev:
+                sums[name] = sums.get(name, 0.0) + (e.profile.end - e.profile.start) * 1e-9
+            per_kernel[key] = "; ".join(f"{k} {v * 1e3:.2f} ms" for k, v in sorted(sums.items()))
         for _ in range(args.repeat):
             for key in variants:
                 walls[key].append(run(key)[0])
@@ -92,9 +96,10 @@ def main():
             t = harness.Timing(walls[key])
             report.add(case=f"n={n}", variant=key, timing=t, kernel_span_s=spans[key],
                        tflops=n ** 3 / 3 * 2 / t.median * 1e-12, x_first=base / t.median,
-                       launches=len(run(key, events=True)[1]), rel_residual=residual[key])
+                       launches=len(run(key, events=True)[1]), rel_residual=residual[key],
+                       kernel_sums=per_kernel[key])
     report.write(["case", "variant", "median_s", "spread", "kernel_span_s", "tflops", "x_first", "launches",
-                  "rel_residual"])
+                  "rel_residual", "kernel_sums"])
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ LATEST = {
     "convergence_cpu": "bench_convergence-pocl-full",
     "convergence_gpu": "bench_convergence-nvidia-full",
     "ba_gpu_bal": "bench_bundle_adjust-nvidia-full-run4",
-    "ba_gpu_venice": "bench_bundle_adjust-nvidia-venice-run5",
+    "ba_gpu_venice": "bench_bundle_adjust-nvidia-venice-run6",
     "ba_gpu_final": "bench_bundle_adjust-nvidia-final-size-run2",
     "colmap_cpu": "bench_colmap-pocl-full",
     "colmap_cpu_2000": "bench_colmap-pocl-2000",
@@ -45,7 +45,7 @@ LATEST = {
     "tape_cpu": "bench_tape-pocl-full",
     "tape_gpu": "bench_tape-nvidia-full",
     "compile_cpu": "bench_compile_time-pocl-full",
-    "cold_gpu": "bench_cold_start-nvidia-take-back",
+    "cold_gpu": "bench_cold_start-nvidia-phases",
     # the 2-core CPU's --quick run (five processes each), kept under this name: *-quick.* is ignored
     "cold_cpu": "bench_cold_start-pocl-2core-fast-exit",
 }
