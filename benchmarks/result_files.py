@@ -21,7 +21,7 @@ LATEST = {
     "convergence_gpu": "bench_convergence-nvidia-full",
     "ba_gpu_bal": "bench_bundle_adjust-nvidia-full-run4",
     "ba_gpu_venice": "bench_bundle_adjust-nvidia-venice-run6",
-    "ba_gpu_final": "bench_bundle_adjust-nvidia-final-size-run2",
+    "ba_gpu_final": "bench_bundle_adjust-nvidia-scale-wide-staging",
     "colmap_cpu": "bench_colmap-pocl-full",
     "colmap_cpu_2000": "bench_colmap-pocl-2000",
     "colmap_cpu_rigs": "bench_colmap-pocl-rigs-fisheye",
