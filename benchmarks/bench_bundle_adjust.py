@@ -24,7 +24,9 @@ device has not sat idle while Ceres ran) with its ratio to the warm median. The 
 the process (kernel builds, or the binary cache) is timed apart, before all.
 
 ``--dtypes float64,float32`` adds iterative_schur with float32 storage (``final_cost_f64``: its
-solution's cost evaluated in float64).
+solution's cost evaluated in float64). ``--mixed`` adds sparse_schur with
+``mixed_precision_solves=True`` (variant ``-mixed``: the device's dense Cholesky in float32, the
+solution refined in float64).
 
     python benchmarks/bench_bundle_adjust.py [--quick] [--device SPEC] [--threads N] [--out DIR]
                                              [--scale venice,final] [--no-bal] [--no-synthetic]
@@ -65,11 +67,12 @@ def ceres_solve(path, solver, threads, iterations):
     return out, None
 
 
-def pyclad_row(problem, solver, iterations, device, args, dtype="float64"):
-    """pyclad's timed solves and, on the device path, a profiled one: (Timing, row fields)."""
+def pyclad_row(problem, solver, iterations, device, args, dtype="float64", **options):
+    """pyclad's timed solves and, on the device path, a profiled one: (Timing, row fields).
+    ``options``: more solver options (``mixed_precision_solves``)."""
     samples, result = [], None
     kw = dict(linear_solver=solver, max_iterations=iterations, device=device, handle_sigint=False,
-              dtype=np.dtype(dtype))
+              dtype=np.dtype(dtype), **options)
     # A short solve of another size first: the device has just worked when this size's first
     # solve starts, as in a process that solves one problem after another. Without it that
     # solve came right after Ceres' run, tens of seconds of an idle GPU at venice size, and
@@ -143,6 +146,8 @@ def main():
     p.add_argument("--no-synthetic", action="store_true", help="skip the synthetic problems")
     p.add_argument("--scale", default="", help="large synthetic problems: venice,final,4x")
     p.add_argument("--no-profile", action="store_true", help="skip the profiled second solve")
+    p.add_argument("--mixed", action="store_true",
+                   help="sparse_schur also with mixed_precision_solves=True (variant -mixed)")
     p.add_argument("--dtypes", default="float64",
                    help="pyclad's storage types, e.g. float64,float32 (float32: iterative_schur only)")
     p.set_defaults(repeat=1, warmup=1)
@@ -206,14 +211,18 @@ def main():
             for dtype in dtypes if solver in scale_ours.get(name, SOLVERS) else ():
                 if dtype != "float64" and solver != "iterative_schur":
                     continue
-                timing, row = pyclad_row(problem, solver, iterations, device, args, dtype)
-                if ceres_t is not None:
-                    row["time_ratio_vs_ceres"] = timing.median / ceres_t.median
-                    row["cost_ratio_vs_ceres"] = row.get("final_cost_f64", row["final_cost"]) / ceres_cost
-                else:
-                    row["ceres"] = ceres_cost          # why there is no Ceres figure
-                variant = f"pyclad-{solver}" + ("" if dtype == "float64" else f"-{dtype}")
-                rows.append(report.add(case=name, variant=variant, timing=timing, **row))
+                factors = [("", {})]
+                if args.mixed and solver == "sparse_schur" and dtype == "float64":
+                    factors.append(("-mixed", dict(mixed_precision_solves=True)))
+                for suffix, options in factors:
+                    timing, row = pyclad_row(problem, solver, iterations, device, args, dtype, **options)
+                    if ceres_t is not None:
+                        row["time_ratio_vs_ceres"] = timing.median / ceres_t.median
+                        row["cost_ratio_vs_ceres"] = row.get("final_cost_f64", row["final_cost"]) / ceres_cost
+                    else:
+                        row["ceres"] = ceres_cost          # why there is no Ceres figure
+                    variant = f"pyclad-{solver}" + ("" if dtype == "float64" else f"-{dtype}") + suffix
+                    rows.append(report.add(case=name, variant=variant, timing=timing, **row))
         for row in rows:     # against Ceres' faster solver, once both have run
             if name in ceres_best:
                 row["time_ratio_vs_ceres_best"] = row["median_s"] / ceres_best[name]

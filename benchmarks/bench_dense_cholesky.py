@@ -6,7 +6,9 @@ after every panel; ``RT``: update entries per work-item and dimension): the wall
 ``factor(); solve(x); queue.finish()`` (median after warm-up, the variants taken in turns), the
 kernels' event span and each kernel's summed event time (``kernel_sums``), the factorisation's
 rate (n^3 / 3 multiply-adds, 2 flops each) and the relative residual ``|S x - b| / |b|`` checked
-on the host. The matrix is diagonally dominant (random symmetric entries in [-0.5, 0.5] plus n on
+on the host. ``--mixed``: also the mixed-precision solve (solvers.linalg.mixed_cholesky_device:
+the float32 factorisation, refined in float64; ``--rt32``: its update's RT values), with its
+refinement steps. The matrix is diagonally dominant (random symmetric entries in [-0.5, 0.5] plus n on
 the diagonal), so it is positive definite.
 
     PYCLAD_DEVICE=nvidia python benchmarks/bench_dense_cholesky.py              # 657, 4,096, 16,002
@@ -20,6 +22,7 @@ import pyopencl.array as cla
 import harness
 
 from solvers.linalg.dense_cholesky_device import DenseCholesky, block_sizes
+from solvers.linalg.mixed_cholesky_device import MixedCholesky
 
 
 def spd(n, seed=0):
@@ -35,6 +38,8 @@ def main():
     p.add_argument("--sizes", default="657,4096,16002", help="comma-separated matrix sizes")
     p.add_argument("--defer", default="1,2,4,8", help="comma-separated deferrals to compare")
     p.add_argument("--rt", default="", help="comma-separated RT values (default: the device's)")
+    p.add_argument("--mixed", action="store_true", help="also the mixed-precision solve")
+    p.add_argument("--rt32", default="", help="its float32 update's RT values (default: the device's)")
     p.set_defaults(repeat=5)
     args = p.parse_args()
     report = harness.Report("bench_dense_cholesky", args)
@@ -52,6 +57,12 @@ def main():
                 continue
             for d in defers:
                 variants[f"defer {d}, RT {r}"] = DenseCholesky(rt, n, block=(nb, r), defer=d)
+        if args.mixed:
+            for r in [int(v) for v in args.rt32.split(",") if v] or [rt0]:
+                if nb % r or (nb // r) ** 2 > rt.info.max_work_group_size:
+                    continue
+                for d in defers:
+                    variants[f"mixed, defer {d}, RT32 {r}"] = MixedCholesky(rt, n, block32=(nb, r), defer=d)
         x = cla.empty(q, n, np.float64)
         residual = {}
         saved = {}
@@ -79,6 +90,9 @@ def main():
             chol.events = None
             return wall, ev
 
+        # The mixed solves' refinement steps ("f64" where the float64 factorisation took over).
+        steps = {k: ("f64" if c.fell_back else c.steps) if isinstance(c, MixedCholesky) else None
+                 for k, c in variants.items()}
         walls = {k: [] for k in variants}
         spans, per_kernel, launches = {}, {}, {}
         for key in variants:
@@ -98,10 +112,10 @@ def main():
             t = harness.Timing(walls[key])
             report.add(case=f"n={n}", variant=key, timing=t, kernel_span_s=spans[key],
                        tflops=n ** 3 / 3 * 2 / t.median * 1e-12, x_first=base / t.median,
-                       launches=launches[key], rel_residual=residual[key],
+                       launches=launches[key], rel_residual=residual[key], refinement_steps=steps[key],
                        kernel_sums=per_kernel[key])
     report.write(["case", "variant", "median_s", "spread", "kernel_span_s", "tflops", "x_first", "launches",
-                  "rel_residual", "kernel_sums"])
+                  "rel_residual", "refinement_steps", "kernel_sums"])
 
 
 if __name__ == "__main__":

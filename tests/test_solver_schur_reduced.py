@@ -318,6 +318,8 @@ def test_choice_of_factorisation():
 
 
 ROUTES = {"device": dict(DEVICE_DENSE_MAX_CPU=10 ** 6, DEVICE_DENSE_MAX=10 ** 6),
+          # the same, factorised in float32 and refined in float64 (mixed_precision_solves)
+          "device-mixed": dict(DEVICE_DENSE_MAX_CPU=10 ** 6, DEVICE_DENSE_MAX=10 ** 6),
           "lapack": dict(DEVICE_DENSE_MAX_CPU=0, DEVICE_DENSE_MAX=0),
           # (the small test matrices are nearly full: the fill rule is lifted too)
           "sparse": dict(DEVICE_DENSE_MAX_CPU=0, DEVICE_DENSE_MAX=0, HOST_DENSE_MAX=0, DENSE_FILL_MAX=0)}
@@ -351,15 +353,17 @@ def test_device_sparse_schur_solves_as_the_host_path(device, route, case, defer,
     Dc2, Dp2 = D2[:9 * st.nc].reshape(st.nc, 9), D2[9 * st.nc:].reshape(st.npt, 3)
     with np.errstate(all="ignore"):
         Vinv = neq.v_inverse(Dp2)
-    solver = DeviceSparseSchur(device, st.cam, st.pt, st.nc, st.npt)
-    assert solver.where == {"device": "device", "lapack": "lapack", "sparse": host_cholesky.best_sparse()}[route]
-    assert ("on the device" in solver.description) == (route == "device")
+    solver = DeviceSparseSchur(device, st.cam, st.pt, st.nc, st.npt, mixed=route == "device-mixed")
+    assert solver.where == {"device": "device", "device-mixed": "device", "lapack": "lapack",
+                            "sparse": host_cholesky.best_sparse()}[route]
+    assert ("on the device" in solver.description) == route.startswith("device")
+    assert ("refined in float64" in solver.description) == (route == "device-mixed")
     inputs = device_inputs(device, neq, jc, jp, Vinv, Dc2)
     x = arrays.scratch(device, 9 * st.nc, np.float64)
     keep_on_simulator(solver, inputs, x)
     ok, msg = solver.solve(inputs["Jc"], inputs["Jp"], inputs["Vinv"], inputs["B"], inputs["dc2"],
                            inputs["gc"], inputs["gp"], x, defer=defer)
-    if defer and route == "device":
+    if defer and route.startswith("device"):
         assert ok is None
         device.queue.finish()
         ok, msg = solver.outcome()
@@ -376,9 +380,10 @@ def test_device_sparse_schur_tiny_solve(device, route, monkeypatch, keep_on_simu
     force_route(monkeypatch, route)
     p = solvers.synthetic_problem(4, 12, 3, seed=9)
     kw = dict(linear_solver="sparse_schur", max_iterations=2, loss="huber", handle_sigint=False)
+    mixed = dict(mixed_precision_solves=route == "device-mixed")
     # The reference in numpy: the host path's OpenCL products are not what this test is about.
     host = solvers.bundle_adjust(p, device=device, device_resident=False, schur_backend="numpy", **kw)
-    dev = solvers.bundle_adjust(p, device=device, device_resident=True, **kw)
+    dev = solvers.bundle_adjust(p, device=device, device_resident=True, **mixed, **kw)
     assert dev.state == "device"
     assert [h.cost for h in dev.history] == pytest.approx([h.cost for h in host.history], rel=1e-10)
     assert [h.step_is_successful for h in dev.history] == [h.step_is_successful for h in host.history]

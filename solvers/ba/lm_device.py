@@ -163,7 +163,8 @@ class DeviceState(LoopState):
         own = program_requests(rt, C, P, R, ev.loss.name, self.dtype, blocks, self.copies is not None)
         prefetch([*own, schur_pcg_device.program_request(rt, C, P, R, self.dtype),
                   *entry.device.program_requests(rt, C, P, R, nc, need, entry,
-                                                 device_setup=ev.device_observations is not None),
+                                                 device_setup=ev.device_observations is not None,
+                                                 mixed=options.mixed_precision_solves),
                   *(self.fn.program_request(rt, jacobians) for jacobians in (True, False))], rt)
         # The Evaluator's camera order: sorted once for everything that needs it.
         dev = ev.device_observations

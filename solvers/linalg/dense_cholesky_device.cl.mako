@@ -1,23 +1,29 @@
-## A dense Cholesky factorisation A = L L^T and the two triangular solves, in float64, for a
-## symmetric positive definite matrix that lives on the device (solvers/linalg/dense_cholesky_device.py).
+## A dense Cholesky factorisation A = L L^T and the two triangular solves, in REAL (double or
+## float), for a symmetric positive definite matrix that lives on the device
+## (solvers/linalg/dense_cholesky_device.py).
 ##
 ## The matrix is row-major, np x np, np a multiple of the block size NB: the caller pads it with
 ## an identity (L keeps that identity, the padded unknowns come out zero), so no kernel has a
 ## partial block. Only the lower triangle is read. Blocked and right-looking: per block column k
 ##
 ##   panel     every work-group factors the NB x NB diagonal block in local memory (the same
-##             arithmetic in every group, so the same result); group 0 writes it to diag[], the
-##             others each solve NB rows of the panel below it, X L_kk^T = A_ik, in place
+##             arithmetic in every group, so the same result); group 0 writes it to diag[] and
+##             its inverse to dinv[], the others each solve NB rows of the panel below it,
+##             X L_kk^T = A_ik, in place
 ##   update    the trailing lower triangle A_ij -= P_i P_j^T, one NB x NB tile per work-group,
 ##             RT x RT entries per work-item, the two panel tiles in local memory; deferred
 ##             over several block columns, it subtracts all their panels at once
 ##
 ## and per block row for the solves (b is overwritten):
 ##
-##   forward   L z = b: every group solves the diagonal block's z_k; group 0 stores it, the
-##             others subtract A_ik z_k from their NB entries of b
-##   backward  L^T x = z: every group solves x_k; the group of block k stores it, the others
-##             subtract A_kj^T x_k from their NB entries of z
+##   forward   L z = b: every group forms the diagonal block's z_k = L_kk^-1 b_k; group 0
+##             stores it, the others subtract A_ik z_k from their NB entries of b
+##   backward  L^T x = z: every group forms x_k = L_kk^-T z_k; the group of block k stores it,
+##             the others subtract A_kj^T x_k from their NB entries of z
+##
+## The solves multiply by the inverted diagonal blocks instead of substituting through them: a
+## substitution is NB dependent steps on one item, which set the time of each of the 2 np / NB
+## solve launches (about 15 us of 17 on an H200); the product is NB independent sums.
 ##
 ## The factored diagonal blocks go to diag[] instead of back into A: a group may not overwrite
 ## the diagonal block while the other groups of the same launch still read it. Each launch reads
@@ -25,32 +31,35 @@
 ##
 ## flag[0] (int): bit 1 (value 2) is set when a pivot is not positive and finite, as LAPACK's
 ## dpotrf fails; the factorisation then goes on with NaN, which the caller discards.
-## Parameters: NB (block size, a power of two), RT (update entries per work-item and dimension,
-## a divisor of NB). The host may defer the trailing update over several block columns (see
+## Parameters: REAL (the storage and arithmetic type), NB (block size, a power of two), RT (update
+## entries per work-item and dimension, a divisor of NB). The host may defer the trailing update over several block columns (see
 ## update): the panel then also updates the rest of its deferred block's columns.
 <%namespace name="common" file="/clkernels/common.cl.mako"/>
+%if REAL == "double":
 ${common.fp64_pragma()}
+%endif
 <% TT = NB // RT %>
+#define real ${REAL}
 #define NB ${NB}
 #define NOT_POSITIVE_DEFINITE 2
 
 // A = the padded identity diag(0, ..., 0, 1, ..., 1) (ones from index n on), the padding of b
 // zero, and the failure flag cleared: where every solve starts.
-__kernel void clear(__global double *restrict A, __global double *restrict b,
+__kernel void clear(__global real *restrict A, __global real *restrict b,
                     __global int *restrict flag, const int n, const int np)
 {
     const int j = get_global_id(0), i = get_global_id(1);
     if (i >= np || j >= np) return;
-    A[(size_t)i * np + j] = (i == j && i >= n) ? 1.0 : 0.0;
-    if (j == 0 && i >= n) b[i] = 0.0;
+    A[(size_t)i * np + j] = (i == j && i >= n) ? (real)1 : (real)0;
+    if (j == 0 && i >= n) b[i] = (real)0;
     if (i == 0 && j == 0) flag[0] = 0;
 }
 
 // The Cholesky factor of the NB x NB diagonal block at (k, k): its strictly lower part into L,
 // its diagonal into d, by the unblocked right-looking algorithm; work-item r owns row r.
 // Returns whether every pivot was positive and finite.
-int factor_diagonal_block(__global const double *A, const int np, const int k,
-                          __local double (*L)[NB + 1], __local double *d)
+int factor_diagonal_block(__global const real *A, const int np, const int k,
+                          __local real (*L)[NB + 1], __local real *d)
 {
     const int r = get_local_id(0);
     for (int i = 0; i < NB; ++i) L[i][r] = A[(size_t)(k + i) * np + k + r];
@@ -58,9 +67,9 @@ int factor_diagonal_block(__global const double *A, const int np, const int k,
     int ok = 1;
     for (int j = 0; j < NB; ++j) {
         // L[j][j] is not written during step j (its root goes to d[j]), so every item reads it.
-        const double pivot = L[j][j];
-        ok &= pivot > 0.0 && isfinite(pivot);
-        const double dj = sqrt(pivot);
+        const real pivot = L[j][j];
+        ok &= pivot > (real)0 && isfinite(pivot);
+        const real dj = sqrt(pivot);
         if (r > j) L[r][j] /= dj;
         if (r == j) d[j] = dj;
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -72,13 +81,14 @@ int factor_diagonal_block(__global const double *A, const int np, const int k,
 }
 
 __kernel __attribute__((reqd_work_group_size(NB, 1, 1)))
-void panel(__global double *restrict A, const int np, const int k,
-           __global double *restrict diag,       // (np / NB, NB, NB): the factored diagonal blocks
+void panel(__global real *restrict A, const int np, const int k,
+           __global real *restrict diag,       // (np / NB, NB, NB): the factored diagonal blocks
+           __global real *restrict dinv,       // (np / NB, NB, NB): their inverses
            __global int *restrict flag)
 {
-    __local double L[NB][NB + 1];
-    __local double X[NB][NB + 1];
-    __local double d[NB];
+    __local real L[NB][NB + 1];
+    __local real X[NB][NB + 1];
+    __local real d[NB];
     const int r = get_local_id(0), g = get_group_id(0);
     const int row0 = k + g * NB;          // group 0: the diagonal block; the others: the panel
     if (g > 0)
@@ -86,13 +96,26 @@ void panel(__global double *restrict A, const int np, const int k,
     const int ok = factor_diagonal_block(A, np, k, L, d);
     if (g == 0) {
         if (r == 0 && !ok) flag[0] |= NOT_POSITIVE_DEFINITE;
-        __global double *out = diag + (size_t)(k / NB) * NB * NB;
-        for (int i = 0; i < NB; ++i) out[i * NB + r] = r < i ? L[i][r] : (r == i ? d[i] : 0.0);
+        __global real *out = diag + (size_t)(k / NB) * NB * NB;
+        for (int i = 0; i < NB; ++i) out[i * NB + r] = r < i ? L[i][r] : (r == i ? d[i] : (real)0);
+        // Column r of the inverse, L y = e_r by substitution, into X's column r (item r's own;
+        // X is free in group 0). The other groups' panel solves take as long, so this costs
+        // the launch nothing.
+        for (int i = 0; i < r; ++i) X[i][r] = (real)0;
+        X[r][r] = (real)1 / d[r];
+        for (int i = r + 1; i < NB; ++i) {
+            real s = (real)0;
+            for (int m = r; m < i; ++m) s -= L[i][m] * X[m][r];
+            X[i][r] = s / d[i];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        __global real *inv = dinv + (size_t)(k / NB) * NB * NB;
+        for (int i = 0; i < NB; ++i) inv[i * NB + r] = X[i][r];
         return;
     }
     // Row r of X L^T = A_ik: forward substitution along the row, the item's own data.
     for (int j = 0; j < NB; ++j) {
-        double x = X[r][j];
+        real x = X[r][j];
         for (int m = 0; m < j; ++m) x -= X[r][m] * L[j][m];
         X[r][j] = x / d[j];
     }
@@ -103,7 +126,7 @@ void panel(__global double *restrict A, const int np, const int k,
 // Tile q of the lower triangle of tiles, row-major: (ti, tj) with q = ti (ti + 1) / 2 + tj.
 int2 lower_tile(const int q)
 {
-    int ti = (int)((sqrt(8.0 * q + 1.0) - 1.0) / 2.0);
+    int ti = (int)((sqrt((float)(8 * q + 1)) - 1.0f) / 2.0f);
     while (ti * (ti + 1) / 2 > q) --ti;              // the root may round either way
     while ((ti + 1) * (ti + 2) / 2 <= q) ++ti;
     return (int2)(ti, q - ti * (ti + 1) / 2);
@@ -118,11 +141,11 @@ int2 lower_tile(const int q)
 // matrix once per ksub panels instead of once per panel: on GPUs that read-modify-write, not the
 // arithmetic, bounds the factorisation.
 __kernel __attribute__((reqd_work_group_size(${TT}, ${TT}, 1)))
-void update(__global double *restrict A, const int np, const int k, const int ksub, const int c0,
+void update(__global real *restrict A, const int np, const int k, const int ksub, const int c0,
             const int ncols)
 {
-    __local double Pi[NB][NB + 1];
-    __local double Pj[NB][NB + 1];
+    __local real Pi[NB][NB + 1];
+    __local real Pj[NB][NB + 1];
     int ti, tj;
     if (ncols == 0) {
         const int2 t = lower_tile(get_group_id(0));
@@ -140,7 +163,7 @@ void update(__global double *restrict A, const int np, const int k, const int ks
     // columns (coalesced) and read rows of Pj NB + 1 apart (no bank conflicts).
 %for u in range(RT):
 %for v in range(RT):
-    double acc${u}_${v} = 0.0;
+    real acc${u}_${v} = (real)0;
 %endfor
 %endfor
     for (int s = 0; s < ksub; ++s) {
@@ -153,10 +176,10 @@ void update(__global double *restrict A, const int np, const int k, const int ks
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int m = 0; m < NB; ++m) {
 %for u in range(RT):
-            const double a${u} = Pi[ly + ${u * TT}][m];
+            const real a${u} = Pi[ly + ${u * TT}][m];
 %endfor
 %for v in range(RT):
-            const double b${v} = Pj[lx + ${v * TT}][m];
+            const real b${v} = Pj[lx + ${v * TT}][m];
 %endfor
 %for u in range(RT):
 %for v in range(RT):
@@ -173,74 +196,74 @@ void update(__global double *restrict A, const int np, const int k, const int ks
 %endfor
 }
 
-// The factored diagonal block kb of diag[] into L (row-major, lower).
-void load_diagonal_block(__global const double *diag, const int kb, __local double (*L)[NB + 1])
+// The inverted diagonal block kb of dinv[] into Li (row-major, lower).
+void load_inverse_block(__global const real *dinv, const int kb, __local real (*Li)[NB + 1])
 {
     const int r = get_local_id(0);
-    __global const double *src = diag + (size_t)kb * NB * NB;
-    for (int i = 0; i < NB; ++i) L[i][r] = src[i * NB + r];
+    __global const real *src = dinv + (size_t)kb * NB * NB;
+    for (int i = 0; i < NB; ++i) Li[i][r] = src[i * NB + r];
+}
+
+// w_r = (Li v)_r (lower) or (Li^T v)_r: row or column r of the inverted diagonal block times v.
+real inverse_times(__local const real (*Li)[NB + 1], __local const real *v, const int r, const int transposed)
+{
+    real s = (real)0;
+    if (transposed)
+        for (int m = r; m < NB; ++m) s += Li[m][r] * v[m];
+    else
+        for (int m = 0; m <= r; ++m) s += Li[r][m] * v[m];
+    return s;
 }
 
 __kernel __attribute__((reqd_work_group_size(NB, 1, 1)))
-void forward(__global const double *restrict A, const int np, const int k,
-             __global const double *restrict diag,
-             __global double *restrict b,          // (np) right-hand side, updated below block k
-             __global double *restrict z)          // (np) the solution of L z = b
+void forward(__global const real *restrict A, const int np, const int k,
+             __global const real *restrict dinv,
+             __global real *restrict b,          // (np) right-hand side, updated below block k
+             __global real *restrict z)          // (np) the solution of L z = b
 {
-    __local double L[NB][NB + 1];
-    __local double T[NB][NB + 1];
-    __local double w[NB];
+    __local real Li[NB][NB + 1];
+    __local real T[NB][NB + 1];
+    __local real v[NB], w[NB];
     const int r = get_local_id(0), g = get_group_id(0);
     const int row0 = k + g * NB;
-    load_diagonal_block(diag, k / NB, L);
-    w[r] = b[k + r];
+    load_inverse_block(dinv, k / NB, Li);
+    v[r] = b[k + r];
     if (g > 0)
         for (int i = 0; i < NB; ++i) T[i][r] = A[(size_t)(row0 + i) * np + k + r];
     barrier(CLK_LOCAL_MEM_FENCE);
-    // NB^2 / 2 multiply-adds: cheaper on one item than NB barriers.
-    if (r == 0)
-        for (int j = 0; j < NB; ++j) {
-            double s = w[j];
-            for (int m = 0; m < j; ++m) s -= L[j][m] * w[m];
-            w[j] = s / L[j][j];
-        }
-    barrier(CLK_LOCAL_MEM_FENCE);
+    w[r] = inverse_times(Li, v, r, 0);
     if (g == 0) {
         z[k + r] = w[r];
         return;
     }
-    double s = 0.0;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    real s = (real)0;
     for (int c = 0; c < NB; ++c) s += T[r][c] * w[c];
     b[row0 + r] -= s;
 }
 
 __kernel __attribute__((reqd_work_group_size(NB, 1, 1)))
-void backward(__global const double *restrict A, const int np, const int k,
-              __global const double *restrict diag,
-              __global double *restrict z,         // (np) from forward, updated above block k
-              __global double *restrict x,         // (n) the solution of L^T x = z
+void backward(__global const real *restrict A, const int np, const int k,
+              __global const real *restrict dinv,
+              __global real *restrict z,         // (np) from forward, updated above block k
+              __global real *restrict x,         // (n) the solution of L^T x = z
               const int n)
 {
-    __local double L[NB][NB + 1];
-    __local double w[NB];
+    __local real Li[NB][NB + 1];
+    __local real v[NB], w[NB];
     const int r = get_local_id(0), g = get_group_id(0), kb = k / NB;
-    load_diagonal_block(diag, kb, L);
-    w[r] = z[k + r];
+    load_inverse_block(dinv, kb, Li);
+    v[r] = z[k + r];
     barrier(CLK_LOCAL_MEM_FENCE);
-    if (r == 0)
-        for (int j = NB - 1; j >= 0; --j) {
-            double s = w[j];
-            for (int m = j + 1; m < NB; ++m) s -= L[m][j] * w[m];
-            w[j] = s / L[j][j];
-        }
-    barrier(CLK_LOCAL_MEM_FENCE);
+    w[r] = inverse_times(Li, v, r, 1);
     if (g == kb) {
         if (k + r < n) x[k + r] = w[r];
         return;
     }
+    barrier(CLK_LOCAL_MEM_FENCE);
     // Column g NB + r of block row k: neighbouring items read neighbouring entries.
     const int col = g * NB + r;
-    double s = 0.0;
+    real s = (real)0;
     for (int m = 0; m < NB; ++m) s += A[(size_t)(k + m) * np + col] * w[m];
     z[col] -= s;
 }
@@ -248,36 +271,31 @@ void backward(__global const double *restrict A, const int np, const int k,
 // Both triangular solves, L z = b then L^T x = z, in one launch of one work-group of LS items,
 // for matrices small enough that one group reading L beats a launch per block row (forward and
 // backward above: two launches per block, each a few microseconds of host and device even when
-// it does almost nothing). Block by block as those two: item 0 solves the diagonal block, then
-// every item updates its rows (columns) of what is left, in the same order of operations.
+// it does almost nothing). Block by block as those two, in the same order of operations: the
+// first NB items form the diagonal block's solution, then every item updates its rows
+// (columns) of what is left.
 __kernel __attribute__((reqd_work_group_size(${LS}, 1, 1)))
-void solve_small(__global const double *restrict A, const int np,
-                 __global const double *restrict diag,
-                 __global double *restrict b,      // (np) overwritten
-                 __global double *restrict z,      // (np) L^-1 b, overwritten
-                 __global double *restrict x,      // (n) the solution
+void solve_small(__global const real *restrict A, const int np,
+                 __global const real *restrict dinv,
+                 __global real *restrict b,      // (np) overwritten
+                 __global real *restrict z,      // (np) L^-1 b, overwritten
+                 __global real *restrict x,      // (n) the solution
                  const int n)
 {
-    __local double L[NB][NB + 1];
-    __local double w[NB];
+    __local real Li[NB][NB + 1];
+    __local real v[NB], w[NB];
     const int lid = get_local_id(0);
     for (int k = 0; k < np; k += NB) {
         if (lid < NB) {
-            __global const double *src = diag + (size_t)(k / NB) * NB * NB;
-            for (int i = 0; i < NB; ++i) L[i][lid] = src[i * NB + lid];
-            w[lid] = b[k + lid];
+            load_inverse_block(dinv, k / NB, Li);
+            v[lid] = b[k + lid];
         }
         barrier(CLK_LOCAL_MEM_FENCE);
-        if (lid == 0)
-            for (int j = 0; j < NB; ++j) {
-                double s = w[j];
-                for (int m = 0; m < j; ++m) s -= L[j][m] * w[m];
-                w[j] = s / L[j][j];
-            }
+        if (lid < NB) w[lid] = inverse_times(Li, v, lid, 0);
         barrier(CLK_LOCAL_MEM_FENCE);
         if (lid < NB) z[k + lid] = w[lid];
         for (int i = k + NB + lid; i < np; i += ${LS}) {
-            double s = 0.0;
+            real s = (real)0;
             for (int c = 0; c < NB; ++c) s += A[(size_t)i * np + k + c] * w[c];
             b[i] -= s;
         }
@@ -286,22 +304,17 @@ void solve_small(__global const double *restrict A, const int np,
     }
     for (int k = np - NB; k >= 0; k -= NB) {
         if (lid < NB) {
-            __global const double *src = diag + (size_t)(k / NB) * NB * NB;
-            for (int i = 0; i < NB; ++i) L[i][lid] = src[i * NB + lid];
-            w[lid] = z[k + lid];
+            load_inverse_block(dinv, k / NB, Li);
+            v[lid] = z[k + lid];
         }
         barrier(CLK_LOCAL_MEM_FENCE);
-        if (lid == 0)
-            for (int j = NB - 1; j >= 0; --j) {
-                double s = w[j];
-                for (int m = j + 1; m < NB; ++m) s -= L[m][j] * w[m];
-                w[j] = s / L[j][j];
-            }
+        if (lid < NB) w[lid] = inverse_times(Li, v, lid, 1);
         barrier(CLK_LOCAL_MEM_FENCE);
+        // (Stored after the barrier: PoCL 6 dropped this store when it sat beside w's.)
         if (lid < NB && k + lid < n) x[k + lid] = w[lid];
         // Columns left of block k, neighbouring items on neighbouring entries of each row.
         for (int col = lid; col < k; col += ${LS}) {
-            double s = 0.0;
+            real s = (real)0;
             for (int m = 0; m < NB; ++m) s += A[(size_t)(k + m) * np + col] * w[m];
             z[col] -= s;
         }

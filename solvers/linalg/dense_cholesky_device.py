@@ -1,5 +1,6 @@
 """Launcher of ``dense_cholesky_device.cl.mako``: a dense Cholesky factorisation and solve of one
-symmetric positive definite float64 matrix held on the OpenCL device.
+symmetric positive definite matrix held on the OpenCL device, in float64 or float32 (the latter
+the factor of :mod:`solvers.linalg.mixed_cholesky_device`'s mixed-precision solves).
 
 :class:`DenseCholesky` owns the padded matrix ``A`` (``np x np``, row-major, ``np`` the size
 rounded up to the block size), the right-hand side ``b`` and a failure flag. A caller writes the
@@ -36,7 +37,7 @@ def block_sizes(info):
     32-41 ms and 47-54 ms).
     """
     nb = 32
-    while nb > 4 and (2 * nb * (nb + 1) + nb) * 8 > info.local_mem_bytes:
+    while nb > 4 and (2 * nb * (nb + 1) + 2 * nb) * 8 > info.local_mem_bytes:
         nb //= 2
     nb = min(nb, 1 << (info.max_work_group_size.bit_length() - 1))
     rt = 8 if info.is_cpu else 4
@@ -50,10 +51,10 @@ def padded_size(n: int, nb: int) -> int:
     return arrays.round_up(max(1, int(n)), nb)
 
 
-def dense_bytes(n: int, nb: int = 32) -> int:
-    """Device bytes of a :class:`DenseCholesky` for ``n`` unknowns."""
+def dense_bytes(n: int, nb: int = 32, itemsize: int = 8) -> int:
+    """Device bytes of a :class:`DenseCholesky` for ``n`` unknowns (``itemsize``: 4 for float32)."""
     m = padded_size(n, nb)
-    return 8 * (m * m + 2 * m + m * nb) + 4
+    return itemsize * (m * m + 2 * m + 2 * m * nb) + 4
 
 
 def solve_group(info, NB: int) -> int:
@@ -65,10 +66,15 @@ class DenseCholesky:
     """The buffers and kernels of one ``n x n`` dense Cholesky on the device (see the module)."""
 
     def __init__(self, runtime, n: int, block: tuple = None, defer: int = DEFER,
-                 small_solve_max: int = SMALL_SOLVE_MAX):
+                 small_solve_max: int = SMALL_SOLVE_MAX, dtype=np.float64):
+        """``dtype``: np.float64 (needs the device's fp64) or np.float32, the matrix's storage
+        and arithmetic."""
         self.rt = rt = runtime
-        if not rt.info.fp64:
-            raise ValueError(f"the dense Cholesky needs fp64; {rt.info.name!r} has none")
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in (np.float32, np.float64):
+            raise ValueError(f"dtype must be np.float64 or np.float32, not {dtype!r}")
+        if self.dtype == np.float64 and not rt.info.fp64:
+            raise ValueError(f"the float64 dense Cholesky needs fp64; {rt.info.name!r} has none")
         self.n = int(n)
         self.NB, self.RT = block or block_sizes(rt.info)
         self.m = padded_size(self.n, self.NB)
@@ -79,26 +85,33 @@ class DenseCholesky:
             raise ValueError(f"defer must be a positive number of block columns, not {defer!r}")
         self.defer = int(defer)
         self.small_solve = self.m <= small_solve_max     # both solves in one launch (solve_small)
-        f64 = lambda size: arrays.scratch(rt, size, np.float64)  # noqa: E731
-        self.A = f64(self.m * self.m)
-        self.b, self.z = f64(self.m), f64(self.m)
-        self.diag = f64(self.m * self.NB)
+        real = lambda size: arrays.scratch(rt, size, self.dtype)  # noqa: E731
+        self.A = real(self.m * self.m)
+        self.b, self.z = real(self.m), real(self.m)
+        self.diag, self.dinv = real(self.m * self.NB), real(self.m * self.NB)
         self.flag = arrays.scratch(rt, 1, np.int32)
         self.LS = solve_group(rt.info, self.NB)
-        prg = get_program(TEMPLATE, rt, NB=self.NB, RT=self.RT, LS=self.LS)
+        prg = get_program(TEMPLATE, rt, **self._params(rt, self.NB, self.RT, self.dtype))
         self.k = presets(prg, self)      # this instance's own kernels, arguments set when they change
         self._m = np.int32(self.m)
         self.events = None        # a list to keep (name, event) pairs for a profile, or None
 
     @staticmethod
-    def program_request(runtime, block: tuple = None):
+    def _params(info_or_runtime, NB, RT, dtype):
+        info = getattr(info_or_runtime, "info", info_or_runtime)
+        return dict(NB=NB, RT=RT, LS=solve_group(info, NB),
+                    REAL="double" if np.dtype(dtype) == np.float64 else "float")
+
+    @staticmethod
+    def program_request(runtime, block: tuple = None, dtype=np.float64):
         """The program an instance on ``runtime`` builds, for :func:`clkernels.templates.prefetch`."""
         NB, RT = block or block_sizes(runtime.info)
-        return template_request(TEMPLATE, NB=NB, RT=RT, LS=solve_group(runtime.info, NB))
+        return template_request(TEMPLATE, **DenseCholesky._params(runtime, NB, RT, dtype))
 
     @property
     def nbytes(self) -> int:
-        return self.A.nbytes + self.b.nbytes + self.z.nbytes + self.diag.nbytes + self.flag.nbytes
+        return (self.A.nbytes + self.b.nbytes + self.z.nbytes + self.diag.nbytes + self.dinv.nbytes
+                + self.flag.nbytes)
 
     def _launch(self, name, gsize, lsize, *args):
         e = self.k[name](self.rt.queue, gsize, lsize, *args)
@@ -123,7 +136,7 @@ class DenseCholesky:
             kend = min(ko + self.defer, nb)
             for kb in range(ko, kend):
                 self._launch("panel", ((nb - kb) * NB,), (NB,), self.A.data, self._m, i32(kb * NB),
-                             self.diag.data, self.flag.data)
+                             self.diag.data, self.dinv.data, self.flag.data)
                 ncols = kend - kb - 1            # the deferred block's columns right of kb
                 if ncols:
                     groups = ncols * (nb - kb - 1)
@@ -136,21 +149,21 @@ class DenseCholesky:
                              i32(kend - ko), i32(kend), i32(0))
 
     def solve(self, x):
-        """Enqueue ``x = A^-1 b`` from the factor: ``x`` a float64 device array of at least ``n``
-        entries (its first ``n`` are written); ``b`` is overwritten."""
+        """Enqueue ``x = A^-1 b`` from the factor: ``x`` a device array of the matrix's type with at
+        least ``n`` entries (its first ``n`` are written); ``b`` is overwritten."""
         NB, nbk = self.NB, self.nblocks
-        if x.dtype != np.float64 or x.size < self.n:
-            raise ValueError(f"x must be float64 with at least {self.n} entries, got {x.size} {x.dtype}")
+        if x.dtype != self.dtype or x.size < self.n:
+            raise ValueError(f"x must be {self.dtype} with at least {self.n} entries, got {x.size} {x.dtype}")
         if self.small_solve:
-            self._launch("solve_small", (self.LS,), (self.LS,), self.A.data, self._m, self.diag.data,
+            self._launch("solve_small", (self.LS,), (self.LS,), self.A.data, self._m, self.dinv.data,
                          self.b.data, self.z.data, x.data, np.int32(self.n))
             return
         for kb in range(nbk):
             self._launch("forward", ((nbk - kb) * NB,), (NB,), self.A.data, self._m, np.int32(kb * NB),
-                         self.diag.data, self.b.data, self.z.data)
+                         self.dinv.data, self.b.data, self.z.data)
         for kb in reversed(range(nbk)):
             self._launch("backward", ((kb + 1) * NB,), (NB,), self.A.data, self._m, np.int32(kb * NB),
-                         self.diag.data, self.z.data, x.data, np.int32(self.n))
+                         self.dinv.data, self.z.data, x.data, np.int32(self.n))
 
     def failed(self) -> bool:
         """Whether the factorisation met a pivot that is not positive and finite (one read)."""
@@ -162,10 +175,10 @@ class DenseCholesky:
     def write_host(self, S, rhs):
         """Upload the symmetric ``S`` (n x n, its lower triangle is used) and ``rhs`` (n) padded."""
         m, n = self.m, self.n
-        A = np.zeros((m, m))
+        A = np.zeros((m, m), self.dtype)
         A[:n, :n] = np.tril(np.asarray(S, dtype=np.float64))
         A[np.arange(n, m), np.arange(n, m)] = 1.0
-        b = np.zeros(m)
+        b = np.zeros(m, self.dtype)
         b[:n] = rhs
         q = self.rt.queue
         cl.enqueue_copy(q, self.A.data, A)
@@ -176,7 +189,7 @@ class DenseCholesky:
         """``(x, ok)`` for host ``S`` and ``rhs``, all on the device."""
         self.write_host(S, rhs)
         self.factor()
-        x = arrays.scratch(self.rt, max(1, self.n), np.float64)
+        x = arrays.scratch(self.rt, max(1, self.n), self.dtype)
         arrays.keep_on_simulator(self.rt, x)      # a per-call output (see keep_on_simulator)
         self.solve(x)
         ok = not self.failed()

@@ -75,7 +75,7 @@ class DeviceIterativeSchur:
         self.st = state
 
     @staticmethod
-    def program_requests(runtime, C, P, R, nc, other_bytes, entry, device_setup=False):
+    def program_requests(runtime, C, P, R, nc, other_bytes, entry, device_setup=False, mixed=None):
         """The programs it builds beyond the state's and the CG's: none."""
         return []
 
@@ -141,16 +141,19 @@ class DeviceExplicitSchur:
         self.system = DeviceSparseSchur(st.rt, cam, pt, st.nc, st.npt, st.C, st.P, st.R,
                                         other_bytes=st.bytes_needed, events=st.events,
                                         camera_order=camera_order, copies=st.copies,
-                                        pattern=ev.reduced_pattern, dense=entry.dense, device_observations=dev)
+                                        pattern=ev.reduced_pattern, dense=entry.dense, device_observations=dev,
+                                        mixed=st.o.mixed_precision_solves)
         self.description = self.system.description
 
     @staticmethod
-    def program_requests(runtime, C, P, R, nc, other_bytes, entry, device_setup=False):
+    def program_requests(runtime, C, P, R, nc, other_bytes, entry, device_setup=False, mixed=None):
         """The programs it will build, for :func:`clkernels.templates.prefetch` (a guess where the
         factorisation's place depends on the pattern, which is made later). ``device_setup``: the
-        observations are ordered on the device, and the pattern is made there."""
+        observations are ordered on the device, and the pattern is made there; ``mixed``: the
+        option ``mixed_precision_solves``."""
         from .sparse_schur_device import DeviceSparseSchur
-        return DeviceSparseSchur.program_requests(runtime, C, P, R, nc, other_bytes, entry.dense, device_setup)
+        return DeviceSparseSchur.program_requests(runtime, C, P, R, nc, other_bytes, entry.dense, device_setup,
+                                                  mixed)
 
     @property
     def nbytes(self):

@@ -5,7 +5,11 @@ where that is fastest:
 - on the device, by a dense Cholesky (:mod:`solvers.linalg.dense_cholesky_device`), while the dense matrix fits
   (a fraction of the memory the rest of the solve leaves, one allocation) and is no larger than
   ``factorisation_limits.DEVICE_DENSE_MAX`` unknowns, on GPUs and other accelerators. Nothing crosses to the host
-  but a failure flag.
+  but a failure flag. With mixed-precision solves (``mixed``: ``Options.mixed_precision_solves``),
+  the factorisation is float32's and the solution is refined
+  in float64 to the float64 factorisation's accuracy (:mod:`solvers.linalg.mixed_cholesky_device`;
+  the float64 factorisation takes over where the refinement stalls); the residuals then cross
+  to the host, a vector per step.
 - otherwise on the host, from S's nonzero blocks read back (:mod:`solvers.linalg.host_cholesky`): the
   dense LAPACK Cholesky up to ``factorisation_limits.HOST_DENSE_MAX`` unknowns (the host path's choice, and the
   fastest there on the BAL problems) or further where S is nearly full (a COLMAP scene's), the
@@ -31,6 +35,7 @@ from clkernels.launch import release_kernels
 
 from . import factorisation_limits as limits, host_cholesky
 from .dense_cholesky_device import DenseCholesky, block_sizes, dense_bytes, padded_size
+from .mixed_cholesky_device import MixedCholesky, mixed_bytes
 from .schur_reduced_device import MAX_RUN_CPU, MAX_RUN_GPU, ReducedCameraSystem, ReducedPattern
 
 
@@ -59,18 +64,32 @@ def choose_factorisation(info, n_unknowns: int, other_bytes: int, fill: float = 
     return host_cholesky.best_sparse()
 
 
+def choose_mixed(info, n_unknowns: int, other_bytes: int, mixed=None) -> bool:
+    """Whether a matrix that :func:`choose_factorisation` puts on the device is solved in mixed
+    precision: ``mixed`` True or False as asked; None: on GPUs and other accelerators (on CPU
+    devices float32 has no such edge, and the host factorises anyway) where the float32 copy
+    fits beside the float64 matrix."""
+    if mixed is False or (mixed is None and info.is_cpu):
+        return False
+    nb, _ = block_sizes(info)
+    need = mixed_bytes(n_unknowns, nb)
+    return bool(mixed) or need <= limits.DENSE_MEMORY_FRACTION * max(0, info.global_mem_bytes - other_bytes)
+
+
 class DeviceSparseSchur:
     """One solve's sparse_schur linear systems on the device (built once per solve: the block
     structure does not change). :meth:`solve` per linear system."""
 
     def __init__(self, runtime, cam, pt, num_cameras, num_points, C=9, P=3, R=2, other_bytes=0, events=None,
-                 camera_order=None, copies=None, pattern=None, dense=False, device_observations=None):
+                 camera_order=None, copies=None, pattern=None, dense=False, device_observations=None,
+                 mixed=None):
         """``pattern``: the :class:`ReducedPattern` of these arguments where the caller has it
         (made with the device's run length); ``dense``: factorised dense at any size
         (:func:`choose_factorisation`). ``device_observations``: the observations ordered on the
         device (:class:`solvers.ba.observations_device.DeviceObservations`; ``cam``, ``pt`` and
         ``camera_order`` may then be None): the pattern is made there
-        (:mod:`solvers.linalg.schur_pattern_device`), else from their host copies."""
+        (:mod:`solvers.linalg.schur_pattern_device`), else from their host copies. ``mixed``:
+        mixed-precision solves on the device (:func:`choose_mixed`; None chooses)."""
         self.rt, self.C, self.copies = runtime, C, copies
         info = runtime.info
         max_run = MAX_RUN_CPU if info.is_cpu else MAX_RUN_GPU
@@ -105,10 +124,14 @@ class DeviceSparseSchur:
             self.flag = arrays.scratch(runtime, 1, np.int32)
             how = "dense Cholesky (LAPACK) on the host"
         elif self.where == "device":
-            self.dense = DenseCholesky(runtime, n)
+            if choose_mixed(info, n, other_bytes + self.system.nbytes, mixed):
+                self.dense = MixedCholesky(runtime, n)
+                how = "dense Cholesky on the device (float32, refined in float64)"
+            else:
+                self.dense = DenseCholesky(runtime, n)
+                how = "dense Cholesky on the device"
             self._flag = np.zeros(1, np.int32)      # the factorisation's flag, read back into it
             self.dense.events = events
-            how = "dense Cholesky on the device"
         else:
             self.dense = None
             self.blocks = arrays.scratch(runtime, max(1, pat.nblocks * C * C), np.float64)
@@ -129,23 +152,32 @@ class DeviceSparseSchur:
         arrays.keep_on_simulator(runtime, self)
 
     @staticmethod
-    def program_requests(runtime, C, P, R, num_cameras, other_bytes=0, dense=False, device_setup=False):
+    def program_requests(runtime, C, P, R, num_cameras, other_bytes=0, dense=False, device_setup=False,
+                         mixed=None):
         """The programs a system of ``num_cameras`` cameras builds, for
         :func:`clkernels.templates.prefetch`: the assembly's, and the dense output with the device's
         Cholesky where the matrix would be factorised there, else the blocks' (the pattern's fill,
         made later, can move a factorisation from LAPACK to CHOLMOD, never onto the device);
-        ``device_setup``: the pattern's own (made on the device from device observations)."""
-        on_device = choose_factorisation(runtime.info, C * num_cameras, other_bytes, 0.0, dense) == "device"
+        ``device_setup``: the pattern's own (made on the device from device observations);
+        ``mixed``: as the constructor's."""
+        n = C * num_cameras
+        on_device = choose_factorisation(runtime.info, n, other_bytes, 0.0, dense) == "device"
         out = "dense" if on_device else "blocks"
         reduced = [ReducedCameraSystem.program_request(runtime, C, P, R, o) for o in (None, out)]
         if device_setup:
             from .schur_pattern_device import program_request
             reduced.append(program_request())
-        return reduced + ([DenseCholesky.program_request(runtime)] if on_device else [])
+        if not on_device:
+            return reduced
+        if choose_mixed(runtime.info, n, other_bytes, mixed):
+            return reduced + MixedCholesky.program_requests(runtime)
+        return reduced + [DenseCholesky.program_request(runtime)]
 
     def close(self):
         """The solve is over: the kernel objects go back to their pools (launch.release_kernels)."""
-        release_kernels(self.system, *([self.dense] if self.dense is not None else []))
+        dense = [] if self.dense is None else [self.dense, *(getattr(self.dense, p) for p in ("d64", "d32")
+                                                             if hasattr(self.dense, p))]
+        release_kernels(self.system, *dense)
 
     @property
     def nbytes(self) -> int:

@@ -74,6 +74,11 @@ class Options:
             device-resident iterations, False keeps the host reference path.
         device_setup: where the observations are ordered before the iterations: None chooses
             (the device on GPUs from 100,000 observations), True the device, False the host.
+        mixed_precision_solves: sparse_schur's and dense_schur's dense Cholesky on the device in
+            float32, the solution refined in float64 to the float64 factorisation's accuracy (which
+            takes over where the refinement stalls). False (the default): float64 throughout;
+            True: mixed wherever the device factorises; None chooses: on GPUs and other
+            accelerators, where the float32 copy of the reduced matrix fits.
         profile_kernels: keep the device kernels' events and report their total time.
         checkpoint: write the best state to this file after iteration 0, every
             ``checkpoint_every`` iterations and at the end, atomically (None: no checkpoint).
@@ -108,6 +113,9 @@ class Options:
     # Where the observations are ordered before the iterations (solvers.ba.observations_device):
     # None chooses (the device on GPUs from 100,000 observations), True the device, False the host.
     device_setup: Optional[bool] = None
+    # The device's dense Cholesky in float32, refined in float64 (solvers.linalg.mixed_cholesky_device):
+    # True or False as asked; None chooses (GPUs and accelerators, where the float32 copy fits).
+    mixed_precision_solves: Optional[bool] = False
     # Keep the device kernels' events and report their total time (times["device_kernels"]).
     profile_kernels: bool = False
     # Write the best state found to this file (solvers.loop.checkpoint) after iteration 0, every
@@ -143,6 +151,9 @@ class Options:
             raise ValueError(f"device_resident must be None, True or False, got {self.device_resident!r}")
         if self.device_setup not in (None, True, False):
             raise ValueError(f"device_setup must be None, True or False, got {self.device_setup!r}")
+        if self.mixed_precision_solves not in (None, True, False):
+            raise ValueError("mixed_precision_solves must be None, True or False, "
+                             f"got {self.mixed_precision_solves!r}")
         if not (0 < self.min_lm_diagonal <= self.max_lm_diagonal):
             raise ValueError("need 0 < min_lm_diagonal <= max_lm_diagonal")
         check_checkpoint_options(self.checkpoint, self.checkpoint_every)
