@@ -61,10 +61,12 @@ def test_products_equal_dense_references(device, n_cameras):
     st.close()
 
 
-@pytest.mark.parametrize("linear_solver,factor", [("sparse_schur", False), ("sparse_schur", True)])
-def test_solves_equal_the_host_reduction(device, monkeypatch, linear_solver, factor):
+@pytest.mark.parametrize("linear_solver,factor,mixed", [("sparse_schur", False, False), ("sparse_schur", True, False),
+                                                        ("sparse_schur", True, True)])
+def test_solves_equal_the_host_reduction(device, monkeypatch, linear_solver, factor, mixed):
     """The device's reduction, with S factorised on the host (LAPACK: CPUs) or on the device
-    (the dense Cholesky: GPUs), against the host's reduction."""
+    (the dense Cholesky: GPUs; ``mixed``: in float32, refined in float64), against the host's
+    reduction."""
     if not device.info.fp64:
         pytest.skip("the device reduction needs fp64")
     monkeypatch.setattr(pair_schur_device, "factors_on_device", lambda runtime: factor)
@@ -72,10 +74,11 @@ def test_solves_equal_the_host_reduction(device, monkeypatch, linear_solver, fac
     # (device_resident=False: the general core, whose reduction this is; by default its prior
     # kind would join the reprojections on the device-resident core, solvers.general.merged_groups.)
     kw = dict(linear_solver=linear_solver, max_iterations=10, handle_sigint=False, device_resident=False)
-    a = solvers.solve(three_group_problem(s, device=device), **kw)
+    a = solvers.solve(three_group_problem(s, device=device), mixed_precision_solves=mixed, **kw)
     b = solvers.solve(three_group_problem(s, device=device), schur_backend="numpy", **kw)
     assert "keys'" in a.linear_solver_detail and "keys'" not in b.linear_solver_detail
     assert ("dense Cholesky on " + device.info.name in a.linear_solver_detail) == factor
+    assert ("(float32, refined in float64)" in a.linear_solver_detail) == mixed
     assert len(a.history) == len(b.history) > 2
     for x, y in zip(a.history, b.history):
         assert x.cost == pytest.approx(y.cost, rel=1e-10)

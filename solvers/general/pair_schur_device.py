@@ -49,8 +49,11 @@ class DevicePairSchur(PairReduction):
     :class:`solvers.general.sparse_state._Kind` with an eliminated slot) on ``runtime``'s device.
     Raises :class:`NoDevicePairSchur` where :class:`PairSchur` should serve."""
 
-    def __init__(self, kind, block, nf: int, ne_rows: int, runtime):
+    def __init__(self, kind, block, nf: int, ne_rows: int, runtime, mixed=False):
+        """``mixed``: ``Options.mixed_precision_solves`` for :meth:`factor_solve`."""
         self.rt = rt = runtime
+        self.mixed = mixed
+        self.factor_note = ""          # how factor_solve factorises, beyond "dense Cholesky"
         if not rt.info.fp64:
             raise NoDevicePairSchur(f"{rt.info.name!r} has no fp64")
         if nf > limits.DENSE_FILL_MAX:
@@ -173,11 +176,14 @@ class DevicePairSchur(PairReduction):
         :meth:`enqueue_keys`; ``FtF`` (scipy sparse) is ``F^T F`` of the rows outside
         :meth:`covered_rows`, ``d2`` and ``b`` host vectors (nf)."""
         from ..linalg.dense_cholesky_device import DenseCholesky
+        from ..linalg.mixed_cholesky_device import MixedCholesky, choose_mixed
         rt, nf, q = self.rt, self.nf, self.rt.queue
         if not (np.all(np.isfinite(FtF.data)) and np.all(np.isfinite(b))):
             return None, False, MSG_NOT_FINITE
         if self.cholesky is None:
-            self.cholesky = DenseCholesky(rt, nf)
+            mixed = choose_mixed(rt.info, nf, 0, self.mixed)
+            self.cholesky = (MixedCholesky if mixed else DenseCholesky)(rt, nf)
+            self.factor_note = " (float32, refined in float64)" if mixed else ""
             self.x = arrays.scratch(rt, max(1, nf), np.float64)
         dc = self.cholesky
         dc.clear()

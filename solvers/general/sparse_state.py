@@ -151,7 +151,7 @@ class SparseState(LoopState):
             if runtime is not None and self.pair is None:
                 from .pair_schur_device import DevicePairSchur, NoDevicePairSchur
                 try:
-                    self.pair = DevicePairSchur(*args, runtime)
+                    self.pair = DevicePairSchur(*args, runtime, mixed=options.mixed_precision_solves)
                 except NoDevicePairSchur:
                     pass
             if self.pair is None:
@@ -289,7 +289,7 @@ class SparseState(LoopState):
             self.pair.enqueue_keys(Vinv)
             b = self.gf - self.pair.w_times(None, self.ge.reshape(-1, ke))
             yf, ok, msg = self.pair.factor_solve(self.FtF, d2[:nf], b)
-            self.factorised_with = f"dense Cholesky on {self.pair.rt.info.name}"
+            self.factorised_with = f"dense Cholesky on {self.pair.rt.info.name}{self.pair.factor_note}"
             its = 1
         else:
             if self.pair is not None:

@@ -31,6 +31,7 @@ from clkernels import arrays
 from clkernels.launch import presets
 from clkernels.templates import get_program, template_request
 
+from . import factorisation_limits as limits
 from .dense_cholesky_device import NOT_POSITIVE_DEFINITE, DenseCholesky, block_sizes, dense_bytes
 
 TEMPLATE = "solvers/linalg/mixed_refinement.cl.mako"
@@ -47,6 +48,18 @@ def mixed_bytes(n: int, nb: int = 32) -> int:
     """Device bytes of a :class:`MixedCholesky` for ``n`` unknowns: both matrices and the vectors."""
     m = -(-max(1, int(n)) // nb) * nb
     return dense_bytes(n, nb) + dense_bytes(n, nb, 4) + 8 * 2 * m + 4 * m
+
+
+def choose_mixed(info, n_unknowns: int, other_bytes: int, mixed=None) -> bool:
+    """Whether a matrix that is factorised on the device is solved in mixed precision
+    (``Options.mixed_precision_solves``): ``mixed`` True or False as asked; None: on GPUs and
+    other accelerators (on CPU devices float32 has no such edge, and the host factorises
+    anyway) where the float32 copy fits beside the float64 matrix."""
+    if mixed is False or (mixed is None and info.is_cpu):
+        return False
+    nb, _ = block_sizes(info)
+    need = mixed_bytes(n_unknowns, nb)
+    return bool(mixed) or need <= limits.DENSE_MEMORY_FRACTION * max(0, info.global_mem_bytes - other_bytes)
 
 
 class MixedCholesky:

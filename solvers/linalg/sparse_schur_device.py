@@ -35,7 +35,7 @@ from clkernels.launch import release_kernels
 
 from . import factorisation_limits as limits, host_cholesky
 from .dense_cholesky_device import DenseCholesky, block_sizes, dense_bytes, padded_size
-from .mixed_cholesky_device import MixedCholesky, mixed_bytes
+from .mixed_cholesky_device import MixedCholesky, choose_mixed
 from .schur_reduced_device import MAX_RUN_CPU, MAX_RUN_GPU, ReducedCameraSystem, ReducedPattern
 
 
@@ -64,18 +64,6 @@ def choose_factorisation(info, n_unknowns: int, other_bytes: int, fill: float = 
     return host_cholesky.best_sparse()
 
 
-def choose_mixed(info, n_unknowns: int, other_bytes: int, mixed=None) -> bool:
-    """Whether a matrix that :func:`choose_factorisation` puts on the device is solved in mixed
-    precision: ``mixed`` True or False as asked; None: on GPUs and other accelerators (on CPU
-    devices float32 has no such edge, and the host factorises anyway) where the float32 copy
-    fits beside the float64 matrix."""
-    if mixed is False or (mixed is None and info.is_cpu):
-        return False
-    nb, _ = block_sizes(info)
-    need = mixed_bytes(n_unknowns, nb)
-    return bool(mixed) or need <= limits.DENSE_MEMORY_FRACTION * max(0, info.global_mem_bytes - other_bytes)
-
-
 class DeviceSparseSchur:
     """One solve's sparse_schur linear systems on the device (built once per solve: the block
     structure does not change). :meth:`solve` per linear system."""
@@ -89,7 +77,8 @@ class DeviceSparseSchur:
         device (:class:`solvers.ba.observations_device.DeviceObservations`; ``cam``, ``pt`` and
         ``camera_order`` may then be None): the pattern is made there
         (:mod:`solvers.linalg.schur_pattern_device`), else from their host copies. ``mixed``:
-        mixed-precision solves on the device (:func:`choose_mixed`; None chooses)."""
+        mixed-precision solves on the device (:func:`~solvers.linalg.mixed_cholesky_device.choose_mixed`;
+        None chooses)."""
         self.rt, self.C, self.copies = runtime, C, copies
         info = runtime.info
         max_run = MAX_RUN_CPU if info.is_cpu else MAX_RUN_GPU
