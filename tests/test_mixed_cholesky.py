@@ -98,6 +98,15 @@ def test_mixed_solve_hands_over_to_float64_where_float32_cannot(device):
     assert mc.fell_back and mc.fallbacks == 1 and not mc.failed()
     x64, _ = DenseCholesky(device, n, block=(16, 4)).solve_host(S, b)
     np.testing.assert_array_equal(x, x64)
+    # From then on float64 directly, even for a matrix float32 would do (no wasted factorisation).
+    S2 = spd(n, 12, 10.0)
+    mc.write_host(S2, b)
+    mc.factor()
+    from clkernels import arrays
+    y = arrays.scratch(device, n, np.float64)
+    mc.solve(y)
+    assert mc.float64_only and mc.steps == 0 and not mc.fell_back and mc.fallbacks == 1
+    np.testing.assert_allclose(y.get(), np.linalg.solve(S2, b), rtol=1e-12)
 
 
 @pytest.mark.oclgrind

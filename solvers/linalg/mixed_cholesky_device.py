@@ -20,7 +20,10 @@ halves ``w`` and ``w <= n eps`` (float64's rounding floor). A normwise test (dsp
 float64 factorisation's at conditions of 5e8-3e9. The float64 factorisation takes over when the
 float32 one meets a pivot that is not positive, when ``w`` stalls above ``n eps`` (the float32
 factor is too poor a preconditioner for this matrix: further steps would be wasted), or after
-:data:`MAX_STEPS` steps.
+:data:`MAX_STEPS` steps. Once it has, it factorises in float64 from the next solve on as well:
+in a Levenberg-Marquardt solve the damping mostly falls from one iteration to the next and the
+matrix's condition grows, so the float32 factorisation would mostly be wasted again (on
+problem-49 of the BAL set the last seven solves all handed over).
 """
 from __future__ import annotations
 
@@ -90,6 +93,7 @@ class MixedCholesky:
         self.steps = 0                 # refinement steps of the last solve
         self.fell_back = False         # whether the last solve took the float64 factorisation
         self.fallbacks = 0             # over this instance's life
+        self.float64_only = False      # after a hand-over (module docstring)
         self.bytes_to_host = 0
 
     @staticmethod
@@ -124,6 +128,8 @@ class MixedCholesky:
         """Enqueue the float32 copy of S's lower triangle (S's upper triangle made its mirror)
         and its factorisation."""
         self._share_events()
+        if self.float64_only:
+            return
         t = -(-self.m // TILE)
         self._launch("demote", (t * TILE, t * 8), (TILE, 8), self.A.data, self.d32.A.data, self.d32.flag.data,
                      self._m)
@@ -150,12 +156,16 @@ class MixedCholesky:
         if x.dtype != np.float64 or x.size < self.n:
             raise ValueError(f"x must be float64 with at least {self.n} entries, got {x.size} {x.dtype}")
         self.steps, self.fell_back = 0, False
+        if self.float64_only:
+            self.d64.factor()
+            self.d64.solve(x)
+            return
         flags = self._read(self.d32.flag)[0] | self._read(self.flag)[0]
         if flags & ~NOT_POSITIVE_DEFINITE:
             return                      # S itself is not finite: the caller reads that in flag
         if not flags & NOT_POSITIVE_DEFINITE and self._refine(x):
             return
-        self.fell_back = True
+        self.fell_back = self.float64_only = True
         self.fallbacks += 1
         self.d64.factor()
         self.d64.solve(x)
