@@ -39,7 +39,8 @@ def spd(n, seed, cond=1e3):
 
 # -- the dense device Cholesky -------------------------------------------------------------------
 
-SOLVES = {"one-group": dict(), "per-block": dict(small_solve_max=0)}
+SOLVES = {"one-group": dict(), "per-block": dict(small_solve_max=0, solve_blocks=1),
+          "super-blocks": dict(small_solve_max=0, solve_blocks=3)}
 
 
 @pytest.mark.oclgrind
@@ -73,9 +74,11 @@ def test_dense_cholesky_against_numpy(device, n, block, defer):
     chol = DenseCholesky(device, n, block=block, defer=defer)
     x, ok = chol.solve_host(S, b)
     assert ok and chol.small_solve
-    x_blocks, ok = DenseCholesky(device, n, block=block, defer=defer, small_solve_max=0).solve_host(S, b)
-    assert ok
-    np.testing.assert_allclose(x, x_blocks, rtol=1e-13, atol=1e-15 * np.abs(x).max())
+    for sb in (1, 2, 4):      # block rows per solve launch: the last super-block short or whole
+        x_blocks, ok = DenseCholesky(device, n, block=block, defer=defer, small_solve_max=0,
+                                     solve_blocks=sb).solve_host(S, b)
+        assert ok
+        np.testing.assert_allclose(x, x_blocks, rtol=1e-12, atol=1e-14 * np.abs(x).max())
     L = np.linalg.cholesky(S)
     np.testing.assert_allclose(chol.lower_factor(), L, rtol=1e-10, atol=1e-12 * np.abs(L).max())
     np.testing.assert_allclose(x, np.linalg.solve(S, b), rtol=1e-8, atol=1e-12)

@@ -16,9 +16,9 @@
 ##
 ## and per block row for the solves (b is overwritten):
 ##
-##   forward   L z = b: every group forms the diagonal block's z_k = L_kk^-1 b_k; group 0
-##             stores it, the others subtract A_ik z_k from their NB entries of b
-##   backward  L^T x = z: every group forms x_k = L_kk^-T z_k; the group of block k stores it,
+##   forward   L z = b: every group solves the diagonal super-block (up to SB block rows) for
+##             z_k; group 0 stores it, the others subtract A_ik z_k from their NB entries of b
+##   backward  L^T x = z: every group solves the super-block for x_k; its own group stores it,
 ##             the others subtract A_kj^T x_k from their NB entries of z
 ##
 ## The solves multiply by the inverted diagonal blocks instead of substituting through them: a
@@ -32,7 +32,8 @@
 ## flag[0] (int): bit 1 (value 2) is set when a pivot is not positive and finite, as LAPACK's
 ## dpotrf fails; the factorisation then goes on with NaN, which the caller discards.
 ## Parameters: REAL (the storage and arithmetic type), NB (block size, a power of two), RT (update
-## entries per work-item and dimension, a divisor of NB). The host may defer the trailing update over several block columns (see
+## entries per work-item and dimension, a divisor of NB), SB (block rows per solve launch at
+## most), LS (solve_small's work-group size). The host may defer the trailing update over several block columns (see
 ## update): the panel then also updates the rest of its deferred block's columns.
 <%namespace name="common" file="/clkernels/common.cl.mako"/>
 %if REAL == "double":
@@ -215,56 +216,93 @@ real inverse_times(__local const real (*Li)[NB + 1], __local const real *v, cons
     return s;
 }
 
+// The solves take up to SB block rows (a "super-block" of nsub <= SB blocks) per launch: each
+// launch's fixed cost (some microseconds between launches on a GPU) is paid a quarter as often
+// at SB = 4, for a few more sub-steps inside it. Every group solves the super-block's own
+// triangle redundantly (reading it from the cache), so no group waits on another.
+
+// v_s = b_s - sum over t < s of L_st w_t (forward) or z_s - sum over t > s of L_ts^T w_t
+// (backward): item r's entry of sub-block s, the super-block starting at row k.
+real super_rhs(__global const real *A, const int np, const int k, const int s, const int nsub,
+               const real own, __local const real *wl, const int transposed)
+{
+    const int r = get_local_id(0);
+    real v = own;
+    if (!transposed) {
+        __global const real *row = A + (size_t)(k + s * NB + r) * np + k;
+        for (int c = 0; c < s * NB; ++c) v -= row[c] * wl[c];
+    } else {
+        for (int t = s + 1; t < nsub; ++t)
+            for (int m = 0; m < NB; ++m)
+                v -= A[(size_t)(k + t * NB + m) * np + k + s * NB + r] * wl[t * NB + m];
+    }
+    return v;
+}
+
+// wl (nsub NB entries) = the super-block's solution: sub-block by sub-block, each through its
+// inverted diagonal block. rhs: the super-block's right-hand side in global memory.
+void solve_super_block(__global const real *A, const int np, __global const real *dinv, const int k,
+                       const int nsub, __global const real *rhs, __local real (*Li)[NB + 1],
+                       __local real *v, __local real *wl, const int transposed)
+{
+    const int r = get_local_id(0);
+    for (int q = 0; q < nsub; ++q) {
+        const int s = transposed ? nsub - 1 - q : q;
+        load_inverse_block(dinv, k / NB + s, Li);
+        v[r] = super_rhs(A, np, k, s, nsub, rhs[k + s * NB + r], wl, transposed);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        wl[s * NB + r] = inverse_times(Li, v, r, transposed);
+        barrier(CLK_LOCAL_MEM_FENCE);     // before Li and v are reloaded, and wl is read
+    }
+}
+
 __kernel __attribute__((reqd_work_group_size(NB, 1, 1)))
-void forward(__global const real *restrict A, const int np, const int k,
+void forward(__global const real *restrict A, const int np, const int k, const int nsub,
              __global const real *restrict dinv,
-             __global real *restrict b,          // (np) right-hand side, updated below block k
+             __global real *restrict b,          // (np) right-hand side, updated below the super-block
              __global real *restrict z)          // (np) the solution of L z = b
 {
     __local real Li[NB][NB + 1];
     __local real T[NB][NB + 1];
-    __local real v[NB], w[NB];
+    __local real v[NB], wl[${SB} * NB];
     const int r = get_local_id(0), g = get_group_id(0);
-    const int row0 = k + g * NB;
-    load_inverse_block(dinv, k / NB, Li);
-    v[r] = b[k + r];
-    if (g > 0)
-        for (int i = 0; i < NB; ++i) T[i][r] = A[(size_t)(row0 + i) * np + k + r];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    w[r] = inverse_times(Li, v, r, 0);
+    solve_super_block(A, np, dinv, k, nsub, b, Li, v, wl, 0);
     if (g == 0) {
-        z[k + r] = w[r];
+        for (int c = r; c < nsub * NB; c += NB) z[k + c] = wl[c];
         return;
     }
-    barrier(CLK_LOCAL_MEM_FENCE);
+    // Group g: NB rows below the super-block; each tile of them staged (coalesced) in T.
+    const int row0 = k + nsub * NB + (g - 1) * NB;
     real s = (real)0;
-    for (int c = 0; c < NB; ++c) s += T[r][c] * w[c];
+    for (int t = 0; t < nsub; ++t) {
+        for (int i = 0; i < NB; ++i) T[i][r] = A[(size_t)(row0 + i) * np + k + t * NB + r];
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int c = 0; c < NB; ++c) s += T[r][c] * wl[t * NB + c];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
     b[row0 + r] -= s;
 }
 
 __kernel __attribute__((reqd_work_group_size(NB, 1, 1)))
-void backward(__global const real *restrict A, const int np, const int k,
+void backward(__global const real *restrict A, const int np, const int k, const int nsub,
               __global const real *restrict dinv,
-              __global real *restrict z,         // (np) from forward, updated above block k
+              __global real *restrict z,         // (np) from forward, updated left of the super-block
               __global real *restrict x,         // (n) the solution of L^T x = z
               const int n)
 {
     __local real Li[NB][NB + 1];
-    __local real v[NB], w[NB];
-    const int r = get_local_id(0), g = get_group_id(0), kb = k / NB;
-    load_inverse_block(dinv, kb, Li);
-    v[r] = z[k + r];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    w[r] = inverse_times(Li, v, r, 1);
-    if (g == kb) {
-        if (k + r < n) x[k + r] = w[r];
+    __local real v[NB], wl[${SB} * NB];
+    const int r = get_local_id(0), g = get_group_id(0);
+    solve_super_block(A, np, dinv, k, nsub, z, Li, v, wl, 1);
+    if (g == k / NB) {
+        for (int c = r; c < nsub * NB; c += NB)
+            if (k + c < n) x[k + c] = wl[c];
         return;
     }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    // Column g NB + r of block row k: neighbouring items read neighbouring entries.
+    // Column g NB + r left of the super-block: neighbouring items read neighbouring entries.
     const int col = g * NB + r;
     real s = (real)0;
-    for (int m = 0; m < NB; ++m) s += A[(size_t)(k + m) * np + col] * w[m];
+    for (int m = 0; m < nsub * NB; ++m) s += A[(size_t)(k + m) * np + col] * wl[m];
     z[col] -= s;
 }
 

@@ -25,6 +25,9 @@ DEFER = 4
 # (solve_small): L is then at most 64 MiB, which one group reads faster than 2 * size / NB
 # launches cost (two per block row, each some microseconds on the host and on the device).
 SMALL_SOLVE_MAX = 4096
+# Block rows per launch of the larger solves (the template's SB): every launch's fixed cost,
+# some microseconds between launches on a GPU, paid a quarter as often.
+SOLVE_BLOCKS = 4
 
 
 def block_sizes(info):
@@ -37,7 +40,7 @@ def block_sizes(info):
     32-41 ms and 47-54 ms).
     """
     nb = 32
-    while nb > 4 and (2 * nb * (nb + 1) + 2 * nb) * 8 > info.local_mem_bytes:
+    while nb > 4 and (2 * nb * (nb + 1) + (1 + SOLVE_BLOCKS) * nb) * 8 > info.local_mem_bytes:
         nb //= 2
     nb = min(nb, 1 << (info.max_work_group_size.bit_length() - 1))
     rt = 8 if info.is_cpu else 4
@@ -66,9 +69,10 @@ class DenseCholesky:
     """The buffers and kernels of one ``n x n`` dense Cholesky on the device (see the module)."""
 
     def __init__(self, runtime, n: int, block: tuple = None, defer: int = DEFER,
-                 small_solve_max: int = SMALL_SOLVE_MAX, dtype=np.float64):
+                 small_solve_max: int = SMALL_SOLVE_MAX, dtype=np.float64, solve_blocks: int = SOLVE_BLOCKS):
         """``dtype``: np.float64 (needs the device's fp64) or np.float32, the matrix's storage
-        and arithmetic."""
+        and arithmetic. ``solve_blocks``: block rows per launch of the solves above
+        ``small_solve_max``."""
         self.rt = rt = runtime
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.float32, np.float64):
@@ -84,6 +88,9 @@ class DenseCholesky:
         if int(defer) < 1:
             raise ValueError(f"defer must be a positive number of block columns, not {defer!r}")
         self.defer = int(defer)
+        if int(solve_blocks) < 1:
+            raise ValueError(f"solve_blocks must be a positive number of block rows, not {solve_blocks!r}")
+        self.SB = int(solve_blocks)
         self.small_solve = self.m <= small_solve_max     # both solves in one launch (solve_small)
         real = lambda size: arrays.scratch(rt, size, self.dtype)  # noqa: E731
         self.A = real(self.m * self.m)
@@ -91,15 +98,15 @@ class DenseCholesky:
         self.diag, self.dinv = real(self.m * self.NB), real(self.m * self.NB)
         self.flag = arrays.scratch(rt, 1, np.int32)
         self.LS = solve_group(rt.info, self.NB)
-        prg = get_program(TEMPLATE, rt, **self._params(rt, self.NB, self.RT, self.dtype))
+        prg = get_program(TEMPLATE, rt, **self._params(rt, self.NB, self.RT, self.dtype, self.SB))
         self.k = presets(prg, self)      # this instance's own kernels, arguments set when they change
         self._m = np.int32(self.m)
         self.events = None        # a list to keep (name, event) pairs for a profile, or None
 
     @staticmethod
-    def _params(info_or_runtime, NB, RT, dtype):
+    def _params(info_or_runtime, NB, RT, dtype, SB=SOLVE_BLOCKS):
         info = getattr(info_or_runtime, "info", info_or_runtime)
-        return dict(NB=NB, RT=RT, LS=solve_group(info, NB),
+        return dict(NB=NB, RT=RT, LS=solve_group(info, NB), SB=SB,
                     REAL="double" if np.dtype(dtype) == np.float64 else "float")
 
     @staticmethod
@@ -158,12 +165,15 @@ class DenseCholesky:
             self._launch("solve_small", (self.LS,), (self.LS,), self.A.data, self._m, self.dinv.data,
                          self.b.data, self.z.data, x.data, np.int32(self.n))
             return
-        for kb in range(nbk):
-            self._launch("forward", ((nbk - kb) * NB,), (NB,), self.A.data, self._m, np.int32(kb * NB),
-                         self.dinv.data, self.b.data, self.z.data)
-        for kb in reversed(range(nbk)):
-            self._launch("backward", ((kb + 1) * NB,), (NB,), self.A.data, self._m, np.int32(kb * NB),
-                         self.dinv.data, self.z.data, x.data, np.int32(self.n))
+        i32, SB = np.int32, self.SB
+        for kb in range(0, nbk, SB):                 # group 0 the super-block, one group per block below
+            nsub = min(SB, nbk - kb)
+            self._launch("forward", ((1 + nbk - kb - nsub) * NB,), (NB,), self.A.data, self._m, i32(kb * NB),
+                         i32(nsub), self.dinv.data, self.b.data, self.z.data)
+        for end in range(nbk, 0, -SB):               # one group per block left of it, then its own
+            kb = max(0, end - SB)
+            self._launch("backward", ((kb + 1) * NB,), (NB,), self.A.data, self._m, i32(kb * NB),
+                         i32(end - kb), self.dinv.data, self.z.data, x.data, i32(self.n))
 
     def failed(self) -> bool:
         """Whether the factorisation met a pivot that is not positive and finite (one read)."""
