@@ -8,7 +8,8 @@ kernels' event span and each kernel's summed event time (``kernel_sums``), the f
 rate (n^3 / 3 multiply-adds, 2 flops each) and the relative residual ``|S x - b| / |b|`` checked
 on the host. ``--mixed``: also the mixed-precision solve (solvers.linalg.mixed_cholesky_device:
 the float32 factorisation, refined in float64; ``--rt32``: its update's RT values), with its
-refinement steps. The matrix is diagonally dominant (random symmetric entries in [-0.5, 0.5] plus n on
+refinement steps; ``--solve-blocks``: block rows per launch of the triangular solves. The matrix
+is diagonally dominant (random symmetric entries in [-0.5, 0.5] plus n on
 the diagonal), so it is positive definite.
 
     PYCLAD_DEVICE=nvidia python benchmarks/bench_dense_cholesky.py              # 657, 4,096, 16,002
@@ -21,7 +22,7 @@ import pyopencl.array as cla
 
 import harness
 
-from solvers.linalg.dense_cholesky_device import DenseCholesky, block_sizes
+from solvers.linalg.dense_cholesky_device import SOLVE_BLOCKS, DenseCholesky, block_sizes
 from solvers.linalg.mixed_cholesky_device import MixedCholesky
 
 
@@ -39,6 +40,8 @@ def main():
     p.add_argument("--defer", default="1,2,4,8", help="comma-separated deferrals to compare")
     p.add_argument("--rt", default="", help="comma-separated RT values (default: the device's)")
     p.add_argument("--mixed", action="store_true", help="also the mixed-precision solve")
+    p.add_argument("--solve-blocks", default="", help="comma-separated block rows per solve launch to compare "
+                   "(default: the module's; the solves above the one-group size)")
     p.add_argument("--rt32", default="", help="its float32 update's RT values (default: the device's)")
     p.set_defaults(repeat=5)
     args = p.parse_args()
@@ -48,6 +51,7 @@ def main():
     nb, rt0 = block_sizes(rt.info)
     rts = [int(v) for v in args.rt.split(",") if v] or [rt0]
     defers = [int(v) for v in args.defer.split(",") if v]
+    sbs = [int(v) for v in args.solve_blocks.split(",") if v] or [SOLVE_BLOCKS]
     for n in (int(v) for v in args.sizes.split(",") if v):
         S = spd(n, n)
         b = np.random.default_rng(1).standard_normal(n)
@@ -56,7 +60,9 @@ def main():
             if nb % r or (nb // r) ** 2 > rt.info.max_work_group_size:
                 continue
             for d in defers:
-                variants[f"defer {d}, RT {r}"] = DenseCholesky(rt, n, block=(nb, r), defer=d)
+                for sb in sbs:
+                    name = f"defer {d}, RT {r}" + (f", SB {sb}" if args.solve_blocks else "")
+                    variants[name] = DenseCholesky(rt, n, block=(nb, r), defer=d, solve_blocks=sb)
         if args.mixed:
             for r in [int(v) for v in args.rt32.split(",") if v] or [rt0]:
                 if nb % r or (nb // r) ** 2 > rt.info.max_work_group_size:
