@@ -150,6 +150,8 @@ def test_mixed_sparse_schur_follows_the_float64_path_on_bal(device, name, monkey
     assert [h.step_is_successful for h in mixed.history] == [h.step_is_successful for h in f64.history]
     np.testing.assert_allclose([h.cost for h in mixed.history], [h.cost for h in f64.history], rtol=1e-10)
     assert mixed.termination_type == f64.termination_type
+    # The refinement's residuals cross to the host, and the transfers say so.
+    assert mixed.transfers["bytes_to_host"] > f64.transfers["bytes_to_host"]
 
 
 def test_mixed_precision_solves_option_is_checked(device):

@@ -94,7 +94,7 @@ class MixedCholesky:
         self.fell_back = False         # whether the last solve took the float64 factorisation
         self.fallbacks = 0             # over this instance's life
         self.float64_only = False      # after a hand-over (module docstring)
-        self.bytes_to_host = 0
+        self.bytes_to_host = 0         # the residuals and flags read (the caller's transfers count them)
 
     @staticmethod
     def program_requests(runtime, block: tuple = None):
@@ -106,10 +106,6 @@ class MixedCholesky:
     @property
     def nbytes(self) -> int:
         return self.d64.nbytes + self.d32.nbytes + self.r.nbytes + self.scale.nbytes + self.c.nbytes
-
-    @property
-    def description(self) -> str:
-        return "float32 factorisation, refined in float64"
 
     def _launch(self, name, gsize, lsize, *args):
         e = self.k[name](self.rt.queue, gsize, lsize, *args)

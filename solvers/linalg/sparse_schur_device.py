@@ -214,7 +214,7 @@ class DeviceSparseSchur:
         sys_.enqueue_rhs(gc, gp, d.b, d.flag)
         sys_.enqueue_dense(B, dc2, d.A, d.m, d.flag)
         d.factor()
-        d.solve(x)
+        self._solve_dense(x)
         cl.enqueue_copy(self.rt.queue, self._flag, d.flag.data, is_blocking=not defer)
         self.bytes_to_host += self._flag.nbytes
         if defer:
@@ -236,7 +236,7 @@ class DeviceSparseSchur:
             cp.compress(self.A_keys, d.A, d.m, lower=True, sign=-1.0)
             cp.to_columns(self.rhs_keys, d.b)
             d.factor()
-            d.solve(self.y)
+            self._solve_dense(self.y)
             cp.to_copies(self.y, x)
             cl.enqueue_copy(q, self._flag, d.flag.data, is_blocking=not defer)
             self.bytes_to_host += self._flag.nbytes
@@ -259,6 +259,12 @@ class DeviceSparseSchur:
         self.bytes_to_device += y.nbytes
         cp.to_copies(self.y, x)
         return True, "Success."
+
+    def _solve_dense(self, x):
+        """The dense factor's solve into ``x``; a mixed-precision one's reads counted."""
+        before = getattr(self.dense, "bytes_to_host", 0)
+        self.dense.solve(x)
+        self.bytes_to_host += getattr(self.dense, "bytes_to_host", 0) - before
 
     def outcome(self):
         """``(ok, message)`` of the last device solve, from its flag (read by then)."""
