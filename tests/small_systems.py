@@ -53,3 +53,12 @@ def dense_solution(st, r, jc, jp, D):
         J[R * o:R * o + R, C * nc + P * st.pt[o]:C * nc + P * st.pt[o] + P] = jp[o]
     A = J.T @ J + np.diag(D * D)
     return np.linalg.solve(A, J.T @ r.ravel()), J
+
+
+def spd(n, seed, cond=1e3):
+    """A random symmetric positive definite matrix with eigenvalues from 1 to ``cond`` (exactly
+    symmetric: the dense Cholesky tests read either triangle)."""
+    rng = np.random.default_rng(seed)
+    Q, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    S = (Q * np.geomspace(1.0, cond, n)) @ Q.T
+    return (S + S.T) / 2

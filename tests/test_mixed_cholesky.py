@@ -6,22 +6,18 @@ import numpy as np
 import pytest
 
 import solvers
+from clkernels import arrays
 from solvers.linalg import factorisation_limits
 from solvers.linalg.dense_cholesky_device import DenseCholesky
 from solvers.linalg.mixed_cholesky_device import MixedCholesky
+
+from bal_data import bal_file
+from small_systems import spd
 
 
 def needs_fp64(device):
     if not device.info.fp64:
         pytest.skip("the mixed-precision solve refines in float64")
-
-
-def spd(n, seed, cond):
-    """Symmetric positive definite, eigenvalues spread geometrically from 1 to ``cond``."""
-    rng = np.random.default_rng(seed)
-    Q, _ = np.linalg.qr(rng.standard_normal((n, n)))
-    S = (Q * np.geomspace(1.0, cond, n)) @ Q.T
-    return (S + S.T) / 2
 
 
 def mixed_solve(device, S, b, block, keep=None):
@@ -30,7 +26,6 @@ def mixed_solve(device, S, b, block, keep=None):
         keep(mc)
     mc.write_host(S, b)
     mc.factor()
-    from clkernels import arrays
     x = arrays.scratch(device, max(1, len(b)), np.float64)
     if keep is not None:
         keep(x)
@@ -62,7 +57,6 @@ def test_float32_dense_cholesky_against_numpy(device, n):
 
 def test_float32_dense_cholesky_refuses_a_float64_output(device):
     chol = DenseCholesky(device, 8, block=(4, 2), dtype=np.float32)
-    from clkernels import arrays
     with pytest.raises(ValueError, match="x must be float32"):
         chol.solve(arrays.scratch(device, 8, np.float64))
     with pytest.raises(ValueError, match="dtype must be np.float64 or np.float32"):
@@ -102,7 +96,6 @@ def test_mixed_solve_hands_over_to_float64_where_float32_cannot(device):
     S2 = spd(n, 12, 10.0)
     mc.write_host(S2, b)
     mc.factor()
-    from clkernels import arrays
     y = arrays.scratch(device, n, np.float64)
     mc.solve(y)
     assert mc.float64_only and mc.steps == 0 and not mc.fell_back and mc.fallbacks == 1
@@ -139,7 +132,6 @@ def test_mixed_sparse_schur_follows_the_float64_path_on_bal(device, name, monkey
     """A real BAL problem factorised on the device both ways: the same steps accepted, the same
     costs to 1e-10, the report saying which."""
     needs_fp64(device)
-    from bal_data import bal_file
     monkeypatch.setattr(factorisation_limits, "DEVICE_DENSE_MAX_CPU", 10 ** 6)   # CPU devices too
     problem = solvers.read_bal(bal_file(name))
     kw = dict(linear_solver="sparse_schur", handle_sigint=False, device=device, device_resident=True)

@@ -22,19 +22,12 @@ from solvers.linalg.sparse_schur_device import DeviceSparseSchur, choose_factori
 
 from bal_data import bal_file
 from reference_snavely import ReferenceSnavelyModel
-from small_systems import small_system
+from small_systems import small_system, spd
 
 
 def needs_fp64(device):
     if not device.info.fp64:
         pytest.skip("the device sparse_schur needs fp64")
-
-
-def spd(n, seed, cond=1e3):
-    """A random symmetric positive definite matrix with eigenvalues from 1 to ``cond``."""
-    rng = np.random.default_rng(seed)
-    Q, _ = np.linalg.qr(rng.standard_normal((n, n)))
-    return (Q * np.geomspace(1.0, cond, n)) @ Q.T
 
 
 # -- the dense device Cholesky -------------------------------------------------------------------
