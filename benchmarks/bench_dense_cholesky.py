@@ -8,7 +8,8 @@ kernels' event span and each kernel's summed event time (``kernel_sums``), the f
 rate (n^3 / 3 multiply-adds, 2 flops each) and the relative residual ``|S x - b| / |b|`` checked
 on the host. ``--mixed``: also the mixed-precision solve (solvers.linalg.mixed_cholesky_device:
 the float32 factorisation, refined in float64; ``--rt32``: its update's RT values), with its
-refinement steps; ``--solve-blocks``: block rows per launch of the triangular solves. The matrix
+refinement steps; ``--solve-blocks``: block rows per launch of the triangular solves;
+``--panel-width``: the panel's work-items per row. The matrix
 is diagonally dominant (random symmetric entries in [-0.5, 0.5] plus n on
 the diagonal), so it is positive definite.
 
@@ -22,7 +23,7 @@ import pyopencl.array as cla
 
 import harness
 
-from solvers.linalg.dense_cholesky_device import SOLVE_BLOCKS, DenseCholesky, block_sizes
+from solvers.linalg.dense_cholesky_device import PANEL_WIDTH, SOLVE_BLOCKS, DenseCholesky, block_sizes
 from solvers.linalg.mixed_cholesky_device import MixedCholesky
 
 
@@ -40,6 +41,8 @@ def main():
     p.add_argument("--defer", default="1,2,4,8", help="comma-separated deferrals to compare")
     p.add_argument("--rt", default="", help="comma-separated RT values (default: the device's)")
     p.add_argument("--mixed", action="store_true", help="also the mixed-precision solve")
+    p.add_argument("--panel-width", default="", help="comma-separated panel work-items per row to compare "
+                   "(default: the module's)")
     p.add_argument("--solve-blocks", default="", help="comma-separated block rows per solve launch to compare "
                    "(default: the module's; the solves above the one-group size)")
     p.add_argument("--rt32", default="", help="its float32 update's RT values (default: the device's)")
@@ -52,6 +55,7 @@ def main():
     rts = [int(v) for v in args.rt.split(",") if v] or [rt0]
     defers = [int(v) for v in args.defer.split(",") if v]
     sbs = [int(v) for v in args.solve_blocks.split(",") if v] or [SOLVE_BLOCKS]
+    pws = [int(v) for v in args.panel_width.split(",") if v] or [PANEL_WIDTH]
     for n in (int(v) for v in args.sizes.split(",") if v):
         S = spd(n, n)
         b = np.random.default_rng(1).standard_normal(n)
@@ -61,8 +65,11 @@ def main():
                 continue
             for d in defers:
                 for sb in sbs:
-                    name = f"defer {d}, RT {r}" + (f", SB {sb}" if args.solve_blocks else "")
-                    variants[name] = DenseCholesky(rt, n, block=(nb, r), defer=d, solve_blocks=sb)
+                    for pw in pws:
+                        name = (f"defer {d}, RT {r}" + (f", SB {sb}" if args.solve_blocks else "")
+                                + (f", PW {pw}" if args.panel_width else ""))
+                        variants[name] = DenseCholesky(rt, n, block=(nb, r), defer=d, solve_blocks=sb,
+                                                       panel_width=pw)
         if args.mixed:
             for r in [int(v) for v in args.rt32.split(",") if v] or [rt0]:
                 if nb % r or (nb // r) ** 2 > rt.info.max_work_group_size:

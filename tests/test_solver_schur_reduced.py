@@ -37,16 +37,18 @@ SOLVES = {"one-group": dict(), "per-block": dict(small_solve_max=0, solve_blocks
 
 
 @pytest.mark.oclgrind
+@pytest.mark.parametrize("panel_width", [1, 3])
 @pytest.mark.parametrize("solve", list(SOLVES))
 @pytest.mark.parametrize("defer", [1, 2])
 @pytest.mark.parametrize("n", [1, 3, 4, 13])
-def test_dense_cholesky_tiny(device, n, defer, solve, keep_on_simulator):
+def test_dense_cholesky_tiny(device, n, defer, solve, panel_width, keep_on_simulator):
     """4 x 4 blocks: several panels, updates and solve blocks even at n = 13 (Oclgrind's size);
     with the trailing update after every panel, and deferred over two (a panel then also
-    updates its deferred neighbour); the solves in one work-group, and a launch per block."""
+    updates its deferred neighbour); the solves in one work-group, and a launch per block; the
+    panel's rows on one work-item each, and spread over three (a row's columns unevenly)."""
     needs_fp64(device)
     S, b = spd(n, n), np.random.default_rng(n).standard_normal(n)
-    chol = DenseCholesky(device, n, block=(4, 2), defer=defer, **SOLVES[solve])
+    chol = DenseCholesky(device, n, block=(4, 2), defer=defer, panel_width=panel_width, **SOLVES[solve])
     assert chol.small_solve == (solve == "one-group")
     keep_on_simulator(chol)
     x, ok = chol.solve_host(S, b)
@@ -72,14 +74,22 @@ def test_dense_cholesky_against_numpy(device, n, block, defer):
                                      solve_blocks=sb).solve_host(S, b)
         assert ok
         np.testing.assert_allclose(x, x_blocks, rtol=1e-12, atol=1e-14 * np.abs(x).max())
+    # The panel's rows spread over 8 work-items each: the same factor to rounding.
+    wide = DenseCholesky(device, n, block=block, defer=defer, panel_width=8)
+    x_wide, ok = wide.solve_host(S, b)
+    assert ok
+    np.testing.assert_allclose(wide.lower_factor(), np.linalg.cholesky(S), rtol=1e-10,
+                               atol=1e-12 * np.abs(np.linalg.cholesky(S)).max())
+    np.testing.assert_allclose(x_wide, x, rtol=1e-10, atol=1e-13 * np.abs(x).max())
     L = np.linalg.cholesky(S)
     np.testing.assert_allclose(chol.lower_factor(), L, rtol=1e-10, atol=1e-12 * np.abs(L).max())
     np.testing.assert_allclose(x, np.linalg.solve(S, b), rtol=1e-8, atol=1e-12)
 
 
 @pytest.mark.oclgrind
+@pytest.mark.parametrize("panel_width", [1, 2])
 @pytest.mark.parametrize("broken", ["indefinite", "singular", "nan"])
-def test_dense_cholesky_flags_a_matrix_that_is_not_positive_definite(device, broken, keep_on_simulator):
+def test_dense_cholesky_flags_a_matrix_that_is_not_positive_definite(device, broken, panel_width, keep_on_simulator):
     needs_fp64(device)
     n = 9
     S = spd(n, 1)
@@ -89,7 +99,7 @@ def test_dense_cholesky_flags_a_matrix_that_is_not_positive_definite(device, bro
         S[:, 5] = S[5, :] = 0.0
     else:
         S[3, 2] = S[2, 3] = np.nan
-    chol = DenseCholesky(device, n, block=(4, 2))
+    chol = DenseCholesky(device, n, block=(4, 2), panel_width=panel_width)
     keep_on_simulator(chol)
     _, ok = chol.solve_host(S, np.ones(n))
     assert not ok
@@ -101,6 +111,10 @@ def test_dense_cholesky_refuses_a_bad_defer(device):
     needs_fp64(device)
     with pytest.raises(ValueError, match="defer must be a positive number of block columns"):
         DenseCholesky(device, 8, block=(4, 2), defer=0)
+    with pytest.raises(ValueError, match="solve_blocks must be a positive number of block rows"):
+        DenseCholesky(device, 8, block=(4, 2), solve_blocks=0)
+    with pytest.raises(ValueError, match="panel_width must be a positive number of work-items"):
+        DenseCholesky(device, 8, block=(4, 2), panel_width=0)
 
 
 def test_dense_cholesky_block_sizes_respect_the_device(device):

@@ -33,7 +33,8 @@
 ## dpotrf fails; the factorisation then goes on with NaN, which the caller discards.
 ## Parameters: REAL (the storage and arithmetic type), NB (block size, a power of two), RT (update
 ## entries per work-item and dimension, a divisor of NB), SB (block rows per solve launch at
-## most), LS (solve_small's work-group size). The host may defer the trailing update over several block columns (see
+## most), LS (solve_small's work-group size), PW (the panel's work-items per row: 1, each row's
+## updates on one item; more, spread over them). The host may defer the trailing update over several block columns (see
 ## update): the panel then also updates the rest of its deferred block's columns.
 <%namespace name="common" file="/clkernels/common.cl.mako"/>
 %if REAL == "double":
@@ -81,6 +82,7 @@ int factor_diagonal_block(__global const real *A, const int np, const int k,
     return ok;
 }
 
+%if PW == 1:
 __kernel __attribute__((reqd_work_group_size(NB, 1, 1)))
 void panel(__global real *restrict A, const int np, const int k,
            __global real *restrict diag,       // (np / NB, NB, NB): the factored diagonal blocks
@@ -123,6 +125,64 @@ void panel(__global real *restrict A, const int np, const int k,
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int i = 0; i < NB; ++i) A[(size_t)(row0 + i) * np + k + r] = X[i][r];
 }
+%else:
+// The same panel with PW work-items per row (NB x PW items): every step's updates spread over
+// the row's items, so a step is a few multiply-adds and two barriers instead of up to NB
+// dependent ones on one item. Per step j, once column j is final (scaled by 1 / d_j): the
+// diagonal block's trailing triangle, L_rc -= L_rj L_cj; the panel rows' X_rc -= X_rj L_cj
+// (right-looking X L^T = A); group 0's inverse, Y = L^-1 from Y = I row by row,
+// Y_ic -= L_ij Y_jc. Item (r, q) takes columns q, q + PW, ... of row r.
+__kernel __attribute__((reqd_work_group_size(NB, ${PW}, 1)))
+void panel(__global real *restrict A, const int np, const int k,
+           __global real *restrict diag,       // (np / NB, NB, NB): the factored diagonal blocks
+           __global real *restrict dinv,       // (np / NB, NB, NB): their inverses
+           __global int *restrict flag)
+{
+    __local real L[NB][NB + 1];
+    __local real X[NB][NB + 1];                 // the panel rows, or group 0's inverse
+    __local real d[NB];
+    const int r = get_local_id(0), q = get_local_id(1), g = get_group_id(0);
+    const int row0 = k + g * NB;
+    for (int i = q; i < NB; i += ${PW}) {
+        L[i][r] = A[(size_t)(k + i) * np + k + r];
+        X[i][r] = g > 0 ? A[(size_t)(row0 + i) * np + k + r] : (i == r ? (real)1 : (real)0);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    int ok = 1;
+    for (int j = 0; j < NB; ++j) {
+        const real pivot = L[j][j];             // final: step j - 1 made it
+        ok &= pivot > (real)0 && isfinite(pivot);
+        const real dj = sqrt(pivot), rj = (real)1 / dj;
+        if (q == 0) {
+            if (r > j) L[r][j] *= rj;
+            if (g > 0) X[r][j] *= rj;
+            else X[j][r] *= rj;                 // row j of the inverse
+            if (r == j) d[j] = dj;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int c = q; c < NB; c += ${PW}) {
+            if (c > j && c <= r) L[r][c] -= L[r][j] * L[c][j];
+            if (g > 0) {
+                if (c > j) X[r][c] -= X[r][j] * L[c][j];
+            } else if (r > j) {
+                X[r][c] -= L[r][j] * X[j][c];
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (g == 0) {
+        if (r == 0 && q == 0 && !ok) flag[0] |= NOT_POSITIVE_DEFINITE;
+        __global real *out = diag + (size_t)(k / NB) * NB * NB;
+        __global real *inv = dinv + (size_t)(k / NB) * NB * NB;
+        for (int i = q; i < NB; i += ${PW}) {
+            out[i * NB + r] = r < i ? L[i][r] : (r == i ? d[i] : (real)0);
+            inv[i * NB + r] = X[i][r];
+        }
+        return;
+    }
+    for (int i = q; i < NB; i += ${PW}) A[(size_t)(row0 + i) * np + k + r] = X[i][r];
+}
+%endif
 
 // Tile q of the lower triangle of tiles, row-major: (ti, tj) with q = ti (ti + 1) / 2 + tj.
 int2 lower_tile(const int q)

@@ -28,6 +28,10 @@ SMALL_SOLVE_MAX = 4096
 # Block rows per launch of the larger solves (the template's SB): every launch's fixed cost,
 # some microseconds between launches on a GPU, paid a quarter as often.
 SOLVE_BLOCKS = 4
+# The panel's work-items per row (the template's PW): 1 measured on the H200 (22 ms of a 16,002
+# factorisation); more spread each step's updates over a row's items (bench_dense_cholesky
+# --panel-width compares them).
+PANEL_WIDTH = 1
 
 
 def block_sizes(info):
@@ -69,10 +73,12 @@ class DenseCholesky:
     """The buffers and kernels of one ``n x n`` dense Cholesky on the device (see the module)."""
 
     def __init__(self, runtime, n: int, block: tuple = None, defer: int = DEFER,
-                 small_solve_max: int = SMALL_SOLVE_MAX, dtype=np.float64, solve_blocks: int = SOLVE_BLOCKS):
+                 small_solve_max: int = SMALL_SOLVE_MAX, dtype=np.float64, solve_blocks: int = SOLVE_BLOCKS,
+                 panel_width: int = PANEL_WIDTH):
         """``dtype``: np.float64 (needs the device's fp64) or np.float32, the matrix's storage
         and arithmetic. ``solve_blocks``: block rows per launch of the solves above
-        ``small_solve_max``."""
+        ``small_solve_max``. ``panel_width``: the panel's work-items per row (at most the
+        device's work-group size over the block size)."""
         self.rt = rt = runtime
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.float32, np.float64):
@@ -85,12 +91,15 @@ class DenseCholesky:
         if self.m * self.m >= 2 ** 31:
             raise ValueError(f"a {self.n} x {self.n} dense matrix is too large to index with 32-bit ints")
         self.nblocks = self.m // self.NB
+        self.PW = max(1, min(int(panel_width), rt.info.max_work_group_size // self.NB))
         if int(defer) < 1:
             raise ValueError(f"defer must be a positive number of block columns, not {defer!r}")
         self.defer = int(defer)
         if int(solve_blocks) < 1:
             raise ValueError(f"solve_blocks must be a positive number of block rows, not {solve_blocks!r}")
         self.SB = int(solve_blocks)
+        if int(panel_width) < 1:
+            raise ValueError(f"panel_width must be a positive number of work-items, not {panel_width!r}")
         self.small_solve = self.m <= small_solve_max     # both solves in one launch (solve_small)
         real = lambda size: arrays.scratch(rt, size, self.dtype)  # noqa: E731
         self.A = real(self.m * self.m)
@@ -98,15 +107,15 @@ class DenseCholesky:
         self.diag, self.dinv = real(self.m * self.NB), real(self.m * self.NB)
         self.flag = arrays.scratch(rt, 1, np.int32)
         self.LS = solve_group(rt.info, self.NB)
-        prg = get_program(TEMPLATE, rt, **self._params(rt, self.NB, self.RT, self.dtype, self.SB))
+        prg = get_program(TEMPLATE, rt, **self._params(rt, self.NB, self.RT, self.dtype, self.SB, self.PW))
         self.k = presets(prg, self)      # this instance's own kernels, arguments set when they change
         self._m = np.int32(self.m)
         self.events = None        # a list to keep (name, event) pairs for a profile, or None
 
     @staticmethod
-    def _params(info_or_runtime, NB, RT, dtype, SB=SOLVE_BLOCKS):
+    def _params(info_or_runtime, NB, RT, dtype, SB=SOLVE_BLOCKS, PW=PANEL_WIDTH):
         info = getattr(info_or_runtime, "info", info_or_runtime)
-        return dict(NB=NB, RT=RT, LS=solve_group(info, NB), SB=SB,
+        return dict(NB=NB, RT=RT, LS=solve_group(info, NB), SB=SB, PW=PW,
                     REAL="double" if np.dtype(dtype) == np.float64 else "float")
 
     @staticmethod
@@ -142,8 +151,8 @@ class DenseCholesky:
         for ko in range(0, nb, self.defer):
             kend = min(ko + self.defer, nb)
             for kb in range(ko, kend):
-                self._launch("panel", ((nb - kb) * NB,), (NB,), self.A.data, self._m, i32(kb * NB),
-                             self.diag.data, self.dinv.data, self.flag.data)
+                self._launch("panel", ((nb - kb) * NB, self.PW), (NB, self.PW), self.A.data, self._m,
+                             i32(kb * NB), self.diag.data, self.dinv.data, self.flag.data)
                 ncols = kend - kb - 1            # the deferred block's columns right of kb
                 if ncols:
                     groups = ncols * (nb - kb - 1)
