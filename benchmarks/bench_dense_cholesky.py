@@ -9,7 +9,8 @@ rate (n^3 / 3 multiply-adds, 2 flops each) and the relative residual ``|S x - b|
 on the host. ``--mixed``: also the mixed-precision solve (solvers.linalg.mixed_cholesky_device:
 the float32 factorisation, refined in float64; ``--rt32``: its update's RT values), with its
 refinement steps; ``--solve-blocks``: block rows per launch of the triangular solves;
-``--panel-width``: the panel's work-items per row. The matrix
+``--panel-width``: the panel's work-items per row; ``--nb32``: the float32 factorisation's
+block sizes. The matrix
 is diagonally dominant (random symmetric entries in [-0.5, 0.5] plus n on
 the diagonal), so it is positive definite.
 
@@ -46,6 +47,7 @@ def main():
     p.add_argument("--solve-blocks", default="", help="comma-separated block rows per solve launch to compare "
                    "(default: the module's; the solves above the one-group size)")
     p.add_argument("--rt32", default="", help="its float32 update's RT values (default: the device's)")
+    p.add_argument("--nb32", default="", help="its float32 block sizes (default: the float64 one's)")
     p.set_defaults(repeat=5)
     args = p.parse_args()
     report = harness.Report("bench_dense_cholesky", args)
@@ -71,11 +73,15 @@ def main():
                         variants[name] = DenseCholesky(rt, n, block=(nb, r), defer=d, solve_blocks=sb,
                                                        panel_width=pw)
         if args.mixed:
-            for r in [int(v) for v in args.rt32.split(",") if v] or [rt0]:
-                if nb % r or (nb // r) ** 2 > rt.info.max_work_group_size:
+            for nb32 in [int(v) for v in args.nb32.split(",") if v] or [nb]:
+                if (2 * nb32 * (nb32 + 1) + (1 + SOLVE_BLOCKS) * nb32) * 4 > rt.info.local_mem_bytes:
                     continue
-                for d in defers:
-                    variants[f"mixed, defer {d}, RT32 {r}"] = MixedCholesky(rt, n, block32=(nb, r), defer=d)
+                for r in [int(v) for v in args.rt32.split(",") if v] or [rt0]:
+                    if nb32 % r or (nb32 // r) ** 2 > rt.info.max_work_group_size:
+                        continue
+                    for d in defers:
+                        name = f"mixed, defer {d}, RT32 {r}" + (f", NB32 {nb32}" if args.nb32 else "")
+                        variants[name] = MixedCholesky(rt, n, block32=(nb32, r), defer=d)
         x = cla.empty(q, n, np.float64)
         residual = {}
         saved = {}

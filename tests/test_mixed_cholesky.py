@@ -20,8 +20,8 @@ def needs_fp64(device):
         pytest.skip("the mixed-precision solve refines in float64")
 
 
-def mixed_solve(device, S, b, block, keep=None):
-    mc = MixedCholesky(device, len(b), block=block)
+def mixed_solve(device, S, b, block, keep=None, block32=None):
+    mc = MixedCholesky(device, len(b), block=block, block32=block32)
     if keep is not None:
         keep(mc)
     mc.write_host(S, b)
@@ -103,10 +103,12 @@ def test_mixed_solve_hands_over_to_float64_where_float32_cannot(device):
 
 
 @pytest.mark.oclgrind
+@pytest.mark.parametrize("block32", [None, (8, 2), (2, 1)], ids=["same-blocks", "float32-8x8", "float32-2x2"])
 @pytest.mark.parametrize("case", ["good", "zero-rhs", "indefinite", "nan"])
-def test_mixed_solve_tiny(device, case, keep_on_simulator):
-    """Every kernel of the refinement with 4 x 4 blocks; a matrix that is not positive definite
-    or not finite is flagged as the float64 factorisation flags it."""
+def test_mixed_solve_tiny(device, case, block32, keep_on_simulator):
+    """Every kernel of the refinement with 4 x 4 blocks, the float32 factorisation's blocks the
+    same, larger (its padding past the float64 matrix's) or smaller; a matrix that is not
+    positive definite or not finite is flagged as the float64 factorisation flags it."""
     needs_fp64(device)
     n = 13
     S, b = spd(n, 2, 50.0), np.random.default_rng(2).standard_normal(n)
@@ -116,7 +118,7 @@ def test_mixed_solve_tiny(device, case, keep_on_simulator):
         S[6, 6] = -1.0
     elif case == "nan":
         S[3, 2] = S[2, 3] = np.nan
-    mc, x = mixed_solve(device, S, b, (4, 2), keep=keep_on_simulator)
+    mc, x = mixed_solve(device, S, b, (4, 2), keep=keep_on_simulator, block32=block32)
     if case in ("indefinite", "nan"):
         assert mc.failed()
         return

@@ -67,17 +67,15 @@ def choose_mixed(info, n_unknowns: int, other_bytes: int, mixed=None) -> bool:
 
 class MixedCholesky:
     """See the module docstring. ``block``: the float64 factorisation's (NB, RT), ``block32``
-    the float32 one's (the same NB; default the device's :func:`block_sizes`)."""
+    the float32 one's (default the float64 one's; a float32 block of twice the size fits the
+    same local memory)."""
 
     def __init__(self, runtime, n: int, block: tuple = None, block32: tuple = None, defer: int = None,
                  max_steps: int = MAX_STEPS):
         self.rt = rt = runtime
         kw = {} if defer is None else dict(defer=defer)
         self.d64 = DenseCholesky(rt, n, block=block, **kw)
-        NB = self.d64.NB
-        block32 = block32 or (NB, self.d64.RT)
-        if block32[0] != NB:
-            raise ValueError(f"block32 {block32} must have the float64 block size {NB}")
+        block32 = block32 or (self.d64.NB, self.d64.RT)
         self.d32 = DenseCholesky(rt, n, block=block32, dtype=np.float32, **kw)
         self.n, self.m = self.d64.n, self.d64.m
         self.A, self.b, self.flag = self.d64.A, self.d64.b, self.d64.flag
@@ -88,7 +86,7 @@ class MixedCholesky:
         self.c = arrays.scratch(rt, max(1, self.n), np.float32)
         self.LS = residual_group(rt.info)
         self.k = presets(get_program(TEMPLATE, rt, LS=self.LS), self)
-        self._m, self._n = np.int32(m), np.int32(self.n)
+        self._m, self._m32, self._n = np.int32(m), np.int32(self.d32.m), np.int32(self.n)
         self.events = None
         self.steps = 0                 # refinement steps of the last solve
         self.fell_back = False         # whether the last solve took the float64 factorisation
@@ -126,9 +124,9 @@ class MixedCholesky:
         self._share_events()
         if self.float64_only:
             return
-        t = -(-self.m // TILE)
+        t = -(-max(self.m, self.d32.m) // TILE)
         self._launch("demote", (t * TILE, t * 8), (TILE, 8), self.A.data, self.d32.A.data, self.d32.flag.data,
-                     self._m)
+                     self._m, self._m32)
         self.d32.factor()
 
     def write_host(self, S, rhs):
@@ -167,7 +165,7 @@ class MixedCholesky:
         self.d64.solve(x)
 
     def _refine(self, x) -> bool:
-        n, m = self.n, self.m
+        n = self.n
         r_host = self._read(self.b)[:n]
         r_dev = self.b
         previous = None                 # the backward error before the step
@@ -180,8 +178,8 @@ class MixedCholesky:
                              np.float64(0.0), self._n, np.int32(1))
                 return True
             s = 1.0 / rmax
-            self._launch("scale_down", (arrays.round_up(m, 64),), None, r_dev.data, self.d32.b.data,
-                         np.float64(s), self._m)
+            self._launch("scale_down", (arrays.round_up(self.d32.m, 64),), None, r_dev.data, self.d32.b.data,
+                         np.float64(s), self._m, self._m32)
             self.d32.solve(self.c)
             self._launch("accumulate", (arrays.round_up(max(1, n), 64),), None, x.data, self.c.data,
                          np.float64(rmax), self._n, np.int32(step == 0))

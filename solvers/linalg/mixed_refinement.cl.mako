@@ -3,7 +3,8 @@
 ## copied into a float32 matrix that is factorised, and the solution is refined in float64
 ## against S itself.
 ##
-##   demote     the lower triangle of S into the float32 matrix, and S's upper triangle made
+##   demote     the lower triangle of S into the float32 matrix (np32 x np32: its block size may
+##              differ, and its padding is an identity too), and S's upper triangle made
 ##              its mirror (the residual then reads whole rows); one 32 x 32 tile per group,
 ##              transposed through local memory so that both writes are coalesced
 ##   residual   r = b - S x and the scale of its rounding, |S| |x| + |b| (for the componentwise
@@ -20,7 +21,7 @@ ${common.fp64_pragma()}
 
 __kernel __attribute__((reqd_work_group_size(TS, 8, 1)))
 void demote(__global double *restrict S, __global float *restrict A, __global int *restrict flag,
-            const int np)
+            const int np, const int np32)
 {
     __local double T[TS][TS + 1];
     const int ti = get_group_id(1), tj = get_group_id(0);
@@ -32,10 +33,10 @@ void demote(__global double *restrict S, __global float *restrict A, __global in
     for (int u = ly; u < TS; u += 8) {
         const int i = ti * TS + u, j = tj * TS + lx;
         double v = 0.0;
-        if (lower && i < np && j <= i) {
-            v = S[(size_t)i * np + j];
-            A[(size_t)i * np + j] = (float)v;
-        }
+        if (lower && i < np && j <= i) v = S[(size_t)i * np + j];
+        // The float32 matrix's own padding (its block size may differ): the identity's.
+        if (lower && i < np32 && j <= i)
+            A[(size_t)i * np32 + j] = (i < np && j < np) ? (float)v : (i == j ? 1.0f : 0.0f);
         T[u][lx] = v;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -77,10 +78,10 @@ void residual(__global const double *restrict S, __global const double *restrict
 }
 
 __kernel void scale_down(__global const double *restrict r, __global float *restrict rs, const double s,
-                         const int np)
+                         const int np, const int np32)
 {
     const int i = get_global_id(0);
-    if (i < np) rs[i] = (float)(r[i] * s);
+    if (i < np32) rs[i] = i < np ? (float)(r[i] * s) : 0.0f;
 }
 
 __kernel void accumulate(__global double *restrict x, __global const float *restrict c, const double inv_s,
