@@ -231,4 +231,6 @@ class DevicePairSchur(PairReduction):
         return out
 
     def close(self):
-        release_kernels(self, self.system, self.copies, *([self.cholesky] if self.cholesky is not None else []))
+        release_kernels(self, self.system, self.copies)
+        if self.cholesky is not None:
+            self.cholesky.release()

@@ -14,7 +14,7 @@ import numpy as np
 import pyopencl as cl
 
 from clkernels import arrays
-from clkernels.launch import presets
+from clkernels.launch import presets, release_kernels
 from clkernels.templates import get_program, template_request
 
 TEMPLATE = "solvers/linalg/dense_cholesky_device.cl.mako"
@@ -128,6 +128,11 @@ class DenseCholesky:
     def nbytes(self) -> int:
         return (self.A.nbytes + self.b.nbytes + self.z.nbytes + self.diag.nbytes + self.dinv.nbytes
                 + self.flag.nbytes)
+
+    def release(self):
+        """Its kernel objects back to their pools now (:func:`clkernels.launch.release_kernels`);
+        it launches nothing afterwards."""
+        release_kernels(self)
 
     def _launch(self, name, gsize, lsize, *args):
         e = self.k[name](self.rt.queue, gsize, lsize, *args)

@@ -31,7 +31,7 @@ import numpy as np
 import pyopencl as cl
 
 from clkernels import arrays
-from clkernels.launch import presets
+from clkernels.launch import presets, release_kernels
 from clkernels.templates import get_program, template_request
 
 from . import factorisation_limits as limits
@@ -104,6 +104,12 @@ class MixedCholesky:
     @property
     def nbytes(self) -> int:
         return self.d64.nbytes + self.d32.nbytes + self.r.nbytes + self.scale.nbytes + self.c.nbytes
+
+    def release(self):
+        """Its kernel objects and both factorisations' back to their pools now."""
+        release_kernels(self)
+        self.d64.release()
+        self.d32.release()
 
     def _launch(self, name, gsize, lsize, *args):
         e = self.k[name](self.rt.queue, gsize, lsize, *args)

@@ -164,9 +164,9 @@ class DeviceSparseSchur:
 
     def close(self):
         """The solve is over: the kernel objects go back to their pools (launch.release_kernels)."""
-        dense = [] if self.dense is None else [self.dense, *(getattr(self.dense, p) for p in ("d64", "d32")
-                                                             if hasattr(self.dense, p))]
-        release_kernels(self.system, *dense)
+        release_kernels(self.system)
+        if self.dense is not None:
+            self.dense.release()
 
     @property
     def nbytes(self) -> int:
