@@ -181,14 +181,14 @@ class MixedCholesky:
                 return False
             if step == 0 and rmax == 0.0:
                 self._launch("accumulate", (arrays.round_up(max(1, n), 64),), None, x.data, self.c.data,
-                             np.float64(0.0), self._n, np.int32(1))
+                             np.float64(0.0), self._n, np.int32(2))
                 return True
             s = 1.0 / rmax
             self._launch("scale_down", (arrays.round_up(self.d32.m, 64),), None, r_dev.data, self.d32.b.data,
                          np.float64(s), self._m, self._m32)
             self.d32.solve(self.c)
             self._launch("accumulate", (arrays.round_up(max(1, n), 64),), None, x.data, self.c.data,
-                         np.float64(rmax), self._n, np.int32(step == 0))
+                         np.float64(rmax), self._n, np.int32(0 if step == 0 else 1))
             self._launch("residual", (n * self.LS,), (self.LS,), self.A.data, self.b.data, x.data,
                          self.r.data, self.scale.data, self._m, self._n)
             r_dev = self.r

@@ -12,7 +12,7 @@
 ##              order
 ##   scale_down the float32 right-hand side r * s (s brings r to about 1: no float underflow
 ##              however small the residual gets)
-##   accumulate x += c / s, c the float32 solution
+##   accumulate x += c / s, c the float32 solution (or x = c / s, or x = 0)
 ##
 ## Parameters: LS (residual's work-group size, a power of two).
 <%namespace name="common" file="/clkernels/common.cl.mako"/>
@@ -84,9 +84,13 @@ __kernel void scale_down(__global const double *restrict r, __global float *rest
     if (i < np32) rs[i] = i < np ? (float)(r[i] * s) : 0.0f;
 }
 
+// mode 0: x = c / s, 1: x += c / s, 2: x = 0 (a zero right-hand side: c is not read, it may
+// hold anything, NaN included).
 __kernel void accumulate(__global double *restrict x, __global const float *restrict c, const double inv_s,
-                         const int n, const int first)
+                         const int n, const int mode)
 {
     const int i = get_global_id(0);
-    if (i < n) x[i] = first ? (double)c[i] * inv_s : x[i] + (double)c[i] * inv_s;
+    if (i >= n) return;
+    if (mode == 2) x[i] = 0.0;
+    else x[i] = mode == 0 ? (double)c[i] * inv_s : x[i] + (double)c[i] * inv_s;
 }
