@@ -9,6 +9,7 @@ import solvers
 from clkernels import arrays
 from solvers.linalg import factorisation_limits
 from solvers.linalg.dense_cholesky_device import DenseCholesky
+from solvers.bal.__main__ import main as cli_main
 from solvers.linalg.mixed_cholesky_device import MixedCholesky
 
 from bal_data import bal_file
@@ -152,3 +153,14 @@ def test_mixed_precision_solves_option_is_checked(device):
     p = solvers.synthetic_problem(4, 20, 2, seed=1)
     with pytest.raises(ValueError, match="mixed_precision_solves must be None, True or False"):
         solvers.bundle_adjust(p, device=device, mixed_precision_solves="yes", handle_sigint=False)
+
+
+def test_bal_command_line_takes_mixed_precision_solves(device, monkeypatch, capsys):
+    """``--mixed-precision-solves`` reaches the solve: the report names the refined factorisation
+    (the device factorises here whatever its kind)."""
+    needs_fp64(device)
+    monkeypatch.setattr(factorisation_limits, "DEVICE_DENSE_MAX_CPU", 10 ** 6)
+    assert cli_main(["--iterations", "3", "--mixed-precision-solves", "-q", "--device",
+                     device.info.name]) == 0
+    out = capsys.readouterr().out
+    assert "dense Cholesky on the device (float32, refined in float64)" in out

@@ -1,7 +1,7 @@
 """What the command lines (``python -m solvers.bal``, ``python -m solvers.colmap``) share: how
 they run (:func:`run`: the driver started in the background, the build workers), their solver
 options checked before the input is read (:func:`solver_option_error`), how they end
-(:func:`exit_process`), and ``--devices`` and ``--mpi``: a solve split over several devices of
+(:func:`exit_process`), ``--mixed-precision-solves``, and ``--devices`` and ``--mpi``: a solve split over several devices of
 this host, or over the ranks of ``MPI_COMM_WORLD`` (solvers.split.partitioned). Under MPI rank 0
 prints and writes, the other ranks only compute, and a rank that fails ends every rank with a
 message (``MPI_Abort``) rather than leaving them waiting in a reduction."""
@@ -17,14 +17,20 @@ def add_arguments(parser):
                         help="split the points over several OpenCL devices of this host (comma-separated device "
                              "specs, or 'all': every GPU of the chosen platform); with --mpi, the devices a "
                              "host's ranks take in turn")
+    parser.add_argument("--mixed-precision-solves", action="store_true",
+                        help="factorise the reduced matrix on the device in float32 and refine the solution "
+                             "in float64 to float64's accuracy (Options.mixed_precision_solves)")
     parser.add_argument("--mpi", action="store_true",
                         help="split the points over the ranks of MPI_COMM_WORLD (run under mpirun -n K; needs "
                              "mpi4py): each rank uses its host's GPU or CPU device, rank 0 prints and writes")
 
 
 def options(args, comm) -> dict:
-    """The solve's ``devices=`` / ``comm=`` from ``--devices`` and ``--mpi``."""
+    """The solve's ``devices=`` / ``comm=`` from ``--devices`` and ``--mpi``, and
+    ``mixed_precision_solves=True`` from ``--mixed-precision-solves``."""
     out = {}
+    if args.mixed_precision_solves:
+        out["mixed_precision_solves"] = True
     if args.devices:
         out["devices"] = "all" if args.devices == "all" else args.devices.split(",")
     if comm is not None:
