@@ -5,15 +5,18 @@ it; failures flagged as the float64 path flags them; tiny shapes on Oclgrind."""
 import numpy as np
 import pytest
 
+import clkernels
+import clkernels.memory
 import solvers
 from clkernels import arrays
 from solvers.linalg import factorisation_limits
 from solvers.linalg.dense_cholesky_device import DenseCholesky
 from solvers.bal.__main__ import main as cli_main
 from solvers.linalg.mixed_cholesky_device import MixedCholesky
+from solvers.linalg.sparse_schur_device import DeviceSparseSchur
 
 from bal_data import bal_file
-from small_systems import spd
+from small_systems import small_system, spd
 
 
 def needs_fp64(device):
@@ -164,3 +167,17 @@ def test_bal_command_line_takes_mixed_precision_solves(device, monkeypatch, caps
                      device.info.name]) == 0
     out = capsys.readouterr().out
     assert "dense Cholesky on the device (float32, refined in float64)" in out
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_a_system_past_the_devices_memory_is_refused_with_the_ways_out(device, monkeypatch, mixed):
+    """Too little memory for the solve: DeviceMemoryError before anything runs, naming the bytes
+    and, for mixed-precision solves, turning them off among the ways out."""
+    needs_fp64(device)
+    monkeypatch.setattr(factorisation_limits, "DEVICE_DENSE_MAX_CPU", 10 ** 6)
+    monkeypatch.setattr(clkernels.memory, "available", lambda info: (1000, "a test's limit"))
+    st = small_system(seed=5)[0]
+    with pytest.raises(clkernels.DeviceMemoryError, match="needs about") as e:
+        DeviceSparseSchur(device, st.cam, st.pt, st.nc, st.npt, mixed=mixed)
+    assert ("mixed_precision_solves=False" in str(e.value)) == mixed
+    assert "iterative_schur" in str(e.value)

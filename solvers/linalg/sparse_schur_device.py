@@ -188,7 +188,9 @@ class DeviceSparseSchur:
             raise DeviceMemoryError(
                 f"this problem's sparse_schur solve needs about {need / 2**30:.2f} GiB ({need} bytes) on "
                 f"{self.rt.info.name!r} (limited by {limited_by}), which has {have / 2**30:.2f} GiB; "
-                "use iterative_schur, a device with more memory, or device_resident=False (the host path)",
+                + ("mixed_precision_solves=False (its float32 copy of the matrix is part of that), "
+                   if isinstance(self.dense, MixedCholesky) else "")
+                + "use iterative_schur, a device with more memory, or device_resident=False (the host path)",
                 need, have)
 
     def solve(self, Jc, Jp, Vinv, B, dc2, gc, gp, x, defer=False):
