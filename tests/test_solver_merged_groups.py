@@ -169,3 +169,27 @@ def test_a_sparse_camera_graph_with_a_shared_camera_stays_sparse_on_a_cpu(device
     assert m.num_columns == (n_images - 1) * 6 + 2 > 1000
     r = solvers.solve(prob, max_iterations=1, handle_sigint=False)
     assert r.core == ("general" if device.info.is_cpu else "bundle-adjustment")
+
+
+@pytest.mark.oclgrind
+def test_a_shared_camera_solves_in_mixed_precision_as_in_float64(device, monkeypatch):
+    """The keys' matrix summed into the shared camera's columns and factorised on the device,
+    in float32 refined in float64 (solvers.linalg.mixed_cholesky_device) and in float64: the same
+    steps (the device factorises here whatever its kind)."""
+    if not device.info.fp64:
+        pytest.skip("sparse_schur on the device needs fp64")
+    from solvers.linalg import factorisation_limits
+    monkeypatch.setattr(factorisation_limits, "DEVICE_DENSE_MAX_CPU", 10 ** 6)
+    n_images, n_points, its = (3, 8, 3) if device.info.is_simulator else (6, 40, 20)
+    prob = per_image_problem(n_images, n_points, device=device, loss="huber", n_cameras=1)
+    kw = dict(linear_solver="sparse_schur", max_iterations=its, handle_sigint=False)
+    a = solvers.solve(prob, mixed_precision_solves=True, **kw)
+    b = solvers.solve(prob, **kw)
+    assert a.state == b.state == "device"
+    assert "summed from the keys'" in a.linear_solver_detail
+    assert "(float32, refined in float64)" in a.linear_solver_detail
+    assert "float32" not in b.linear_solver_detail
+    assert [x.step_is_successful for x in a.history] == [y.step_is_successful for y in b.history]
+    np.testing.assert_allclose([x.cost for x in a.history], [y.cost for y in b.history], rtol=1e-10)
+    for k in a.parameters:
+        np.testing.assert_allclose(a.parameters[k], b.parameters[k], rtol=1e-9, atol=1e-9)
