@@ -113,6 +113,8 @@ def test_dense_cholesky_refuses_a_bad_defer(device):
         DenseCholesky(device, 8, block=(4, 2), defer=0)
     with pytest.raises(ValueError, match="solve_blocks must be a positive number of block rows"):
         DenseCholesky(device, 8, block=(4, 2), solve_blocks=0)
+    with pytest.raises(ValueError, match="solve_blocks=100000 needs .* bytes of local memory"):
+        DenseCholesky(device, 8, block=(4, 2), solve_blocks=100000)
     with pytest.raises(ValueError, match="panel_width must be a positive number of work-items"):
         DenseCholesky(device, 8, block=(4, 2), panel_width=0)
 

@@ -408,7 +408,7 @@ void solve_small(__global const real *restrict A, const int np,
         barrier(CLK_LOCAL_MEM_FENCE);
         if (lid < NB) w[lid] = inverse_times(Li, v, lid, 1);
         barrier(CLK_LOCAL_MEM_FENCE);
-        // (Stored after the barrier: PoCL 6 dropped this store when it sat beside w's.)
+        // (Stored after the barrier: PoCL 3.0 dropped this store when it sat beside w's.)
         if (lid < NB && k + lid < n) x[k + lid] = w[lid];
         // Columns left of block k, neighbouring items on neighbouring entries of each row.
         for (int col = lid; col < k; col += ${LS}) {

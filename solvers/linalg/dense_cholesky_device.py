@@ -91,15 +91,20 @@ class DenseCholesky:
         if self.m * self.m >= 2 ** 31:
             raise ValueError(f"a {self.n} x {self.n} dense matrix is too large to index with 32-bit ints")
         self.nblocks = self.m // self.NB
-        self.PW = max(1, min(int(panel_width), rt.info.max_work_group_size // self.NB))
         if int(defer) < 1:
             raise ValueError(f"defer must be a positive number of block columns, not {defer!r}")
         self.defer = int(defer)
         if int(solve_blocks) < 1:
             raise ValueError(f"solve_blocks must be a positive number of block rows, not {solve_blocks!r}")
         self.SB = int(solve_blocks)
+        # The forward solve's local memory: two tiles, a block and the super-block's solution.
+        local = (2 * self.NB * (self.NB + 1) + (1 + self.SB) * self.NB) * self.dtype.itemsize
+        if local > rt.info.local_mem_bytes:
+            raise ValueError(f"solve_blocks={solve_blocks} needs {local} bytes of local memory with {self.NB} x "
+                             f"{self.NB} blocks; {rt.info.name!r} has {rt.info.local_mem_bytes}: take fewer")
         if int(panel_width) < 1:
             raise ValueError(f"panel_width must be a positive number of work-items, not {panel_width!r}")
+        self.PW = min(int(panel_width), max(1, rt.info.max_work_group_size // self.NB))
         self.small_solve = self.m <= small_solve_max     # both solves in one launch (solve_small)
         real = lambda size: arrays.scratch(rt, size, self.dtype)  # noqa: E731
         self.A = real(self.m * self.m)
@@ -113,9 +118,8 @@ class DenseCholesky:
         self.events = None        # a list to keep (name, event) pairs for a profile, or None
 
     @staticmethod
-    def _params(info_or_runtime, NB, RT, dtype, SB=SOLVE_BLOCKS, PW=PANEL_WIDTH):
-        info = getattr(info_or_runtime, "info", info_or_runtime)
-        return dict(NB=NB, RT=RT, LS=solve_group(info, NB), SB=SB, PW=PW,
+    def _params(runtime, NB, RT, dtype, SB=SOLVE_BLOCKS, PW=PANEL_WIDTH):
+        return dict(NB=NB, RT=RT, LS=solve_group(runtime.info, NB), SB=SB, PW=PW,
                     REAL="double" if np.dtype(dtype) == np.float64 else "float")
 
     @staticmethod

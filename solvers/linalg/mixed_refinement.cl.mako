@@ -25,7 +25,7 @@ void demote(__global double *restrict S, __global float *restrict A, __global in
 {
     __local double T[TS][TS + 1];
     const int ti = get_group_id(1), tj = get_group_id(0);
-    // Only lower tiles work; the others pass the barrier idle (PoCL 6 corrupted memory when
+    // Only lower tiles work; the others pass the barrier idle (PoCL 3.0 corrupted memory when
     // they returned before it here).
     const int lower = tj <= ti;
     const int lx = get_local_id(0), ly = get_local_id(1);
