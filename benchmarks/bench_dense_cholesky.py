@@ -9,7 +9,8 @@ rate (n^3 / 3 multiply-adds, 2 flops each) and the relative residual ``|S x - b|
 on the host. ``--mixed``: also the mixed-precision solve (solvers.linalg.mixed_cholesky_device:
 the float32 factorisation, refined in float64; ``--rt32``: its update's RT values), with its
 refinement steps; ``--solve-blocks``: block rows per launch of the triangular solves;
-``--panel-width``: the panel's work-items per row; ``--nb32``: the float32 factorisation's
+``--panel-width``: the panel's work-items per row; ``--small-solve-max``: the size up to which
+both solves run in one work-group; ``--nb32``: the float32 factorisation's
 block sizes. The matrix
 is diagonally dominant (random symmetric entries in [-0.5, 0.5] plus n on
 the diagonal), so it is positive definite.
@@ -24,7 +25,7 @@ import pyopencl.array as cla
 
 import harness
 
-from solvers.linalg.dense_cholesky_device import PANEL_WIDTH, SOLVE_BLOCKS, DenseCholesky, block_sizes
+from solvers.linalg.dense_cholesky_device import SOLVE_BLOCKS, DenseCholesky, block_sizes, device_panel_width
 from solvers.linalg.mixed_cholesky_device import MixedCholesky
 
 
@@ -42,6 +43,8 @@ def main():
     p.add_argument("--defer", default="1,2,4,8", help="comma-separated deferrals to compare")
     p.add_argument("--rt", default="", help="comma-separated RT values (default: the device's)")
     p.add_argument("--mixed", action="store_true", help="also the mixed-precision solve")
+    p.add_argument("--small-solve-max", default="", help="comma-separated sizes up to which both solves run "
+                   "in one work-group, to compare (default: the module's)")
     p.add_argument("--panel-width", default="", help="comma-separated panel work-items per row to compare "
                    "(default: the module's)")
     p.add_argument("--solve-blocks", default="", help="comma-separated block rows per solve launch to compare "
@@ -57,7 +60,8 @@ def main():
     rts = [int(v) for v in args.rt.split(",") if v] or [rt0]
     defers = [int(v) for v in args.defer.split(",") if v]
     sbs = [int(v) for v in args.solve_blocks.split(",") if v] or [SOLVE_BLOCKS]
-    pws = [int(v) for v in args.panel_width.split(",") if v] or [PANEL_WIDTH]
+    ssms = [int(v) for v in args.small_solve_max.split(",") if v] or [None]
+    pws = [int(v) for v in args.panel_width.split(",") if v] or [device_panel_width(rt.info, nb)]
     for n in (int(v) for v in args.sizes.split(",") if v):
         S = spd(n, n)
         b = np.random.default_rng(1).standard_normal(n)
@@ -68,11 +72,17 @@ def main():
             for d in defers:
                 for sb in sbs:
                     for pw in pws:
-                        name = (f"defer {d}, RT {r}" + (f", SB {sb}" if args.solve_blocks else "")
-                                + (f", PW {pw}" if args.panel_width else ""))
-                        variants[name] = DenseCholesky(rt, n, block=(nb, r), defer=d, solve_blocks=sb,
-                                                       panel_width=pw)
-        if args.mixed:
+                        for ssm in ssms:
+                            name = (f"defer {d}, RT {r}" + (f", SB {sb}" if args.solve_blocks else "")
+                                    + (f", PW {pw}" if args.panel_width else "")
+                                    + (f", one-group solves to {ssm}" if args.small_solve_max else ""))
+                            variants[name] = DenseCholesky(rt, n, block=(nb, r), defer=d, solve_blocks=sb,
+                                                           panel_width=pw, **({} if ssm is None else
+                                                                              dict(small_solve_max=ssm)))
+        if args.mixed and not (args.nb32 or args.rt32):      # the module's float32 blocks
+            for d in defers:
+                variants[f"mixed, defer {d}"] = MixedCholesky(rt, n, defer=d)
+        elif args.mixed:
             for nb32 in [int(v) for v in args.nb32.split(",") if v] or [nb]:
                 if (2 * nb32 * (nb32 + 1) + (1 + SOLVE_BLOCKS) * nb32) * 4 > rt.info.local_mem_bytes:
                     continue

@@ -28,10 +28,15 @@ SMALL_SOLVE_MAX = 4096
 # Block rows per launch of the larger solves (the template's SB): every launch's fixed cost,
 # some microseconds between launches on a GPU, paid a quarter as often.
 SOLVE_BLOCKS = 4
-# The panel's work-items per row (the template's PW): 1 measured on the H200 (22 ms of a 16,002
-# factorisation); more spread each step's updates over a row's items (bench_dense_cholesky
-# --panel-width compares them).
-PANEL_WIDTH = 1
+# The panel's work-items per row on GPUs (the template's PW): each step's updates spread over a
+# row's items. H200, 16,002 unknowns: the panels took 12.6 ms at 8 against 22.3 ms at 1 (one
+# item per row). CPUs keep 1: PoCL runs a group's items as loops, and 8 took 3.5x as long.
+PANEL_WIDTH = 8
+
+
+def device_panel_width(info, NB: int) -> int:
+    """The panel's work-items per row on this device (see :data:`PANEL_WIDTH`)."""
+    return 1 if info.is_cpu else max(1, min(PANEL_WIDTH, info.max_work_group_size // NB))
 
 
 def block_sizes(info):
@@ -74,11 +79,11 @@ class DenseCholesky:
 
     def __init__(self, runtime, n: int, block: tuple = None, defer: int = DEFER,
                  small_solve_max: int = SMALL_SOLVE_MAX, dtype=np.float64, solve_blocks: int = SOLVE_BLOCKS,
-                 panel_width: int = PANEL_WIDTH):
+                 panel_width: int = None):
         """``dtype``: np.float64 (needs the device's fp64) or np.float32, the matrix's storage
         and arithmetic. ``solve_blocks``: block rows per launch of the solves above
         ``small_solve_max``. ``panel_width``: the panel's work-items per row (at most the
-        device's work-group size over the block size)."""
+        device's work-group size over the block size; None: :func:`device_panel_width`'s)."""
         self.rt = rt = runtime
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.float32, np.float64):
@@ -102,6 +107,8 @@ class DenseCholesky:
         if local > rt.info.local_mem_bytes:
             raise ValueError(f"solve_blocks={solve_blocks} needs {local} bytes of local memory with {self.NB} x "
                              f"{self.NB} blocks; {rt.info.name!r} has {rt.info.local_mem_bytes}: take fewer")
+        if panel_width is None:
+            panel_width = device_panel_width(rt.info, self.NB)
         if int(panel_width) < 1:
             raise ValueError(f"panel_width must be a positive number of work-items, not {panel_width!r}")
         self.PW = min(int(panel_width), max(1, rt.info.max_work_group_size // self.NB))
@@ -118,7 +125,8 @@ class DenseCholesky:
         self.events = None        # a list to keep (name, event) pairs for a profile, or None
 
     @staticmethod
-    def _params(runtime, NB, RT, dtype, SB=SOLVE_BLOCKS, PW=PANEL_WIDTH):
+    def _params(runtime, NB, RT, dtype, SB=SOLVE_BLOCKS, PW=None):
+        PW = device_panel_width(runtime.info, NB) if PW is None else PW
         return dict(NB=NB, RT=RT, LS=solve_group(runtime.info, NB), SB=SB, PW=PW,
                     REAL="double" if np.dtype(dtype) == np.float64 else "float")
 
