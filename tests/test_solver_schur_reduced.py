@@ -32,7 +32,7 @@ def needs_fp64(device):
 
 # -- the dense device Cholesky -------------------------------------------------------------------
 
-SOLVES = {"one-group": dict(), "per-block": dict(small_solve_max=0, solve_blocks=1),
+SOLVES = {"one-group": dict(small_solve_max=4096), "per-block": dict(small_solve_max=0, solve_blocks=1),
           "super-blocks": dict(small_solve_max=0, solve_blocks=3)}
 
 
@@ -66,7 +66,7 @@ def test_dense_cholesky_against_numpy(device, n, block, defer):
     one-group solve (600: more rows than its 256 items) gives what a launch per block gives."""
     needs_fp64(device)
     S, b = spd(n, 7 + n), np.random.default_rng(n).standard_normal(n)
-    chol = DenseCholesky(device, n, block=block, defer=defer)
+    chol = DenseCholesky(device, n, block=block, defer=defer, small_solve_max=4096)
     x, ok = chol.solve_host(S, b)
     assert ok and chol.small_solve
     for sb in (1, 2, 4):      # block rows per solve launch: the last super-block short or whole

@@ -22,8 +22,10 @@ NOT_POSITIVE_DEFINITE = 2        # the flag bit the template sets
 # Block columns over which the trailing update is deferred (DenseCholesky.factor).
 DEFER = 4
 # Up to this padded size both triangular solves run in one launch of one work-group
-# (solve_small): L is then at most 64 MiB, which one group reads faster than 2 * size / NB
-# launches cost (two per block row, each some microseconds on the host and on the device).
+# (solve_small) on CPUs: L is then at most 64 MiB, which one group reads faster than the launches
+# of the per-block solves cost (each some microseconds on the host and on the device). GPUs take
+# the per-block solves at every size: on the H200 they were faster from 2,000 unknowns (0.53 ms
+# against 1.35 ms) and at 4,096 (1.6 against 5.9 ms), four block rows a launch (SOLVE_BLOCKS).
 SMALL_SOLVE_MAX = 4096
 # Block rows per launch of the larger solves (the template's SB): every launch's fixed cost,
 # some microseconds between launches on a GPU, paid a quarter as often.
@@ -32,6 +34,11 @@ SOLVE_BLOCKS = 4
 # row's items. H200, 16,002 unknowns: the panels took 12.6 ms at 8 against 22.3 ms at 1 (one
 # item per row). CPUs keep 1: PoCL runs a group's items as loops, and 8 took 3.5x as long.
 PANEL_WIDTH = 8
+
+
+def device_small_solve_max(info) -> int:
+    """The size up to which this device solves in one work-group (see :data:`SMALL_SOLVE_MAX`)."""
+    return SMALL_SOLVE_MAX if info.is_cpu else 0
 
 
 def device_panel_width(info, NB: int) -> int:
@@ -78,11 +85,12 @@ class DenseCholesky:
     """The buffers and kernels of one ``n x n`` dense Cholesky on the device (see the module)."""
 
     def __init__(self, runtime, n: int, block: tuple = None, defer: int = DEFER,
-                 small_solve_max: int = SMALL_SOLVE_MAX, dtype=np.float64, solve_blocks: int = SOLVE_BLOCKS,
+                 small_solve_max: int = None, dtype=np.float64, solve_blocks: int = SOLVE_BLOCKS,
                  panel_width: int = None):
         """``dtype``: np.float64 (needs the device's fp64) or np.float32, the matrix's storage
         and arithmetic. ``solve_blocks``: block rows per launch of the solves above
-        ``small_solve_max``. ``panel_width``: the panel's work-items per row (at most the
+        ``small_solve_max`` (None: :func:`device_small_solve_max`'s). ``panel_width``: the panel's
+        work-items per row (at most the
         device's work-group size over the block size; None: :func:`device_panel_width`'s)."""
         self.rt = rt = runtime
         self.dtype = np.dtype(dtype)
@@ -112,6 +120,8 @@ class DenseCholesky:
         if int(panel_width) < 1:
             raise ValueError(f"panel_width must be a positive number of work-items, not {panel_width!r}")
         self.PW = min(int(panel_width), max(1, rt.info.max_work_group_size // self.NB))
+        if small_solve_max is None:
+            small_solve_max = device_small_solve_max(rt.info)
         self.small_solve = self.m <= small_solve_max     # both solves in one launch (solve_small)
         real = lambda size: arrays.scratch(rt, size, self.dtype)  # noqa: E731
         self.A = real(self.m * self.m)

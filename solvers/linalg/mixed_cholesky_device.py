@@ -64,12 +64,20 @@ def float32_blocks(info, block64: tuple) -> tuple:
     return (nb, rt) if fits and not info.is_cpu else tuple(block64)
 
 
+# From this many unknowns the mixed solve is the default on GPUs. H200, factorisation and solve
+# (bench_dense_cholesky): 16,002 unknowns 0.109 s against 0.136 s in float64, 8,192 0.029 against
+# 0.031 s, 4,096 slower (0.028 against 0.011 s: there the refinement's steps outweigh the
+# float32 update's saving).
+MIXED_MIN_UNKNOWNS = 8192
+
+
 def choose_mixed(info, n_unknowns: int, other_bytes: int, mixed=None) -> bool:
     """Whether a matrix that is factorised on the device is solved in mixed precision
     (``Options.mixed_precision_solves``): ``mixed`` True or False as asked; None: on GPUs and
     other accelerators (on CPU devices float32 has no such edge, and the host factorises
-    anyway) where the float32 copy fits beside the float64 matrix."""
-    if mixed is False or (mixed is None and info.is_cpu):
+    anyway) from :data:`MIXED_MIN_UNKNOWNS` unknowns, where the float32 copy fits beside the
+    float64 matrix."""
+    if mixed is False or (mixed is None and (info.is_cpu or n_unknowns < MIXED_MIN_UNKNOWNS)):
         return False
     nb, _ = block_sizes(info)
     need = mixed_bytes(n_unknowns, nb)

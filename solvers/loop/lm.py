@@ -76,9 +76,9 @@ class Options:
             (the device on GPUs from 100,000 observations), True the device, False the host.
         mixed_precision_solves: sparse_schur's and dense_schur's dense Cholesky on the device in
             float32, the solution refined in float64 to the float64 factorisation's accuracy (which
-            takes over where the refinement stalls). False (the default): float64 throughout;
-            True: mixed wherever the device factorises; None chooses: on GPUs and other
-            accelerators, where the float32 copy of the reduced matrix fits.
+            takes over where the refinement stalls). None (the default) chooses: on GPUs and
+            other accelerators from 8,192 unknowns, where the float32 copy of the reduced matrix
+            fits; True: mixed wherever the device factorises; False: float64 throughout.
         profile_kernels: keep the device kernels' events and report their total time.
         checkpoint: write the best state to this file after iteration 0, every
             ``checkpoint_every`` iterations and at the end, atomically (None: no checkpoint).
@@ -114,8 +114,9 @@ class Options:
     # None chooses (the device on GPUs from 100,000 observations), True the device, False the host.
     device_setup: Optional[bool] = None
     # The device's dense Cholesky in float32, refined in float64 (solvers.linalg.mixed_cholesky_device):
-    # True or False as asked; None chooses (GPUs and accelerators, where the float32 copy fits).
-    mixed_precision_solves: Optional[bool] = False
+    # True or False as asked; None chooses (GPUs and accelerators from 8,192 unknowns, where the
+    # float32 copy fits).
+    mixed_precision_solves: Optional[bool] = None
     # Keep the device kernels' events and report their total time (times["device_kernels"]).
     profile_kernels: bool = False
     # Write the best state found to this file (solvers.loop.checkpoint) after iteration 0, every

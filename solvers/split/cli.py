@@ -7,6 +7,7 @@ prints and writes, the other ranks only compute, and a rank that fails ends ever
 message (``MPI_Abort``) rather than leaving them waiting in a reduction."""
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from typing import Optional
@@ -17,9 +18,10 @@ def add_arguments(parser):
                         help="split the points over several OpenCL devices of this host (comma-separated device "
                              "specs, or 'all': every GPU of the chosen platform); with --mpi, the devices a "
                              "host's ranks take in turn")
-    parser.add_argument("--mixed-precision-solves", action="store_true",
+    parser.add_argument("--mixed-precision-solves", action=argparse.BooleanOptionalAction, default=None,
                         help="factorise the reduced matrix on the device in float32 and refine the solution "
-                             "in float64 to float64's accuracy (Options.mixed_precision_solves)")
+                             "in float64 to float64's accuracy (Options.mixed_precision_solves; default: "
+                             "on GPUs from 8,192 unknowns)")
     parser.add_argument("--mpi", action="store_true",
                         help="split the points over the ranks of MPI_COMM_WORLD (run under mpirun -n K; needs "
                              "mpi4py): each rank uses its host's GPU or CPU device, rank 0 prints and writes")
@@ -27,10 +29,10 @@ def add_arguments(parser):
 
 def options(args, comm) -> dict:
     """The solve's ``devices=`` / ``comm=`` from ``--devices`` and ``--mpi``, and
-    ``mixed_precision_solves=True`` from ``--mixed-precision-solves``."""
+    ``mixed_precision_solves`` from ``--[no-]mixed-precision-solves``."""
     out = {}
-    if args.mixed_precision_solves:
-        out["mixed_precision_solves"] = True
+    if args.mixed_precision_solves is not None:
+        out["mixed_precision_solves"] = args.mixed_precision_solves
     if args.devices:
         out["devices"] = "all" if args.devices == "all" else args.devices.split(",")
     if comm is not None:
