@@ -36,6 +36,12 @@ def bal(rt):
                               lambda ls=ls, dt=dt, loss=loss: bundle_adjust(
                                   problem, linear_solver=ls, dtype=dt, loss=loss, max_iterations=1,
                                   device=rt.device, handle_sigint=False)))
+    if not rt.info.is_cpu and rt.info.fp64:
+        # The mixed-precision solve's programs, which GPUs take from 8,192 unknowns on (size is
+        # no render parameter: a tiny solve with it forced builds what a large one uses).
+        tasks.append(("sparse_schur float64 mixed-precision solves",
+                      lambda: bundle_adjust(problem, linear_solver="sparse_schur", max_iterations=1,
+                                            mixed_precision_solves=True, device=rt.device, handle_sigint=False)))
     return tasks, skipped
 
 
