@@ -25,7 +25,8 @@ import pyopencl.array as cla
 
 import harness
 
-from solvers.linalg.dense_cholesky_device import SOLVE_BLOCKS, DenseCholesky, block_sizes, device_panel_width
+from solvers.linalg.dense_cholesky_device import (SOLVE_BLOCKS, DenseCholesky, block_sizes, device_panel_width,
+                                                  local_bytes)
 from solvers.linalg.mixed_cholesky_device import MixedCholesky
 
 
@@ -84,7 +85,7 @@ def main():
                 variants[f"mixed, defer {d}"] = MixedCholesky(rt, n, defer=d)
         elif args.mixed:
             for nb32 in [int(v) for v in args.nb32.split(",") if v] or [nb]:
-                if (2 * nb32 * (nb32 + 1) + (1 + SOLVE_BLOCKS) * nb32) * 4 > rt.info.local_mem_bytes:
+                if local_bytes(nb32, 4) > rt.info.local_mem_bytes:
                     continue
                 for r in [int(v) for v in args.rt32.split(",") if v] or [rt0]:
                     if nb32 % r or (nb32 // r) ** 2 > rt.info.max_work_group_size:

@@ -46,6 +46,12 @@ def device_panel_width(info, NB: int) -> int:
     return 1 if info.is_cpu else max(1, min(PANEL_WIDTH, info.max_work_group_size // NB))
 
 
+def local_bytes(NB: int, itemsize: int = 8, SB: int = SOLVE_BLOCKS) -> int:
+    """The local memory of the template's largest work-group (the forward solve: two NB x NB
+    tiles, a block and the super-block's solution), for a block size's fit on a device."""
+    return (2 * NB * (NB + 1) + (1 + SB) * NB) * itemsize
+
+
 def block_sizes(info):
     """``(NB, RT)``: the block size and the update's entries per work-item and dimension.
 
@@ -56,7 +62,7 @@ def block_sizes(info):
     32-41 ms and 47-54 ms).
     """
     nb = 32
-    while nb > 4 and (2 * nb * (nb + 1) + (1 + SOLVE_BLOCKS) * nb) * 8 > info.local_mem_bytes:
+    while nb > 4 and local_bytes(nb) > info.local_mem_bytes:
         nb //= 2
     nb = min(nb, 1 << (info.max_work_group_size.bit_length() - 1))
     rt = 8 if info.is_cpu else 4
@@ -90,8 +96,8 @@ class DenseCholesky:
         """``dtype``: np.float64 (needs the device's fp64) or np.float32, the matrix's storage
         and arithmetic. ``solve_blocks``: block rows per launch of the solves above
         ``small_solve_max`` (None: :func:`device_small_solve_max`'s). ``panel_width``: the panel's
-        work-items per row (at most the
-        device's work-group size over the block size; None: :func:`device_panel_width`'s)."""
+        work-items per row (at most the device's work-group size over the block size; None:
+        :func:`device_panel_width`'s)."""
         self.rt = rt = runtime
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.float32, np.float64):
@@ -110,8 +116,7 @@ class DenseCholesky:
         if int(solve_blocks) < 1:
             raise ValueError(f"solve_blocks must be a positive number of block rows, not {solve_blocks!r}")
         self.SB = int(solve_blocks)
-        # The forward solve's local memory: two tiles, a block and the super-block's solution.
-        local = (2 * self.NB * (self.NB + 1) + (1 + self.SB) * self.NB) * self.dtype.itemsize
+        local = local_bytes(self.NB, self.dtype.itemsize, self.SB)
         if local > rt.info.local_mem_bytes:
             raise ValueError(f"solve_blocks={solve_blocks} needs {local} bytes of local memory with {self.NB} x "
                              f"{self.NB} blocks; {rt.info.name!r} has {rt.info.local_mem_bytes}: take fewer")

@@ -35,7 +35,7 @@ from clkernels.launch import presets, release_kernels
 from clkernels.templates import get_program, template_request
 
 from . import factorisation_limits as limits
-from .dense_cholesky_device import NOT_POSITIVE_DEFINITE, SOLVE_BLOCKS, DenseCholesky, block_sizes, dense_bytes
+from .dense_cholesky_device import NOT_POSITIVE_DEFINITE, DenseCholesky, block_sizes, dense_bytes, local_bytes
 
 TEMPLATE = "solvers/linalg/mixed_refinement.cl.mako"
 MAX_STEPS = 30                     # dsposv's ITERMAX
@@ -59,7 +59,7 @@ def float32_blocks(info, block64: tuple) -> tuple:
     against 94 ms with the float64 factorisation's 32 x 32 blocks and 4 x 4, 115 ms in float64);
     elsewhere the float64 one's."""
     nb, rt = 64, 8
-    fits = (2 * nb * (nb + 1) + (1 + SOLVE_BLOCKS) * nb) * 4 <= info.local_mem_bytes \
+    fits = local_bytes(nb, 4) <= info.local_mem_bytes \
         and (nb // rt) ** 2 <= info.max_work_group_size
     return (nb, rt) if fits and not info.is_cpu else tuple(block64)
 
