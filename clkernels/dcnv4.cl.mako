@@ -19,6 +19,12 @@
 ##   reuse          forward only: bilinear coefficients computed once per tap and used for
 ##                  all cpw channels (True), or recomputed for every vw-chunk (False, the
 ##                  "DCNv3 work-item body in a loop" rung of the paper's ablation)
+##   interleave     forward and 'backward': a work-item's vw-chunks lie SLOTS * vw channels apart
+##                  (chunk c of slot s at channel (c * SLOTS + s) * vw), so that the work-items
+##                  sharing a (pixel, group) read one contiguous run per load instruction, not
+##                  a strided one (False: its cpw channels are contiguous)
+##   prefetch       forward with reuse only: a (pixel, group)'s offsets and masks loaded into
+##                  registers before the (unrolled) tap loop
 ##   slots_p2       'backward': work-items per (pixel, group), channels/cpw rounded up to a
 ##                  power of two; > 1 means a work-group reduction of the offset gradients
 ##   ptx            NVIDIA only: half <-> float conversions and the float atomic add through
@@ -35,6 +41,9 @@
     comps = [''] if VW == 1 else ['.s%x' % e for e in range(VW)]
     raw = {2: 'uint', 4: 'uint2', 8: 'uint4', 16: 'uint8'}.get(VW)
     FIXED = direction == 'backward' and scatter in ('fixed', 'gather')
+    # dcnv4_forward and dcnv4_backward: channels between a work-item's chunks, and between
+    # neighbouring slots' first channels (see interleave).
+    CS, SO = (SLOTS * VW, VW) if interleave else (VW, CPW)
     ptx_half = ptx and st.is_half and VW > 1
 %>
 %if direction != 'forward':
@@ -124,9 +133,15 @@ ${tap_origin()}
     // This (pixel, group)'s block of offset_mask: K (dx, dy) pairs, then K masks.
     const __global ${T} *om = offset_mask + pix * P + g * ${3 * K};
 </%def>
-<%def name="tap_loop_open()">
+<%def name="tap_loop_open(unroll=False)">
     int k = 0;
+%if unroll:
+    #pragma unroll
+%endif
     for (int i = 0; i < ${kernel_w}; ++i) {
+%if unroll:
+        #pragma unroll
+%endif
         for (int j = 0; j < ${kernel_h}; ++j) {
 %if remove_center:
             if (i == ${kernel_w // 2} && j == ${kernel_h // 2}) continue;
@@ -137,18 +152,22 @@ ${tap_origin()}
         }
     }
 </%def>
-<%def name="tap_position()">
+<%def name="tap_position(held=False)">
+%if held:
+            const float dx = omv[2 * k], dy = omv[2 * k + 1], m = omv[${2 * K} + k];
+%else:
             const float dx = ${st.load('om', '2 * k')}, dy = ${st.load('om', '2 * k + 1')};
             const float m = ${st.load('om', '%d + k' % (2 * K))};
+%endif
             const float w = p0_w + ((float)(i * dil_w) + dx) * offset_scale;
             const float h = p0_h + ((float)(j * dil_h) + dy) * offset_scale;
             // Also false for NaN and infinite positions: such taps count as outside.
             const int inside = h > -1.0f && w > -1.0f && h < (float)H && w < (float)W;
 </%def>
-<%def name="load_corners(c)">
+<%def name="load_corners(c, chunk_stride=None)">
                 ${vec} v[4];
                 for (int t = 0; t < 4; ++t)
-                    v[t] = idx[t] >= 0 ? ldv(in + idx[t] * ${GC} + ${c} * ${VW}) : (${vec})(0.0f);
+                    v[t] = idx[t] >= 0 ? ldv(in + idx[t] * ${GC} + ${c} * ${chunk_stride or VW}) : (${vec})(0.0f);
 </%def>
 
 %if direction == 'forward':
@@ -166,17 +185,25 @@ __kernel void dcnv4_forward(__global const ${T} *restrict input,
     const int pg = gid / ${SLOTS};
     const int g = pg % ${G}, pix = pg / ${G};
 ${position_setup()}
-    const __global ${T} *in = input + n * (H * W * ${GC}) + g * ${C} + slot * ${CPW};
+    const __global ${T} *in = input + n * (H * W * ${GC}) + g * ${C} + slot * ${SO};
     ${vec} acc[${NCH}];
     for (int c = 0; c < ${NCH}; ++c) acc[c] = (${vec})(0.0f);
 %if reuse:
-${tap_loop_open()}
-${tap_position()}
+%if prefetch:
+    // All of this (pixel, group)'s offsets and masks first, in registers (the tap loop is
+    // unrolled, so k is a constant): their loads are in flight together, not one tap's at a
+    // time behind the previous tap's corner loads.
+    float omv[${3 * K}];
+    #pragma unroll
+    for (int e = 0; e < ${3 * K}; ++e) omv[e] = ${st.load('om', 'e')};
+%endif
+${tap_loop_open(prefetch)}
+${tap_position(prefetch)}
             if (inside) {
                 int idx[4]; float wt[4], lh, lw;
                 bilinear_taps_float(h, w, H, W, idx, wt, &lh, &lw);
                 for (int c = 0; c < ${NCH}; ++c) {
-${load_corners('c')}
+${load_corners('c', CS)}
                     acc[c] += m * (wt[0] * v[0] + wt[1] * v[1] + wt[2] * v[2] + wt[3] * v[3]);
                 }
             }
@@ -188,14 +215,14 @@ ${tap_position()}
             if (inside) {
                 int idx[4]; float wt[4], lh, lw;
                 bilinear_taps_float(h, w, H, W, idx, wt, &lh, &lw);
-${load_corners('c')}
+${load_corners('c', CS)}
                 acc[c] += m * (wt[0] * v[0] + wt[1] * v[1] + wt[2] * v[2] + wt[3] * v[3]);
             }
 ${tap_loop_close()}
     }
 %endif
-    // output index = ((pix * G + g) * C + slot * CPW) = gid * CPW
-    for (int c = 0; c < ${NCH}; ++c) stv(acc[c], output + gid * ${CPW} + c * ${VW});
+    // The output's channels as the input's: this (pixel, group)'s block starts at pg * C.
+    for (int c = 0; c < ${NCH}; ++c) stv(acc[c], output + pg * ${C} + slot * ${SO} + c * ${CS});
 }
 
 %else:
@@ -240,7 +267,7 @@ ${tap_loop_close()}
 ${near_tap()}
 %endif
                     for (int c = 0; c < ${NCH}; ++c) {
-${load_corners('c')}
+${load_corners('c', CS)}
                         const ${vec} val = wt[0] * v[0] + wt[1] * v[1] + wt[2] * v[2] + wt[3] * v[3];
                         const ${vec} dh = (1.0f - lw) * (v[2] - v[0]) + lw * (v[3] - v[1]);
                         const ${vec} dw = (1.0f - lh) * (v[1] - v[0]) + lh * (v[3] - v[2]);
@@ -254,14 +281,14 @@ ${load_corners('c')}
                             if (idx[t] < 0) continue;
                             const ${vec} add = go[c] * (m * wt[t]);
 %if scatter not in ('fixed', 'gather'):
-                            __global float *dst = gin + idx[t] * ${GC} + c * ${VW};
+                            __global float *dst = gin + idx[t] * ${GC} + c * ${CS};
 %endif
 %if scatter == 'atomic':
 %for e, comp in enumerate(comps):
                             atomic_add_float(dst + ${e}, add${comp});
 %endfor
 %elif scatter in ('fixed', 'gather'):
-                            const int at = idx[t] * ${GC} + c * ${VW};
+                            const int at = idx[t] * ${GC} + c * ${CS};
 %for e, comp in enumerate(comps):
                             fixed_add(gfix + at + ${e}, side + at + ${e}, add${comp}, s1, s2);
 %endfor
@@ -367,7 +394,7 @@ __kernel void dcnv4_backward(__global const ${T} *restrict input,
     const int active = pg < pix_groups && slot < ${SLOTS};
     const int g = pg % ${G}, pix = active ? pg / ${G} : 0;
 ${position_setup()}
-    const int in_base = n * (H * W * ${GC}) + g * ${C} + slot * ${CPW};
+    const int in_base = n * (H * W * ${GC}) + g * ${C} + slot * ${SO};
     const __global ${T} *in = input + in_base;
 %if FIXED:
     volatile __global long *gfix = grad_fixed + in_base;
@@ -380,7 +407,7 @@ ${position_setup()}
     __global ${T} *gom = grad_offset_mask + pix * P + g * ${3 * K};
     ${vec} go[${NCH}];
     for (int c = 0; c < ${NCH}; ++c)
-        go[c] = active ? ldv(grad_out + pg * ${C} + slot * ${CPW} + c * ${VW}) : (${vec})(0.0f);
+        go[c] = active ? ldv(grad_out + pg * ${C} + slot * ${SO} + c * ${CS}) : (${vec})(0.0f);
 %if SP > 1:
     const int lid = get_local_id(0), lsize = get_local_size(0);
 %endif

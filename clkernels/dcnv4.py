@@ -118,7 +118,12 @@ class DCNv4Config:
     device. ``gather_margin``
     ("gather" only): taps landing within this many whole pixels of their nominal place (zero
     offset) are gathered, farther ones summed in fixed point; offsets in [-1, 1] at
-    offset_scale 1 are all within 1."""
+    offset_scale 1 are all within 1. ``interleave`` (forward; backward but "owner"): the work-items sharing a
+    (pixel, group) take its channels in turns of ``vector_width`` (work-item s reads chunks
+    s, s + slots, ...) rather than each a contiguous run, so one load instruction of theirs
+    reads one contiguous run of memory; the results are the same bits either way.
+    ``prefetch`` (forward only): a (pixel, group)'s offsets and masks are loaded into
+    registers before the tap loop, which is unrolled."""
     channels_per_item: int
     vector_width: int
     reuse: bool = True
@@ -126,6 +131,8 @@ class DCNv4Config:
     scatter: str = ""
     gather_channels: int = 0
     gather_margin: int = 1
+    interleave: bool = False
+    prefetch: bool = False
 
     def __post_init__(self):
         # What depends on the call (channels dividing group_channels, the device's limits) is
@@ -140,6 +147,8 @@ class DCNv4Config:
         config_check.integer(name, "gather_channels", self.gather_channels, minimum=0,
                              meaning=" (0: chosen from the device)")
         config_check.integer(name, "gather_margin", self.gather_margin, minimum=0)
+        config_check.boolean(name, "interleave", self.interleave)
+        config_check.boolean(name, "prefetch", self.prefetch)
 
 
 # The paper's Table 10 rungs, in order (A100, N=64, 56x56, 128 channels, G=4: 1.45, 1.53,
@@ -226,7 +235,8 @@ def _program(rt, info, direction, dtype, opts: DCNv4Options, cfg: DCNv4Config, s
                   group=opts.group, channels=opts.group_channels, kernel_h=opts.kernel_h,
                   kernel_w=opts.kernel_w, remove_center=bool(opts.remove_center),
                   cpw=cfg.channels_per_item, vw=cfg.vector_width, reuse=bool(cfg.reuse),
-                  slots_p2=slots_p2)
+                  interleave=direction != "backward_owner" and bool(cfg.interleave),
+                  prefetch=direction == "forward" and bool(cfg.prefetch), slots_p2=slots_p2)
     key = rt.device.int_ptr
     if info.vendor == "nvidia" and key not in _ptx_refused:
         try:
@@ -352,10 +362,15 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
                launch.Buffer("g_offset_mask", offset_mask.shape, offset_mask.dtype)]
     default = backward_config(info, opts.group_channels, input.dtype, n, opts.group, deterministic)
     cfg = _check_config(config or default, opts, input.dtype, rt)
+    if cfg.prefetch:
+        raise ValueError("config.prefetch applies to the forward only; leave it False for dcnv4_backward")
     if n == 0:
         return launch.LaunchPlan(outputs)
     scatter = cfg.scatter or default.scatter
     if scatter == "owner":
+        if cfg.interleave:
+            raise ValueError("config.interleave does not apply to scatter='owner' (each work-item owns "
+                             "contiguous channels there); leave it False or pick another scatter")
         return _backward_owner_plan(rt, info, outputs, input, offset_mask, opts, cfg)
     if scatter in ("fixed", "gather") and not info.int64_atomics:
         raise ValueError(f"config.scatter={scatter!r} needs 64-bit atomics (cl_khr_int64_base_atomics), "

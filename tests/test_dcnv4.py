@@ -164,7 +164,9 @@ def test_forward_matches_reference(device, name):
 
 CONFIGS = [cfg for _, cfg in LADDER] + [
     DCNv4Config(16, 16), DCNv4Config(16, 4), DCNv4Config(4, 2, reuse=False), DCNv4Config(2, 1),
-    DCNv4Config(16, 8, work_group_size=1), DCNv4Config(8, 8, work_group_size=64)]
+    DCNv4Config(16, 8, work_group_size=1), DCNv4Config(8, 8, work_group_size=64),
+    DCNv4Config(8, 4, interleave=True), DCNv4Config(4, 2, interleave=True, prefetch=True),
+    DCNv4Config(16, 8, prefetch=True)]
 
 
 def test_cpu_vectors_wider_than_the_compiler_takes_are_refused(device):
@@ -431,6 +433,12 @@ def test_bad_input_names_the_argument():
         dcnv4_backward(x[:, :4], x, om, **kw)
     with pytest.raises(ValueError, match="remove_center=True with a 1x1 kernel"):
         dcnv4(x, om, **{**kw, "kernel_h": 1, "kernel_w": 1, "remove_center": True})
+    with pytest.raises(ValueError, match="config.prefetch applies to the forward only"):
+        dcnv4_backward(x, x, om, **kw, config=DCNv4Config(2, 2, scatter="gather", prefetch=True))
+    with pytest.raises(ValueError, match="config.interleave does not apply to scatter='owner'"):
+        dcnv4_backward(x, x, om, **kw, config=DCNv4Config(4, 2, scatter="owner", interleave=True))
+    with pytest.raises(TypeError, match="interleave"):
+        DCNv4Config(4, 2, interleave=1)
     with pytest.raises(ValueError, match="config.gather_margin=8: the gather takes margins up to 7"):
         dcnv4_backward(x, x, om, **kw, config=DCNv4Config(2, 2, scatter="gather", gather_margin=8))
 
@@ -445,7 +453,8 @@ def test_tiny_forward_variants(device, dtype):
     om[0, 1, 2, 0] = np.nan
     om[0, 0, 0, 3] = np.inf
     expected = reference(x, om, o)
-    for cfg in [cfg for _, cfg in LADDER] + [None, DCNv4Config(8, 4), DCNv4Config(2, 2)]:
+    for cfg in [cfg for _, cfg in LADDER] + [None, DCNv4Config(8, 4), DCNv4Config(2, 2),
+                                             DCNv4Config(4, 2, interleave=True, prefetch=True)]:
         out = dcnv4(x, om, **call_opts(o), device=device, config=cfg)
         if dtype == BF16:
             assert_bf16_close(out, expected, what=str(cfg))
@@ -468,7 +477,8 @@ def test_tiny_backward_variants(device, dtype):
     for cfg in (DCNv4Config(4, 4, scatter="owner"), DCNv4Config(2, 2, scatter="owner"),
                 DCNv4Config(4, 2, scatter="atomic"), DCNv4Config(1, 1, scatter="atomic"),
                 DCNv4Config(4, 2, scatter="fixed"), DCNv4Config(1, 1, scatter="fixed"),
-                DCNv4Config(2, 2, scatter="gather"), DCNv4Config(1, 1, scatter="gather", gather_margin=0)):
+                DCNv4Config(2, 2, scatter="gather"), DCNv4Config(1, 1, scatter="gather", gather_margin=0),
+                DCNv4Config(2, 1, scatter="gather", interleave=True)):
         g_in, g_offset_mask = dcnv4_backward(go, x, om, **call_opts(o), device=device, config=cfg)
         if dtype == BF16:     # (offsets on the pixel grid: either side's derivative, as above)
             assert_bf16_close(g_in, g_x, 1e-4, f"input gradient {cfg}")
@@ -506,6 +516,28 @@ def test_deterministic_backward_bits_do_not_depend_on_work_group_size(device, dt
         np.testing.assert_array_equal(g_in.view(np.uint8), first_in[variant].view(np.uint8), err_msg=str(cfg))
         np.testing.assert_array_equal(g_om.view(np.uint8), first_om[cpw].view(np.uint8), err_msg=str(cfg))
     assert len(first_om) == (1 if scatter == "owner" else 3)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16], ids=str)
+def test_interleaved_channels_give_the_same_bits(device, dtype):
+    """interleave and prefetch change which work-item loads what and when, not any channel's
+    arithmetic: the forward's bits are those of the contiguous layout, and so is the
+    deterministic backward's input gradient (its sums do not depend on who adds a term)."""
+    o = DCNv4Options(group=2, group_channels=16, offset_scale=1.25, stride_h=2, pad_w=2)
+    x, om = make_inputs(o, 2, 6, 7, dtype=dtype, spread=2.0, seed=21)
+    plain = dcnv4(x, om, **call_opts(o), device=device, config=DCNv4Config(8, 4))
+    for cfg in (DCNv4Config(8, 4, interleave=True), DCNv4Config(8, 2, interleave=True, prefetch=True),
+                DCNv4Config(4, 4, prefetch=True), DCNv4Config(16, 4, interleave=True)):
+        out = dcnv4(x, om, **call_opts(o), device=device, config=cfg)
+        np.testing.assert_array_equal(out.view(np.uint8), plain.view(np.uint8), err_msg=str(cfg))
+    if not device.info.int64_atomics:
+        return
+    go = np.random.default_rng(22).standard_normal(plain.shape).astype(dtype)
+    for scatter in ("gather", "fixed"):
+        g_plain, _ = dcnv4_backward(go, x, om, **call_opts(o), device=device, config=DCNv4Config(8, 4, scatter=scatter))
+        g_inter, _ = dcnv4_backward(go, x, om, **call_opts(o), device=device,
+                                    config=DCNv4Config(8, 4, scatter=scatter, interleave=True))
+        np.testing.assert_array_equal(g_inter.view(np.uint8), g_plain.view(np.uint8), err_msg=scatter)
 
 
 # ---------------------------------------------------------------- vendor paths and wrappers
