@@ -411,7 +411,13 @@ ${position_setup()}
 %if SP > 1:
     const int lid = get_local_id(0), lsize = get_local_size(0);
 %endif
-${tap_loop_open()}
+%if prefetch:
+    // As the forward's prefetch: the offsets and masks ahead of the unrolled tap loop.
+    float omv[${3 * K}];
+    #pragma unroll
+    for (int e = 0; e < ${3 * K}; ++e) omv[e] = active ? ${st.load('om', 'e')} : 0.0f;
+%endif
+${tap_loop_open(prefetch)}
             // This work-item's share of d loss / d(w, h, mask) for tap k, and the factor
             // d(w, h)/d(dx, dy) * mask = offset_scale * mask that the (w, h) sums still need.
             float sw = 0.0f, sh = 0.0f, sm = 0.0f, scale = 0.0f;
@@ -419,7 +425,7 @@ ${tap_loop_open()}
             uchar code = FAR_TAP;
 %endif
             if (active) {
-${tap_position()}
+${tap_position(prefetch)}
                 scale = offset_scale * m;
                 if (inside) {
 ${tap_gradients(scatter)}
@@ -490,6 +496,46 @@ ${tap_loop_open()}
             const int oy1 = min(H_out - 1, floor_div(r + ${margin} + pad_h - j * dil_h, stride_h));
             const int ox0 = max(0, -floor_div(-(col - ${margin + 1} + pad_w - i * dil_w), stride_w));
             const int ox1 = min(W_out - 1, floor_div(col + ${margin} + pad_w - i * dil_w, stride_w));
+%if prefetch:
+<% MR = 2 * margin + 2 %>
+            // The candidates' codes first, all in flight together (at most ${MR} rows and columns
+            // of them at any stride), then the same visits in the same order as below.
+            uchar codes[${MR * MR}];
+            #pragma unroll
+            for (int a = 0; a < ${MR}; ++a) {
+                #pragma unroll
+                for (int b = 0; b < ${MR}; ++b) {
+                    const int oy = oy0 + a, ox = ox0 + b;
+                    codes[a * ${MR} + b] = oy <= oy1 && ox <= ox1 ?
+                        tap_codes[(((image * H_out + oy) * W_out + ox) * ${G} + g) * ${K} + k] : FAR_TAP;
+                }
+            }
+            #pragma unroll
+            for (int a = 0; a < ${MR}; ++a) {
+                #pragma unroll
+                for (int b = 0; b < ${MR}; ++b) {
+                    const int y = oy0 + a, x = ox0 + b, pix = (image * H_out + y) * W_out + x;
+                    const uchar code = codes[a * ${MR} + b];
+                    if (code == FAR_TAP) continue;
+                    const int h0 = (code & 15) - ${margin} + (y * stride_h - pad_h + j * dil_h);
+                    const int w0 = (code >> 4) - ${margin} + (x * stride_w - pad_w + i * dil_w);
+                    if ((r != h0 && r != h0 + 1) || (col != w0 && col != w0 + 1)) continue;
+                    // A corner of this pixel: the position again, by tap_position's expressions.
+${tap_origin()}
+                    const float dy = ${st.load('om', '2 * k + 1')}, dx = ${st.load('om', '2 * k')};
+                    const float h = p0_h + ((float)(j * dil_h) + dy) * offset_scale;
+                    const float w = p0_w + ((float)(i * dil_w) + dx) * offset_scale;
+                    const float hf = floor(h), wf = floor(w);
+                    const float m = ${st.load('om', '%d + k' % (2 * K))};
+                    const float lh = h - hf, lw = w - wf;
+                    // bilinear_taps' weight of this corner: (1 - lh or lh) * (1 - lw or lw)
+                    const float wt = (r == h0 ? 1.0f - lh : lh) * (col == w0 ? 1.0f - lw : lw);
+                    const float mw = m * wt;
+                    const __global ${T} *gp = grad_out + (pix * ${G} + g) * ${C} + slot * ${NB};
+                    for (int c = 0; c < ${NCB}; ++c) acc[c] += ldv(gp + c * ${VW}) * mw;
+                }
+            }
+%else:
             for (int oy = oy0; oy <= oy1; ++oy) {
                 for (int ox = ox0; ox <= ox1; ++ox) {
                     const int pix = (image * H_out + oy) * W_out + ox, y = oy, x = ox;
@@ -516,6 +562,7 @@ ${tap_origin()}
                     for (int c = 0; c < ${NCB}; ++c) acc[c] += ldv(gp + c * ${VW}) * mw;
                 }
             }
+%endif
 ${tap_loop_close()}
     // The far taps' fixed-point sums (and non-finite terms) join, then the storage's rounding.
     const int e = fixed_exponent(bound, terms_log2);

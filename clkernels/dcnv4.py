@@ -122,8 +122,9 @@ class DCNv4Config:
     (pixel, group) take its channels in turns of ``vector_width`` (work-item s reads chunks
     s, s + slots, ...) rather than each a contiguous run, so one load instruction of theirs
     reads one contiguous run of memory; the results are the same bits either way.
-    ``prefetch`` (forward only): a (pixel, group)'s offsets and masks are loaded into
-    registers before the tap loop, which is unrolled."""
+    ``prefetch``: loads issued ahead of their use, all in flight together: a (pixel, group)'s
+    offsets and masks before the unrolled tap loop (forward and the scattering backward), and
+    the gather's tap codes of a tap's candidates before it visits them; the same bits."""
     channels_per_item: int
     vector_width: int
     reuse: bool = True
@@ -236,7 +237,7 @@ def _program(rt, info, direction, dtype, opts: DCNv4Options, cfg: DCNv4Config, s
                   kernel_w=opts.kernel_w, remove_center=bool(opts.remove_center),
                   cpw=cfg.channels_per_item, vw=cfg.vector_width, reuse=bool(cfg.reuse),
                   interleave=direction != "backward_owner" and bool(cfg.interleave),
-                  prefetch=direction == "forward" and bool(cfg.prefetch), slots_p2=slots_p2)
+                  prefetch=direction != "backward_owner" and bool(cfg.prefetch), slots_p2=slots_p2)
     key = rt.device.int_ptr
     if info.vendor == "nvidia" and key not in _ptx_refused:
         try:
@@ -362,15 +363,14 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
                launch.Buffer("g_offset_mask", offset_mask.shape, offset_mask.dtype)]
     default = backward_config(info, opts.group_channels, input.dtype, n, opts.group, deterministic)
     cfg = _check_config(config or default, opts, input.dtype, rt)
-    if cfg.prefetch:
-        raise ValueError("config.prefetch applies to the forward only; leave it False for dcnv4_backward")
     if n == 0:
         return launch.LaunchPlan(outputs)
     scatter = cfg.scatter or default.scatter
     if scatter == "owner":
-        if cfg.interleave:
-            raise ValueError("config.interleave does not apply to scatter='owner' (each work-item owns "
-                             "contiguous channels there); leave it False or pick another scatter")
+        if cfg.interleave or cfg.prefetch:
+            raise ValueError("config.interleave and config.prefetch do not apply to scatter='owner' "
+                             "(each work-item owns contiguous channels and walks every pixel); leave "
+                             "them False or pick another scatter")
         return _backward_owner_plan(rt, info, outputs, input, offset_mask, opts, cfg)
     if scatter in ("fixed", "gather") and not info.int64_atomics:
         raise ValueError(f"config.scatter={scatter!r} needs 64-bit atomics (cl_khr_int64_base_atomics), "

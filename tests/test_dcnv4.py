@@ -433,9 +433,9 @@ def test_bad_input_names_the_argument():
         dcnv4_backward(x[:, :4], x, om, **kw)
     with pytest.raises(ValueError, match="remove_center=True with a 1x1 kernel"):
         dcnv4(x, om, **{**kw, "kernel_h": 1, "kernel_w": 1, "remove_center": True})
-    with pytest.raises(ValueError, match="config.prefetch applies to the forward only"):
-        dcnv4_backward(x, x, om, **kw, config=DCNv4Config(2, 2, scatter="gather", prefetch=True))
-    with pytest.raises(ValueError, match="config.interleave does not apply to scatter='owner'"):
+    with pytest.raises(ValueError, match="config.interleave and config.prefetch do not apply to scatter='owner'"):
+        dcnv4_backward(x, x, om, **kw, config=DCNv4Config(4, 2, scatter="owner", prefetch=True))
+    with pytest.raises(ValueError, match="config.interleave and config.prefetch do not apply to scatter='owner'"):
         dcnv4_backward(x, x, om, **kw, config=DCNv4Config(4, 2, scatter="owner", interleave=True))
     with pytest.raises(TypeError, match="interleave"):
         DCNv4Config(4, 2, interleave=1)
@@ -478,7 +478,8 @@ def test_tiny_backward_variants(device, dtype):
                 DCNv4Config(4, 2, scatter="atomic"), DCNv4Config(1, 1, scatter="atomic"),
                 DCNv4Config(4, 2, scatter="fixed"), DCNv4Config(1, 1, scatter="fixed"),
                 DCNv4Config(2, 2, scatter="gather"), DCNv4Config(1, 1, scatter="gather", gather_margin=0),
-                DCNv4Config(2, 1, scatter="gather", interleave=True)):
+                DCNv4Config(2, 1, scatter="gather", interleave=True, prefetch=True),
+                DCNv4Config(2, 2, scatter="fixed", prefetch=True)):
         g_in, g_offset_mask = dcnv4_backward(go, x, om, **call_opts(o), device=device, config=cfg)
         if dtype == BF16:     # (offsets on the pixel grid: either side's derivative, as above)
             assert_bf16_close(g_in, g_x, 1e-4, f"input gradient {cfg}")
@@ -522,7 +523,9 @@ def test_deterministic_backward_bits_do_not_depend_on_work_group_size(device, dt
 def test_interleaved_channels_give_the_same_bits(device, dtype):
     """interleave and prefetch change which work-item loads what and when, not any channel's
     arithmetic: the forward's bits are those of the contiguous layout, and so is the
-    deterministic backward's input gradient (its sums do not depend on who adds a term)."""
+    deterministic backward's input gradient (its sums do not depend on who adds a term);
+    prefetch alone keeps the offset gradients' bits too (the same sums in the same order),
+    at every gather margin and a stride above 1."""
     o = DCNv4Options(group=2, group_channels=16, offset_scale=1.25, stride_h=2, pad_w=2)
     x, om = make_inputs(o, 2, 6, 7, dtype=dtype, spread=2.0, seed=21)
     plain = dcnv4(x, om, **call_opts(o), device=device, config=DCNv4Config(8, 4))
@@ -538,6 +541,13 @@ def test_interleaved_channels_give_the_same_bits(device, dtype):
         g_inter, _ = dcnv4_backward(go, x, om, **call_opts(o), device=device,
                                     config=DCNv4Config(8, 4, scatter=scatter, interleave=True))
         np.testing.assert_array_equal(g_inter.view(np.uint8), g_plain.view(np.uint8), err_msg=scatter)
+        for margin in (0, 1, 2):
+            cfg = DCNv4Config(8, 4, scatter=scatter, gather_margin=margin)
+            plain_both = dcnv4_backward(go, x, om, **call_opts(o), device=device, config=cfg)
+            ahead = dcnv4_backward(go, x, om, **call_opts(o), device=device,
+                                   config=dataclasses.replace(cfg, prefetch=True))
+            for a, p in zip(ahead, plain_both):
+                np.testing.assert_array_equal(a.view(np.uint8), p.view(np.uint8), err_msg=str(cfg))
 
 
 # ---------------------------------------------------------------- vendor paths and wrappers
