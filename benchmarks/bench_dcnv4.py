@@ -15,6 +15,11 @@
              at the as-called section's three shapes.
 4. tuning:   work-group size and channels per work-item around the default, and the
              backward's configurations, at the paper's shape.
+   loads:    (not in the default sections) how the work-items load, at the as-called
+             shapes: DCNv4Config.prefetch and .interleave against the plain layout, forward
+             (channels per work-item, vector width, work-group size) and deterministic
+             backward (the default gather), kernel events; ``vs_plain``: the plain variant's
+             time over this one's; the backward's ``steps_ms`` are its kernels' own times.
 5. as-called: the forward as a caller sees it, ours against the official operator, at
              (N, H, W, C per group) = (64, 56, 56, 32), (64, 28, 28, 64), (1, 200, 320, 16), G=4,
              float32 and float16: ours = ``clkernels.dcnv4`` on pyopencl arrays, the official
@@ -70,6 +75,7 @@ PAPER_HALF_MS = 0.404
 # --quick); the torch grid_sample peer in `shapes` runs at these too.
 AS_CALLED_SHAPES = ((64, 56, 56, 32), (64, 28, 28, 64), (1, 200, 320, 16))
 SECTIONS = ("check", "ladder", "shapes", "tuning", "as-called")
+EXTRA_SECTIONS = ("loads",)
 try:                # bfloat16 rows where ml_dtypes is installed (the official forward takes it too)
     import ml_dtypes
     BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -273,6 +279,57 @@ def tuning(report, rt, args, n):
                        timing=t, bytes_moved=2 * forward_bytes(x, om) + x.nbytes)
 
 
+def loads(report, rt, args, n):
+    """The loads section (see the docstring)."""
+    for n_, h, w, c in AS_CALLED_SHAPES:
+        n_ = n if n_ == 64 else n_
+        o = DCNv4Options(group=4, group_channels=c)
+        case = f"N={n_} {h}x{w} G=4 C={c}"
+        for dtype in DTYPES:
+            x, om = make_problem(rt, n_, h, w, 4, c, dtype)
+            chunk = 16 // np.dtype(dtype).itemsize          # a 16-byte load
+            plain = {}
+            for cpw in (4, 8, 16):
+                for vw in sorted({min(chunk, cpw), min(2 * chunk, cpw)}):
+                    for il, pf, wg in ((0, 0, 128), (0, 0, 256), (0, 1, 128), (0, 1, 256), (1, 0, 256),
+                                       (1, 1, 128), (1, 1, 256)):
+                        if c % cpw or cpw % vw or (il and (vw != chunk or cpw == vw or cpw == c)):
+                            continue
+                        cfg = DCNv4Config(cpw, vw, True, wg, interleave=bool(il), prefetch=bool(pf))
+                        t = time_forward(rt, args, x, om, o, cfg)
+                        base = plain.setdefault((cpw, vw, wg), t.median)
+                        report.add(section="loads", case=f"forward {case}", dtype=np.dtype(dtype).name, timing=t,
+                                   variant=f"cpw={cpw} vw={vw} wg={wg} interleave={il} prefetch={pf}",
+                                   vs_plain=base / t.median, bytes_moved=forward_bytes(x, om))
+            dflt = dcnv4_module.backward_config(rt.info, c, dtype, n_, 4)
+            if dflt.scatter != "gather":
+                continue        # prefetch and interleave are the scattering backward's
+            chunk_cfg = dataclasses.replace(dflt, vector_width=chunk) if dflt.channels_per_item > chunk else None
+            base = None
+            for name, cfg in (("plain", dflt), ("prefetch", dataclasses.replace(dflt, prefetch=True)),
+                              ("interleave", chunk_cfg and dataclasses.replace(chunk_cfg, interleave=True)),
+                              ("interleave prefetch", chunk_cfg and dataclasses.replace(
+                                  chunk_cfg, interleave=True, prefetch=True))):
+                if cfg is None:
+                    continue
+                steps = []
+                t = harness.time_events(lambda: _keep(steps, dcnv4_module.enqueue_backward(rt, x, x, om, o, cfg)[1]),
+                                        warmup=args.warmup, repeat=args.repeat)
+                base = base or t.median
+                per_step = np.median(np.array(steps[-args.repeat:]), axis=0) * 1e3
+                report.add(section="loads", case=f"backward {case}", dtype=np.dtype(dtype).name, timing=t,
+                           variant=f"{name} cpw={cfg.channels_per_item} vw={cfg.vector_width}",
+                           vs_plain=base / t.median, steps_ms=" ".join(f"{v:.4f}" for v in per_step),
+                           bytes_moved=backward_bytes(x, om))
+
+
+def _keep(steps, events):
+    """Record each event's own time once the last has run (a list of seconds), pass them on."""
+    events[-1].wait()
+    steps.append([(e.profile.end - e.profile.start) * 1e-9 for e in events])
+    return events
+
+
 def as_called(report, rt, args, official, failures):
     """Section 5: ours and the official forward as called from Python (see the docstring)."""
     n64 = 2 if args.quick else 64
@@ -377,9 +434,10 @@ def main():
     parser.add_argument("--no-cuda-peer", action="store_true", help="do not build the official CUDA operator")
     args = parser.parse_args()
     sections = ["as-called"] if args.as_called else [s.strip() for s in args.sections.split(",") if s.strip()]
-    unknown = sorted(set(sections) - set(SECTIONS))
+    unknown = sorted(set(sections) - set(SECTIONS) - set(EXTRA_SECTIONS))
     if unknown:
-        parser.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
+        parser.error(f"unknown section(s) {', '.join(unknown)}; choose from "
+                     f"{', '.join(SECTIONS + EXTRA_SECTIONS)}")
     if args.quick:
         args.repeat, args.warmup = min(args.repeat, 3), 1
         args.calls, args.pipeline, args.pipeline_repeat = min(args.calls, 10), min(args.pipeline, 10), 3
@@ -411,6 +469,8 @@ def main():
         shapes(report, rt, args, args.quick, torch, tdev, official)
     if "tuning" in sections:
         tuning(report, rt, args, n)
+    if "loads" in sections:
+        loads(report, rt, args, n)
     if "as-called" in sections:
         as_called(report, rt, args, official, failures)
     report.meta["inline_ptx"] = dcnv4_module.used_ptx(rt)  # after every build
@@ -419,7 +479,10 @@ def main():
             row["of_copy_ceiling"] = row["GB_per_s"] * 1e9 / COPY_CEILING
     report.write(["case", "variant", "dtype", "median_s", "spread", "GB_per_s", "of_copy_ceiling",
                   "vs_first_rung", "paper_ms", "paper_vs_first", "official_events_ms", "vs_official",
-                  "torch_peer_ms", "vs_torch", "rel_err"], sections={"as called": AS_CALLED_COLUMNS})
+                  "torch_peer_ms", "vs_torch", "rel_err"],
+                 sections={"as called": AS_CALLED_COLUMNS,
+                           "loads": ["case", "variant", "dtype", "median_s", "spread", "vs_plain", "GB_per_s",
+                                     "of_copy_ceiling", "steps_ms"]})
     if failures:
         print("CHECK FAILED:\n  " + "\n  ".join(failures))
         sys.exit(1)

@@ -171,27 +171,37 @@ def _largest_divisor(c: int, candidates) -> int:
 _FEW_ITEMS_PER_CU = 4 * 2048
 
 
-def forward_config(info, group_channels: int, dtype, pixel_groups: int = 0) -> DCNv4Config:
+def forward_config(info, group_channels: int, dtype, pixel_groups: int = 0, taps: int = 9) -> DCNv4Config:
     """Channels per work-item from the device: GPUs take 8 (one 32- or 16-byte vector load
     per corner, the official choice); CPUs a whole group's channels in vectors of 8, so
     each work-item amortises its coefficients over more loads (measured faster on PoCL).
     ``pixel_groups`` (output pixels times groups), when given, lets a small float32 problem
     on a GPU with at most 16 channels per group (where it was measured) use 4 channels per
-    work-item instead, for more work-items in flight."""
+    work-item instead, for more work-items in flight. float32 on GPUs with at most ``taps``
+    9 (a 3x3 kernel, where it was measured) prefetches the offsets and masks, and from 64
+    channels per group interleaves the work-items' channels in 16-byte chunks."""
     vw = _largest_divisor(group_channels, (8, 4, 2, 1))
     if info.is_cpu:
         return DCNv4Config(group_channels if group_channels <= 64 else vw, vw, True, 0)
     if np.dtype(dtype).itemsize == 2 and group_channels % 16 == 0:
         # Half (and bfloat16) storage: 16 channels (two 16-byte loads per corner) per work-item measured
         # 1.35x faster than 8 on an H200 at the paper's shape, and fastest at N=1 200x320 too.
+        # Neither prefetch nor interleave paid there (H100: 0.17-0.19 against 0.17 ms).
         return DCNv4Config(16, 8, True, 0)
+    # H100, kernel events, float32 (benchmarks/results/bench_dcnv4-sweep-h100.md): prefetch
+    # 0.276 against 0.299 ms at the paper's shape, 0.055 against 0.062 ms at N=1 200x320;
+    # with 64 channels per group, interleaved 16-byte chunks too, 0.118 against 0.148 ms.
+    # 16-bit storage lost with prefetch (its 27 values converted to floats in registers).
+    prefetch = taps <= 9 and np.dtype(dtype).itemsize == 4
     if vw == 8 and group_channels <= 16 and pixel_groups and \
             pixel_groups * group_channels // 8 < _FEW_ITEMS_PER_CU * info.compute_units:
         # H200, N=1 200x320, G=4, C=16 (512k work-items at 8 channels, under two waves):
         # 4 channels per work-item took 57.6 us against 70.2 us; from N=64 28x28 up, 8 stays
         # fastest (benchmarks/bench_dcnv4.py, tuning).
-        return DCNv4Config(4, 4, True, 0)
-    return DCNv4Config(vw, vw, True, 0)
+        return DCNv4Config(4, 4, True, 0, prefetch=prefetch)
+    if vw == 8 and group_channels >= 64 and prefetch:
+        return DCNv4Config(8, 4, True, 0, interleave=True, prefetch=True)
+    return DCNv4Config(vw, vw, True, 0, prefetch=prefetch)
 
 
 def backward_config(info, group_channels: int, dtype, batch: int = 1, group: int = 1,
@@ -339,7 +349,7 @@ def _forward_plan(rt, args, options, config) -> launch.LaunchPlan:
     if out.size == 0:
         return launch.LaunchPlan([out])
     cfg = _check_config(config or forward_config(info, opts.group_channels, input.dtype,
-                                                  n * ho * wo * opts.group),
+                                                  n * ho * wo * opts.group, opts.taps),
                         opts, input.dtype, rt)
     kernel = launch.kernel_for_plan(_program(rt, info, "forward", input.dtype, opts, cfg), "dcnv4_forward")
     items = n * ho * wo * opts.group * (opts.group_channels // cfg.channels_per_item)

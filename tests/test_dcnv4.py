@@ -403,6 +403,15 @@ def test_backward_default_scatter_per_device():
     assert backward_config(cpu, 32, np.float32, deterministic=False).scatter == "owner"
     o = DCNv4Options(group=1, group_channels=4)
     x, om = make_inputs(o, 1, 3, 3)
+    # The forward's load pattern: float32 on GPUs prefetches (3x3 kernels, where measured),
+    # from 64 channels per group interleaved in 16-byte chunks; 16-bit storage and CPUs neither.
+    from clkernels.dcnv4 import forward_config
+    assert forward_config(gpu, 32, np.float32).prefetch and not forward_config(gpu, 32, np.float32).interleave
+    wide = forward_config(gpu, 64, np.float32)
+    assert (wide.interleave, wide.prefetch, wide.vector_width) == (True, True, 4)
+    assert not forward_config(gpu, 32, np.float32, taps=25).prefetch
+    assert not forward_config(gpu, 32, np.float16).prefetch
+    assert not forward_config(cpu, 32, np.float32).prefetch
     with pytest.raises(TypeError, match="deterministic must be True or False"):
         dcnv4_backward(x, x, om, **call_opts(o), deterministic=1)
 
