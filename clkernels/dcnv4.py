@@ -188,7 +188,7 @@ def forward_config(info, group_channels: int, dtype, pixel_groups: int = 0, taps
         # 1.35x faster than 8 on an H200 at the paper's shape, and fastest at N=1 200x320 too.
         # Neither prefetch nor interleave paid there (H100: 0.17-0.19 against 0.17 ms).
         return DCNv4Config(16, 8, True, 0)
-    # H100, kernel events, float32 (benchmarks/results/bench_dcnv4-sweep-h100.md): prefetch
+    # H100, kernel events, float32 (a sweep like bench_dcnv4.py --sections loads): prefetch
     # 0.276 against 0.299 ms at the paper's shape, 0.055 against 0.062 ms at N=1 200x320;
     # with 64 channels per group, interleaved 16-byte chunks too, 0.118 against 0.148 ms.
     # 16-bit storage lost with prefetch (its 27 values converted to floats in registers).
