@@ -463,6 +463,27 @@ ${zero_tail()}
 
 %if scatter == 'gather':
 <% NB = gather_cpw; NCB = NB // VW; SB = C // NB %>
+## gather_visit: one candidate (output pixel `pix` at row y, column x; its tap code `code`)
+## of tap (i, j) k: the term grad_out * mask * weight added if the tap has a corner at (r, col).
+<%def name="gather_visit()">
+                    if (code == FAR_TAP) continue;
+                    const int h0 = (code & 15) - ${margin} + (y * stride_h - pad_h + j * dil_h);
+                    const int w0 = (code >> 4) - ${margin} + (x * stride_w - pad_w + i * dil_w);
+                    if ((r != h0 && r != h0 + 1) || (col != w0 && col != w0 + 1)) continue;
+                    // A corner of this pixel: the position again, by tap_position's expressions.
+${tap_origin()}
+                    const float dy = ${st.load('om', '2 * k + 1')}, dx = ${st.load('om', '2 * k')};
+                    const float h = p0_h + ((float)(j * dil_h) + dy) * offset_scale;
+                    const float w = p0_w + ((float)(i * dil_w) + dx) * offset_scale;
+                    const float hf = floor(h), wf = floor(w);
+                    const float m = ${st.load('om', '%d + k' % (2 * K))};
+                    const float lh = h - hf, lw = w - wf;
+                    // bilinear_taps' weight of this corner: (1 - lh or lh) * (1 - lw or lw)
+                    const float wt = (r == h0 ? 1.0f - lh : lh) * (col == w0 ? 1.0f - lw : lw);
+                    const float mw = m * wt;
+                    const __global ${T} *gp = grad_out + (pix * ${G} + g) * ${C} + slot * ${NB};
+                    for (int c = 0; c < ${NCB}; ++c) acc[c] += ldv(gp + c * ${VW}) * mw;
+</%def>
 inline int floor_div(const int a, const int b) { return a >= 0 ? a / b : -((b - 1 - a) / b); }
 
 ## The input gradient as a gather: work-item (input pixel, group, run of gather_cpw channels)
@@ -516,23 +537,7 @@ ${tap_loop_open()}
                 for (int b = 0; b < ${MR}; ++b) {
                     const int y = oy0 + a, x = ox0 + b, pix = (image * H_out + y) * W_out + x;
                     const uchar code = codes[a * ${MR} + b];
-                    if (code == FAR_TAP) continue;
-                    const int h0 = (code & 15) - ${margin} + (y * stride_h - pad_h + j * dil_h);
-                    const int w0 = (code >> 4) - ${margin} + (x * stride_w - pad_w + i * dil_w);
-                    if ((r != h0 && r != h0 + 1) || (col != w0 && col != w0 + 1)) continue;
-                    // A corner of this pixel: the position again, by tap_position's expressions.
-${tap_origin()}
-                    const float dy = ${st.load('om', '2 * k + 1')}, dx = ${st.load('om', '2 * k')};
-                    const float h = p0_h + ((float)(j * dil_h) + dy) * offset_scale;
-                    const float w = p0_w + ((float)(i * dil_w) + dx) * offset_scale;
-                    const float hf = floor(h), wf = floor(w);
-                    const float m = ${st.load('om', '%d + k' % (2 * K))};
-                    const float lh = h - hf, lw = w - wf;
-                    // bilinear_taps' weight of this corner: (1 - lh or lh) * (1 - lw or lw)
-                    const float wt = (r == h0 ? 1.0f - lh : lh) * (col == w0 ? 1.0f - lw : lw);
-                    const float mw = m * wt;
-                    const __global ${T} *gp = grad_out + (pix * ${G} + g) * ${C} + slot * ${NB};
-                    for (int c = 0; c < ${NCB}; ++c) acc[c] += ldv(gp + c * ${VW}) * mw;
+${gather_visit()}
                 }
             }
 %else:
@@ -543,23 +548,7 @@ ${tap_origin()}
                     // floor corner lies from the nominal place. Most candidates miss this pixel,
                     // and a byte per tap says so without the offsets (4-byte loads 3K apart).
                     const uchar code = tap_codes[(pix * ${G} + g) * ${K} + k];
-                    if (code == FAR_TAP) continue;
-                    const int h0 = (code & 15) - ${margin} + (y * stride_h - pad_h + j * dil_h);
-                    const int w0 = (code >> 4) - ${margin} + (x * stride_w - pad_w + i * dil_w);
-                    if ((r != h0 && r != h0 + 1) || (col != w0 && col != w0 + 1)) continue;
-                    // A corner of this pixel: the position again, by tap_position's expressions.
-${tap_origin()}
-                    const float dy = ${st.load('om', '2 * k + 1')}, dx = ${st.load('om', '2 * k')};
-                    const float h = p0_h + ((float)(j * dil_h) + dy) * offset_scale;
-                    const float w = p0_w + ((float)(i * dil_w) + dx) * offset_scale;
-                    const float hf = floor(h), wf = floor(w);
-                    const float m = ${st.load('om', '%d + k' % (2 * K))};
-                    const float lh = h - hf, lw = w - wf;
-                    // bilinear_taps' weight of this corner: (1 - lh or lh) * (1 - lw or lw)
-                    const float wt = (r == h0 ? 1.0f - lh : lh) * (col == w0 ? 1.0f - lw : lw);
-                    const float mw = m * wt;
-                    const __global ${T} *gp = grad_out + (pix * ${G} + g) * ${C} + slot * ${NB};
-                    for (int c = 0; c < ${NCB}; ++c) acc[c] += ldv(gp + c * ${VW}) * mw;
+${gather_visit()}
                 }
             }
 %endif
