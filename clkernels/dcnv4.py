@@ -205,13 +205,14 @@ def forward_config(info, group_channels: int, dtype, pixel_groups: int = 0, taps
 
 
 def backward_config(info, group_channels: int, dtype, batch: int = 1, group: int = 1,
-                    deterministic: bool = True) -> DCNv4Config:
+                    deterministic: bool = True, taps: int = 9) -> DCNv4Config:
     """GPUs, deterministic: the "gather" (input pixels gather the taps near them; far taps in
     64-bit fixed point), which needs 64-bit atomics; a GPU without them gets the "owner"
     scatter. GPUs otherwise: float atomics ("atomic") with the official 1 or 2 channels per
     work-item, so a group's channels spread over lanes and the atomics run in parallel.
     CPUs: the atomic-free "owner" scatter (deterministic as well) with channel runs as wide
-    as still gives every core two work-items."""
+    as still gives every core two work-items. The gather prefetches in float32 with at most
+    ``taps`` 9 (a 3x3 kernel, where it was measured)."""
     if not info.is_cpu and info.int64_atomics and deterministic:
         # The gather: its first kernel (offset and mask gradients) reads like the forward, so
         # vector loads pay. H200, kernel events at the three as-called shapes: at least 4
@@ -222,7 +223,14 @@ def backward_config(info, group_channels: int, dtype, batch: int = 1, group: int
         share, widths = (2, (16, 8, 4, 2, 1)) if itemsize == 2 else (4, (8, 4, 2, 1))
         cpw = _largest_divisor(group_channels, tuple(v for v in widths if share * v <= group_channels) or (1,))
         vw = _largest_divisor(cpw, (8, 4, 2, 1))
-        return DCNv4Config(cpw, vw, True, 0, "gather", gather_channels=_gather_channels(group_channels, vw, itemsize))
+        # Prefetch (offsets and masks ahead of the first kernel's taps, the tap codes ahead of
+        # the gather's candidates), H200 kernel events of the whole backward in float32:
+        # 1.62 against 1.76 ms at the paper's shape, 0.78 against 0.86 ms at N=64 28x28 C=64,
+        # 0.373 against 0.388 ms at N=1 200x320 C=16; with 16-bit storage 0.84-0.91x at the
+        # first two, 1.03-1.05x at the third (benchmarks/results/bench_dcnv4-loads-nvidia-full.md).
+        prefetch = itemsize == 4 and taps <= 9
+        return DCNv4Config(cpw, vw, True, 0, "gather", gather_channels=_gather_channels(group_channels, vw, itemsize),
+                           prefetch=prefetch)
     if not info.is_cpu and not deterministic:
         # Float atomics: 2 channels per work-item, 1.5x faster than 1 on an H200 at the paper's shape.
         cpw = 2 if group_channels % 2 == 0 else 1
