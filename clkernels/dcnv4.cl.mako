@@ -23,8 +23,9 @@
 ##                  (chunk c of slot s at channel (c * SLOTS + s) * vw), so that the work-items
 ##                  sharing a (pixel, group) read one contiguous run per load instruction, not
 ##                  a strided one (False: its cpw channels are contiguous)
-##   prefetch       forward with reuse only: a (pixel, group)'s offsets and masks loaded into
-##                  registers before the (unrolled) tap loop
+##   prefetch       forward (with reuse) and 'backward': a (pixel, group)'s offsets and masks
+##                  loaded into registers before the (unrolled) tap loop; in the gather, a tap's
+##                  candidates' codes loaded before they are visited
 ##   slots_p2       'backward': work-items per (pixel, group), channels/cpw rounded up to a
 ##                  power of two; > 1 means a work-group reduction of the offset gradients
 ##   ptx            NVIDIA only: half <-> float conversions and the float atomic add through
@@ -274,10 +275,8 @@ ${load_corners('c', CS)}
                         sm += hsum(go[c] * val);
                         sh += hsum(go[c] * dh);
                         sw += hsum(go[c] * dw);
+%if scatter != 'gather':
                         for (int t = 0; t < 4; ++t) {
-%if scatter == 'gather':
-                            if (near) break;    // dcnv4_gather_input adds it
-%endif
                             if (idx[t] < 0) continue;
                             const ${vec} add = go[c] * (m * wt[t]);
 %if scatter not in ('fixed', 'gather'):
@@ -287,7 +286,7 @@ ${load_corners('c', CS)}
 %for e, comp in enumerate(comps):
                             atomic_add_float(dst + ${e}, add${comp});
 %endfor
-%elif scatter in ('fixed', 'gather'):
+%elif scatter == 'fixed':
                             const int at = idx[t] * ${GC} + c * ${CS};
 %for e, comp in enumerate(comps):
                             fixed_add(gfix + at + ${e}, side + at + ${e}, add${comp}, s1, s2);
@@ -296,7 +295,15 @@ ${load_corners('c', CS)}
                             *(__global ${vec} *)dst += add;  // this work-item owns dst
 %endif
                         }
+%endif
                     }
+%if scatter == 'gather':
+                    // A far tap: its corners are marked, and dcnv4_far_input adds it once their
+                    // fixed-point sums are zeroed (only marked pixels' are, and read).
+                    if (!near && slot == 0)
+                        for (int t = 0; t < 4; ++t)
+                            if (idx[t] >= 0) atomic_or(far + (n * H * W + idx[t]) * ${G} + g, 1u);
+%endif
 </%def>
 <%def name="store_offset_gradients(target)">
                 ${st.store('sw * scale', target, '2 * k')};
@@ -323,13 +330,18 @@ ${common.fixed_point(info, ptx)}
 ${common.fixed_to_storage(st)}
 
 ## The fixed-point scale's bound (common.cl.mako): the largest finite |grad_out| and |mask|,
-## a flag for a non-finite one; this kernel also zeroes the fixed-point sums, so that the
-## backward needs no separate fill. `bound` is zero on entry. A grid-stride loop, a local
+## a flag for a non-finite one; this kernel also zeroes the fixed-point sums ('fixed') or the
+## far marks ('gather': a uint per input pixel and group), so that the backward needs no
+## separate fill. `bound` is zero on entry. A grid-stride loop, a local
 ## reduction, then one atomic max per work-group: the maxima do not depend on the order.
 __kernel void fixed_bound(__global const ${T} *restrict grad_out, const int n_go,
                           __global const ${T} *restrict offset_mask, const int pix_groups,
                           const int P, __global uint *restrict bound,
+%if scatter == 'gather':
+                          __global uint *restrict sums, const int n_sums,
+%else:
                           __global long *restrict sums, const int n_sums,
+%endif
                           __local float *scratch)
 {
     const int gid = get_global_id(0), stride = get_global_size(0);
@@ -368,7 +380,9 @@ __kernel void fixed_bound(__global const ${T} *restrict grad_out, const int n_go
 __kernel void dcnv4_backward(__global const ${T} *restrict input,
                              __global const ${T} *restrict offset_mask,
                              __global const ${T} *restrict grad_out,
-%if FIXED:
+%if scatter == 'gather':
+                             __global uint *far,
+%elif FIXED:
                              __global long *restrict grad_fixed,
                              __global float *grad_side,
                              __global const uint *restrict bound,
@@ -396,12 +410,12 @@ __kernel void dcnv4_backward(__global const ${T} *restrict input,
 ${position_setup()}
     const int in_base = n * (H * W * ${GC}) + g * ${C} + slot * ${SO};
     const __global ${T} *in = input + in_base;
-%if FIXED:
+%if scatter == 'fixed':
     volatile __global long *gfix = grad_fixed + in_base;
     volatile __global float *side = grad_side + in_base;
     const int e = fixed_exponent(bound, terms_log2);
     const float s1 = ldexp(1.0f, e / 2), s2 = ldexp(1.0f, e - e / 2);
-%else:
+%elif scatter != 'gather':
     __global float *gin = grad_input + in_base;
 %endif
     __global ${T} *gom = grad_offset_mask + pix * P + g * ${3 * K};
@@ -486,19 +500,84 @@ ${tap_origin()}
 </%def>
 inline int floor_div(const int a, const int b) { return a >= 0 ? a / b : -((b - 1 - a) / b); }
 
+## Far taps (the gather's rest): dcnv4_backward marked the (input pixel, group)s their corners
+## reach (`far`, a uint each). far_zero zeroes those pixels' fixed-point sums alone, and
+## dcnv4_far_input adds the far taps there, in 64-bit fixed point, so the order does not
+## matter: the same integer sums as if the first kernel had added them. Why not zero every
+## sum and add them in the first kernel: the sums are 8 bytes per input channel, and with few
+## far taps (most inputs) zeroing and reading them all was most of the non-gather time.
+__kernel void far_zero(__global const uint *restrict far, __global long *restrict sums, const int marks)
+{
+    const int i = get_global_id(0);
+    if (i >= marks || !far[i]) return;
+    // Mark i is input pixel i / G, group i % G: its sums are channels [i * C, i * C + C).
+    for (int c = 0; c < ${C}; ++c) sums[i * ${C} + c] = 0;
+}
+
+## Work-items as dcnv4_backward's, one per (output pixel, group, slot of CPW channels), without
+## the padding to SP slots; the taps' codes say which are far, and nothing else is read for a
+## (pixel, group) that has none.
+__kernel void dcnv4_far_input(__global const ${T} *restrict offset_mask,
+                              __global const uchar *restrict tap_codes,
+                              __global const ${T} *restrict grad_out,
+                              __global long *grad_fixed, __global float *grad_side,
+                              __global const uint *restrict bound, const int terms_log2,
+                              const int pix_groups,
+                              ${kernel_args()})
+{
+    const int gid = get_global_id(0);
+    const int slot = gid % ${SLOTS}, pg = gid / ${SLOTS};
+    if (pg >= pix_groups) return;
+    const __global uchar *codes = tap_codes + pg * ${K};
+    int any = 0;
+    for (int e = 0; e < ${K}; ++e) any |= codes[e] == FAR_TAP;
+    if (!any) return;
+    const int g = pg % ${G}, pix = pg / ${G};
+${position_setup()}
+    const int in_base = n * (H * W * ${GC}) + g * ${C} + slot * ${SO};
+    volatile __global long *gfix = grad_fixed + in_base;
+    volatile __global float *side = grad_side + in_base;
+    const int e = fixed_exponent(bound, terms_log2);
+    const float s1 = ldexp(1.0f, e / 2), s2 = ldexp(1.0f, e - e / 2);
+    ${vec} go[${NCH}];
+    for (int c = 0; c < ${NCH}; ++c) go[c] = ldv(grad_out + pg * ${C} + slot * ${SO} + c * ${CS});
+${tap_loop_open()}
+            // FAR_TAP is also an outside tap's code: the position again decides.
+            if (codes[k] == FAR_TAP) {
+${tap_position()}
+                if (inside) {
+                    int idx[4]; float wt[4], lh, lw;
+                    bilinear_taps_float(h, w, H, W, idx, wt, &lh, &lw);
+                    for (int c = 0; c < ${NCH}; ++c)
+                        for (int t = 0; t < 4; ++t) {
+                            if (idx[t] < 0) continue;
+                            // The term as the first kernel's scatter forms it (tap_gradients).
+                            const ${vec} add = go[c] * (m * wt[t]);
+                            const int at = idx[t] * ${GC} + c * ${CS};
+%for e_, comp in enumerate(comps):
+                            fixed_add(gfix + at + ${e_}, side + at + ${e_}, add${comp}, s1, s2);
+%endfor
+                        }
+                }
+            }
+${tap_loop_close()}
+}
+
 ## The input gradient as a gather: work-item (input pixel, group, run of gather_cpw channels)
 ## visits every tap that could land near it (nominal place within margin + 1 pixels), in a
 ## fixed order, recomputes the tap's position exactly as dcnv4_backward does, and adds
 ## grad_out * mask * weight for each of the tap's corners that is this pixel: a float sum in
 ## one order, so the same bits on every run, with no atomics. Taps that dcnv4_backward found
-## far from their nominal place were added in fixed point there (grad_fixed, and grad_side
-## for non-finite terms): they join here, and the sum is stored in the gradient's storage.
+## far from their nominal place were added in fixed point by dcnv4_far_input (grad_fixed, and
+## grad_side for non-finite terms, read where `far` marks the pixel): they join here, and the
+## sum is stored in the gradient's storage.
 __kernel void dcnv4_gather_input(__global const ${T} *restrict offset_mask,
                                  __global const uchar *restrict tap_codes,
                                  __global const ${T} *restrict grad_out,
                                  __global const long *restrict grad_fixed,
                                  __global const float *grad_side,
                                  __global const uint *restrict bound, const int terms_log2,
+                                 __global const uint *restrict far,
                                  __global ${T} *grad_input, const int items,
                                  ${kernel_args()})
 {
@@ -557,10 +636,13 @@ ${tap_loop_close()}
     const int e = fixed_exponent(bound, terms_log2);
     const int side = fixed_side_needed(bound);
     const int at = p * ${GC} + g * ${C} + slot * ${NB};
+    // Unmarked: the sums were not zeroed (fixed_value would give 0.0f, plus the side part).
+    const int marked = far[p * ${G} + g] != 0u;
     for (int c = 0; c < ${NCB}; ++c) {
         ${vec} v = acc[c];
 %for e_, comp in enumerate(comps):
-        v${comp} += fixed_value(grad_fixed, grad_side, at + c * ${VW} + ${e_}, e, side);
+        v${comp} += marked ? fixed_value(grad_fixed, grad_side, at + c * ${VW} + ${e_}, e, side)
+                  : (side ? 0.0f + grad_side[at + c * ${VW} + ${e_}] : 0.0f);
 %endfor
         stv(v, grad_input + at + c * ${VW});
     }

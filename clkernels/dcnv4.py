@@ -379,7 +379,7 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
     n, h, w, ho, wo, p = _geometry(input, offset_mask, opts, grad_out)
     outputs = [launch.Buffer("g_input", input.shape, input.dtype),
                launch.Buffer("g_offset_mask", offset_mask.shape, offset_mask.dtype)]
-    default = backward_config(info, opts.group_channels, input.dtype, n, opts.group, deterministic)
+    default = backward_config(info, opts.group_channels, input.dtype, n, opts.group, deterministic, opts.taps)
     cfg = _check_config(config or default, opts, input.dtype, rt)
     if n == 0:
         return launch.LaunchPlan(outputs)
@@ -428,20 +428,39 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
     if scatter in ("fixed", "gather"):
         # The input gradient as 64-bit fixed-point sums (common.cl.mako's fixed_point), then
         # converted to its storage: see _fixed_point_steps. "gather": only the taps far from
-        # their nominal place; the gathering kernel adds the rest and converts.
+        # their nominal place, added by the far kernels after the first; the gathering kernel
+        # adds the rest and converts.
+        marks = None
+        if scatter == "gather":
+            # A uint per (input pixel, group) that a far tap reaches (the template's far_zero).
+            temps.append(launch.Buffer("far_marks", (n * h * w * opts.group,), np.uint32))
+            marks = Tmp(len(temps) - 1)
         acc, to_storage = _fixed_point_steps(rt, program, outputs[0], grad_out, pix_groups, p,
-                                             ho * wo * opts.taps, temps, steps, scatter == "fixed")
+                                             ho * wo * opts.taps, temps, steps, scatter == "fixed",
+                                             marks, n * h * w * opts.group)
         if scatter == "gather":
             # A byte per tap from the first kernel: where it landed (see the template's tap_codes).
             temps.append(launch.Buffer("tap_codes", (pix_groups * opts.taps,), np.uint8))
             codes = (Tmp(len(temps) - 1),)
+            sums, side, bound, terms_log2 = acc
+            acc = (marks,)
+            geometry = _geometry_args(opts, h, w, ho, wo, p)
+            n_marks = n * h * w * opts.group
+            zero = launch.kernel_for_plan(program, "far_zero")
+            zwg = arrays.work_group_size(rt, zero, 256)
+            far = launch.kernel_for_plan(program, "dcnv4_far_input")
+            fwg = arrays.work_group_size(rt, far, 128)
+            far_items = pix_groups * (opts.group_channels // cfg.channels_per_item)
             gather = launch.kernel_for_plan(program, "dcnv4_gather_input")
             items = n * h * w * opts.group * (opts.group_channels // gather_cpw)
             gwg = arrays.work_group_size(rt, gather, 256)
-            sums, side, bound, terms_log2 = acc
-            to_storage = [launch.step(gather, (arrays.round_up(items, gwg),), (gwg,),
-                                      [OFFSET_MASK, *codes, GRAD_OUT, sums, side, bound, terms_log2, Out(0),
-                                       np.int32(items), *_geometry_args(opts, h, w, ho, wo, p)])]
+            to_storage = [launch.step(zero, (arrays.round_up(n_marks, zwg),), (zwg,), [marks, sums, np.int32(n_marks)]),
+                          launch.step(far, (arrays.round_up(far_items, fwg),), (fwg,),
+                                      [OFFSET_MASK, *codes, GRAD_OUT, sums, side, bound, terms_log2,
+                                       np.int32(pix_groups), *geometry]),
+                          launch.step(gather, (arrays.round_up(items, gwg),), (gwg,),
+                                      [OFFSET_MASK, *codes, GRAD_OUT, sums, side, bound, terms_log2, marks,
+                                       Out(0), np.int32(items), *geometry])]
     else:
         # Float atomics in float32: in the output itself for float32, else in a temporary
         # converted to its 16-bit storage at the end.
@@ -465,13 +484,16 @@ def _gather_channels(group_channels: int, vector_width: int, itemsize: int = 4) 
 
 
 def _fixed_point_steps(rt, program, g_input: launch.Buffer, grad_out, pix_groups: int, p: int,
-                       taps_per_image: int, temps: list, steps: list, convert: bool = True):
+                       taps_per_image: int, temps: list, steps: list, convert: bool = True,
+                       marks: Optional[Tmp] = None, n_marks: int = 0):
     """The deterministic scatter's steps before the backward kernel (appended to ``steps``),
     its temporaries (to ``temps``), the backward kernel's accumulator arguments, and the steps
     after it. The bound kernel finds the scale and zeroes the sums; the side buffer for
     non-finite terms is the float32 output itself, or a float32 temporary for 16-bit storage,
     zeroed only when needed; the last step converts sums (and side) into the output (none with
-    ``convert=False``: the gather converts them itself)."""
+    ``convert=False``: the gather converts them itself). ``marks``: the gather's far marks
+    (``n_marks`` uints), which the bound kernel zeroes instead of the sums (the template's
+    far_zero then zeroes the marked pixels' sums alone)."""
     terms_log2 = (taps_per_image - 1).bit_length()   # 2^terms_log2 >= taps adding to one sum
     size = g_input.size
     temps += [launch.Buffer("g_input_fixed", g_input.shape, np.int64), launch.Buffer("bound", (4,), np.uint32)]
@@ -488,7 +510,9 @@ def _fixed_point_steps(rt, program, g_input: launch.Buffer, grad_out, pix_groups
     spread = arrays.round_up(min(max(int(grad_out.size), size), rt.info.compute_units * 8 * wg), wg)
     steps.append(launch.step(k_bound, (spread,), (wg,),
                              [GRAD_OUT, np.int32(grad_out.size), OFFSET_MASK, np.int32(pix_groups),
-                              np.int32(p), bound, sums, np.int32(size), cl.LocalMemory(3 * 4 * wg)]))
+                              np.int32(p), bound, *((sums, np.int32(size)) if marks is None
+                                                    else (marks, np.int32(n_marks))),
+                              cl.LocalMemory(3 * 4 * wg)]))
     k_fill = launch.kernel_for_plan(program, "fixed_side_fill")
     wg = arrays.work_group_size(rt, k_fill, 256)
     steps.append(launch.step(k_fill, (arrays.round_up(min(size, rt.info.compute_units * 4 * wg), wg),), (wg,),
