@@ -21,6 +21,9 @@ LATEST = {
     "convergence_gpu": "bench_convergence-nvidia-full",
     "ba_gpu_bal": "bench_bundle_adjust-nvidia-full-run4",
     "ba_gpu_venice": "bench_bundle_adjust-nvidia-venice-run6",
+    # sparse_schur with the mixed-precision default, Ceres' SPARSE_SCHUR in the same run (the run
+    # above's sparse_schur rows are superseded by it; its iterative_schur rows are not)
+    "ba_gpu_venice_sparse": "bench_bundle_adjust-h200-venice-mixed",
     "ba_gpu_final": "bench_bundle_adjust-nvidia-scale-wide-staging",
     "colmap_cpu": "bench_colmap-pocl-full",
     "colmap_cpu_2000": "bench_colmap-pocl-2000",
