@@ -261,6 +261,14 @@ ${tap_loop_close()}
                     const int fc = (int)floor(w) - (x * stride_w - pad_w + i * dil_w);
                     const int near = fr >= ${-margin} && fr <= ${margin} && fc >= ${-margin} && fc <= ${margin};
 </%def>
+## fixed_terms: corner t's term `add` (channels c * CS on) into the fixed-point sums (gfix),
+## non-finite parts into `side`; the scatter 'fixed' and the gather's far taps form it alike.
+<%def name="fixed_terms()">
+                            const int at = idx[t] * ${GC} + c * ${CS};
+%for e_, comp in enumerate(comps):
+                            fixed_add(gfix + at + ${e_}, side + at + ${e_}, add${comp}, s1, s2);
+%endfor
+</%def>
 <%def name="tap_gradients(scatter)">
                     int idx[4]; float wt[4], lh, lw;
                     bilinear_taps_float(h, w, H, W, idx, wt, &lh, &lw);
@@ -287,10 +295,7 @@ ${load_corners('c', CS)}
                             atomic_add_float(dst + ${e}, add${comp});
 %endfor
 %elif scatter == 'fixed':
-                            const int at = idx[t] * ${GC} + c * ${CS};
-%for e, comp in enumerate(comps):
-                            fixed_add(gfix + at + ${e}, side + at + ${e}, add${comp}, s1, s2);
-%endfor
+${fixed_terms()}
 %else:
                             *(__global ${vec} *)dst += add;  // this work-item owns dst
 %endif
@@ -553,10 +558,7 @@ ${tap_position()}
                             if (idx[t] < 0) continue;
                             // The term as the first kernel's scatter forms it (tap_gradients).
                             const ${vec} add = go[c] * (m * wt[t]);
-                            const int at = idx[t] * ${GC} + c * ${CS};
-%for e_, comp in enumerate(comps):
-                            fixed_add(gfix + at + ${e_}, side + at + ${e_}, add${comp}, s1, s2);
-%endfor
+${fixed_terms()}
                         }
                 }
             }
