@@ -327,7 +327,12 @@ ${fixed_terms()}
 // tap_codes: per (output pixel, group, tap) a byte from dcnv4_backward for dcnv4_gather_input:
 // FAR_TAP (outside the input, or farther than the margin: added in fixed point), else where
 // the tap's floor corner lies from its nominal place, (row + margin) | (column + margin) << 4.
+// Laid out by (image, group, tap), then output pixel: a tap's codes of neighbouring output
+// pixels are neighbouring bytes, so the gather reads a row of its candidates' codes in two
+// aligned words (the buffer has CODES_TAIL bytes beyond the last code for those reads).
 #define FAR_TAP 0xFF
+#define CODES_TAIL 8
+#define CODE_AT(image, q, g, k) ((((image) * ${G} + (g)) * ${K} + (k)) * (H_out * W_out) + (q))
 %endif
 ${common.atomic_add(info, 'float', force_cas=not ptx)}
 %if FIXED:
@@ -454,7 +459,7 @@ ${tap_gradients(scatter)}
                 }
             }
 %if scatter == 'gather':
-            if (active && slot == 0) tap_codes[pg * ${K} + k] = code;
+            if (active && slot == 0) tap_codes[CODE_AT(n, q, g, k)] = code;
 %endif
 %if SP > 1:
             __local float *buf = partial + (k & 1) * 3 * lsize;
@@ -477,6 +482,10 @@ ${tap_loop_close()}
         __global ${T} *offset_mask_row = grad_offset_mask + pix * P;
 ${zero_tail()}
     }
+%if scatter == 'gather':
+    // The codes' tail, read (and masked off) by the gather's word loads: defined bytes.
+    if (gid < CODES_TAIL) tap_codes[pix_groups * ${K} + gid] = FAR_TAP;
+%endif
 }
 
 
@@ -533,12 +542,11 @@ __kernel void dcnv4_far_input(__global const ${T} *restrict offset_mask,
     const int gid = get_global_id(0);
     const int slot = gid % ${SLOTS}, pg = gid / ${SLOTS};
     if (pg >= pix_groups) return;
-    const __global uchar *codes = tap_codes + pg * ${K};
-    int any = 0;
-    for (int e = 0; e < ${K}; ++e) any |= codes[e] == FAR_TAP;
-    if (!any) return;
     const int g = pg % ${G}, pix = pg / ${G};
 ${position_setup()}
+    int any = 0;
+    for (int e = 0; e < ${K}; ++e) any |= tap_codes[CODE_AT(n, q, g, e)] == FAR_TAP;
+    if (!any) return;
     const int in_base = n * (H * W * ${GC}) + g * ${C} + slot * ${SO};
     volatile __global long *gfix = grad_fixed + in_base;
     volatile __global float *side = grad_side + in_base;
@@ -548,7 +556,7 @@ ${position_setup()}
     for (int c = 0; c < ${NCH}; ++c) go[c] = ldv(grad_out + pg * ${C} + slot * ${SO} + c * ${CS});
 ${tap_loop_open()}
             // FAR_TAP is also an outside tap's code: the position again decides.
-            if (codes[k] == FAR_TAP) {
+            if (tap_codes[CODE_AT(n, q, g, k)] == FAR_TAP) {
 ${tap_position()}
                 if (inside) {
                     int idx[4]; float wt[4], lh, lw;
@@ -605,12 +613,28 @@ ${tap_loop_open()}
             uchar codes[${MR * MR}];
             #pragma unroll
             for (int a = 0; a < ${MR}; ++a) {
+                const int oy = oy0 + a;
+%if MR <= 5:
+                // This row's codes from ox0 on: two aligned words hold them (byte `at` and the
+                // next ${MR - 1}), a load each, not ${MR} byte loads.
+                ulong row = 0;
+                const int at = CODE_AT(image, oy * W_out + ox0, g, k);
+                if (oy <= oy1) {
+                    const __global uint *words = (const __global uint *)(tap_codes + (at & ~3));
+                    row = (ulong)words[0] | ((ulong)words[1] << 32);
+                }
+                row >>= 8 * (at & 3);
+                #pragma unroll
+                for (int b = 0; b < ${MR}; ++b)
+                    codes[a * ${MR} + b] = oy <= oy1 && ox0 + b <= ox1 ? (uchar)(row >> (8 * b)) : FAR_TAP;
+%else:
                 #pragma unroll
                 for (int b = 0; b < ${MR}; ++b) {
-                    const int oy = oy0 + a, ox = ox0 + b;
+                    const int ox = ox0 + b;
                     codes[a * ${MR} + b] = oy <= oy1 && ox <= ox1 ?
-                        tap_codes[(((image * H_out + oy) * W_out + ox) * ${G} + g) * ${K} + k] : FAR_TAP;
+                        tap_codes[CODE_AT(image, oy * W_out + ox, g, k)] : FAR_TAP;
                 }
+%endif
             }
             #pragma unroll
             for (int a = 0; a < ${MR}; ++a) {
@@ -628,7 +652,7 @@ ${gather_visit()}
                     // dcnv4_backward's verdict on this tap: far (or outside), or where its
                     // floor corner lies from the nominal place. Most candidates miss this pixel,
                     // and a byte per tap says so without the offsets (4-byte loads 3K apart).
-                    const uchar code = tap_codes[(pix * ${G} + g) * ${K} + k];
+                    const uchar code = tap_codes[CODE_AT(image, oy * W_out + ox, g, k)];
 ${gather_visit()}
                 }
             }

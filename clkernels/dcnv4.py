@@ -440,7 +440,8 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
                                              marks, n * h * w * opts.group)
         if scatter == "gather":
             # A byte per tap from the first kernel: where it landed (see the template's tap_codes).
-            temps.append(launch.Buffer("tap_codes", (pix_groups * opts.taps,), np.uint8))
+            # (and the 8 bytes the gather's word loads may read past the last: CODES_TAIL)
+            temps.append(launch.Buffer("tap_codes", (pix_groups * opts.taps + 8,), np.uint8))
             codes = (Tmp(len(temps) - 1),)
             sums, side, bound, terms_log2 = acc
             acc = (marks,)
