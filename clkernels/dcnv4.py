@@ -442,7 +442,9 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
             # A byte per tap from the first kernel: where it landed (see the template's tap_codes).
             # (and the 8 bytes the gather's word loads may read past the last: CODES_TAIL)
             temps.append(launch.Buffer("tap_codes", (pix_groups * opts.taps + 8,), np.uint8))
-            codes = (Tmp(len(temps) - 1),)
+            # A near tap's four mask * weight products for the gather (the template's tap_weights).
+            temps.append(launch.Buffer("tap_weights", (pix_groups * opts.taps, 4), np.float32))
+            codes = (Tmp(len(temps) - 2), Tmp(len(temps) - 1))
             sums, side, bound, terms_log2 = acc
             acc = (marks,)
             geometry = _geometry_args(opts, h, w, ho, wo, p)
@@ -457,10 +459,10 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
             gwg = arrays.work_group_size(rt, gather, 256)
             to_storage = [launch.step(zero, (arrays.round_up(n_marks, zwg),), (zwg,), [marks, sums, np.int32(n_marks)]),
                           launch.step(far, (arrays.round_up(far_items, fwg),), (fwg,),
-                                      [OFFSET_MASK, *codes, GRAD_OUT, sums, side, bound, terms_log2,
+                                      [OFFSET_MASK, codes[0], GRAD_OUT, sums, side, bound, terms_log2,
                                        np.int32(pix_groups), *geometry]),
                           launch.step(gather, (arrays.round_up(items, gwg),), (gwg,),
-                                      [OFFSET_MASK, *codes, GRAD_OUT, sums, side, bound, terms_log2, marks,
+                                      [codes[1], codes[0], GRAD_OUT, sums, side, bound, terms_log2, marks,
                                        Out(0), np.int32(items), *geometry])]
     else:
         # Float atomics in float32: in the output itself for float32, else in a temporary
