@@ -430,17 +430,17 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
         # converted to its storage: see _fixed_point_steps. "gather": only the taps far from
         # their nominal place, added by the far kernels after the first; the gathering kernel
         # adds the rest and converts.
-        marks = None
+        marks, n_marks = None, n * h * w * opts.group
         if scatter == "gather":
             # A uint per (input pixel, group) that a far tap reaches (the template's far_zero).
-            temps.append(launch.Buffer("far_marks", (n * h * w * opts.group,), np.uint32))
+            temps.append(launch.Buffer("far_marks", (n_marks,), np.uint32))
             marks = Tmp(len(temps) - 1)
         acc, to_storage = _fixed_point_steps(rt, program, outputs[0], grad_out, pix_groups, p,
                                              ho * wo * opts.taps, temps, steps, scatter == "fixed",
-                                             marks, n * h * w * opts.group)
+                                             marks, n_marks)
         if scatter == "gather":
-            # A byte per tap from the first kernel: where it landed (see the template's tap_codes).
-            # (and the 8 bytes the gather's word loads may read past the last: CODES_TAIL)
+            # A byte per tap from the first kernel: where it landed (see the template's tap_codes),
+            # and 8 bytes past the last that the gather's word loads may read (CODES_TAIL).
             temps.append(launch.Buffer("tap_codes", (pix_groups * opts.taps + 8,), np.uint8))
             # A near tap's four mask * weight products for the gather (the template's tap_weights).
             temps.append(launch.Buffer("tap_weights", (pix_groups * opts.taps, 4), np.float32))
@@ -448,7 +448,6 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
             sums, side, bound, terms_log2 = acc
             acc = (marks,)
             geometry = _geometry_args(opts, h, w, ho, wo, p)
-            n_marks = n * h * w * opts.group
             zero = launch.kernel_for_plan(program, "far_zero")
             zwg = arrays.work_group_size(rt, zero, 256)
             far = launch.kernel_for_plan(program, "dcnv4_far_input")
