@@ -518,7 +518,8 @@ inline int floor_div(const int a, const int b) { return a >= 0 ? a / b : -((b - 
 ## dcnv4_far_input adds the far taps there, in 64-bit fixed point, so the order does not
 ## matter: the same integer sums as if the first kernel had added them. Why not zero every
 ## sum and add them in the first kernel: the sums are 8 bytes per input channel, and with few
-## far taps (most inputs) zeroing and reading them all was most of the non-gather time.
+## far taps zeroing them all took 0.116 of the backward's 1.76 ms at the paper's shape on an
+## H200 (float32), before the gather read them all again.
 __kernel void far_zero(__global const uint *restrict far, __global long *restrict sums, const int marks)
 {
     const int i = get_global_id(0);
