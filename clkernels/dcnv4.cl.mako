@@ -11,6 +11,8 @@
 ##   margin         'gather': how far (whole pixels) a tap may land from its nominal place and
 ##                  still be gathered
 ##   gather_cpw     'gather': channels per work-item of the gathering kernel (a multiple of vw)
+##   weights        'gather': the first kernel hands the gather each near tap's mask * weight
+##                  products (tap_weights), instead of the gather recomputing them
 ##   info           DeviceInfo (atomics and vendor-specific loads)
 ##   st             Storage of input, offset_mask, output and gradients (float, half or bfloat16)
 ##   group, channels, kernel_h, kernel_w, remove_center: the operator's shape (compile time,
@@ -253,9 +255,10 @@ ${tap_loop_close()}
 ## near_tap: whether a tap that counts lands within `margin` whole pixels of its nominal
 ## place (the integer position it has with zero offsets at offset_scale 1): such taps are
 ## gathered by dcnv4_gather_input, the others scattered. The verdict reaches the gather as a
-## byte per tap (tap_codes), so every tap is taken by exactly one of the two kernels; a near
-## tap's four mask * weight products go with it (tap_weights, 16 bytes), so the gather reads
-## one float per corner it adds instead of the offsets and mask and the position's arithmetic.
+## byte per tap (tap_codes), so every tap is taken by exactly one of the two kernels. With
+## `weights` a near tap's four mask * weight products go with it (tap_weights, 16 bytes), and
+## the gather reads one float per corner it adds; else it recomputes the tap's position by
+## tap_position's expressions, without contraction, for the same weights.
 <%def name="near_tap()">
                     const int fr = (int)floor(h) - (y * stride_h - pad_h + j * dil_h);
                     const int fc = (int)floor(w) - (x * stride_w - pad_w + i * dil_w);
@@ -457,9 +460,11 @@ ${tap_gradients(scatter)}
 %if scatter == 'gather':
                     if (near) {
                         code = (uchar)((fr + ${margin}) | ((fc + ${margin}) << 4));
+%if weights:
                         // mask * weight of each corner, for the gather (its corner order).
                         if (slot == 0)
                             tap_weights[CODE_AT(n, q, g, k)] = (float4)(m * wt[0], m * wt[1], m * wt[2], m * wt[3]);
+%endif
                     }
 %endif
                 }
@@ -504,10 +509,24 @@ ${zero_tail()}
                     const int h0 = (code & 15) - ${margin} + (y * stride_h - pad_h + j * dil_h);
                     const int w0 = (code >> 4) - ${margin} + (x * stride_w - pad_w + i * dil_w);
                     if ((r != h0 && r != h0 + 1) || (col != w0 && col != w0 + 1)) continue;
+%if weights:
                     // A corner of this pixel: its mask * weight as dcnv4_backward formed it (the
                     // corners in bilinear_taps' order), one load, not the position again.
                     const float mw = tap_weights_f[4 * CODE_AT(image, y * W_out + x, g, k)
                                                    + (r == h0 ? 0 : 2) + (col == w0 ? 0 : 1)];
+%else:
+                    // A corner of this pixel: the position again, by tap_position's expressions.
+${tap_origin()}
+                    const float dy = ${st.load('om', '2 * k + 1')}, dx = ${st.load('om', '2 * k')};
+                    const float h = p0_h + ((float)(j * dil_h) + dy) * offset_scale;
+                    const float w = p0_w + ((float)(i * dil_w) + dx) * offset_scale;
+                    const float hf = floor(h), wf = floor(w);
+                    const float m = ${st.load('om', '%d + k' % (2 * K))};
+                    const float lh = h - hf, lw = w - wf;
+                    // bilinear_taps' weight of this corner: (1 - lh or lh) * (1 - lw or lw)
+                    const float wt = (r == h0 ? 1.0f - lh : lh) * (col == w0 ? 1.0f - lw : lw);
+                    const float mw = m * wt;
+%endif
                     const __global ${T} *gp = grad_out + (pix * ${G} + g) * ${C} + slot * ${NB};
                     for (int c = 0; c < ${NCB}; ++c) acc[c] += ldv(gp + c * ${VW}) * mw;
 </%def>
@@ -575,13 +594,14 @@ ${tap_loop_close()}
 
 ## The input gradient as a gather: work-item (input pixel, group, run of gather_cpw channels)
 ## visits every tap that could land near it (nominal place within margin + 1 pixels), in a
-## fixed order, and adds grad_out * (mask * weight, from dcnv4_backward's tap_weights) for
-## each of the tap's corners that is this pixel: a float sum in
+## fixed order, and adds grad_out * mask * weight (from dcnv4_backward's tap_weights, or the
+## position recomputed) for each of the tap's corners that is this pixel: a float sum in
 ## one order, so the same bits on every run, with no atomics. Taps that dcnv4_backward found
 ## far from their nominal place were added in fixed point by dcnv4_far_input (grad_fixed, and
 ## grad_side for non-finite terms, read where `far` marks the pixel): they join here, and the
 ## sum is stored in the gradient's storage.
-__kernel void dcnv4_gather_input(__global const float4 *restrict tap_weights,
+__kernel void dcnv4_gather_input(__global const ${T} *restrict offset_mask,
+                                 __global const float4 *restrict tap_weights,
                                  __global const uchar *restrict tap_codes,
                                  __global const ${T} *restrict grad_out,
                                  __global const long *restrict grad_fixed,

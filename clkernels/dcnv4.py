@@ -246,11 +246,11 @@ _ptx_refused: dict = {}  # device -> the build log, when its compiler refused in
 
 
 def _program(rt, info, direction, dtype, opts: DCNv4Options, cfg: DCNv4Config, slots_p2=1, scatter="",
-             gather_cpw=0):
+             gather_cpw=0, weights=False):
     """Render + build; on NVIDIA try the inline-PTX variant first, and fall back to the
     portable one (remembered per device) if the driver refuses it."""
     params = dict(direction=direction, info=info, st=Storage(dtype), scatter=scatter,
-                  margin=cfg.gather_margin, gather_cpw=gather_cpw,
+                  margin=cfg.gather_margin, gather_cpw=gather_cpw, weights=bool(weights),
                   group=opts.group, channels=opts.group_channels, kernel_h=opts.kernel_h,
                   kernel_w=opts.kernel_w, remove_center=bool(opts.remove_center),
                   cpw=cfg.channels_per_item, vw=cfg.vector_width, reuse=bool(cfg.reuse),
@@ -394,6 +394,13 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
         raise ValueError(f"config.scatter={scatter!r} needs 64-bit atomics (cl_khr_int64_base_atomics), "
                          f"which {info.name} lacks; use scatter='owner' (deterministic) or 'atomic'")
     gather_cpw = 0
+    # The gather's corner weights handed over by the first kernel, with 16-bit storage only.
+    # H200, kernel events of the whole backward: float16 1.08 against 1.20 ms at the paper's
+    # shape, 0.55 against 0.59 ms at N=64 28x28; float32 1.66 against 1.54 ms and 0.82 against
+    # 0.75 ms there (both its kernels slower with them),
+    # 0.353 against 0.372 ms at N=1 200x320 (one H200 run timing both versions by kernel events,
+    # a script outside the repository; not a result file).
+    weights = scatter == "gather" and Storage(input.dtype).narrow
     if scatter == "gather":
         gather_cpw = cfg.gather_channels or _gather_channels(opts.group_channels, cfg.vector_width,
                                                              np.dtype(input.dtype).itemsize)
@@ -406,7 +413,7 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
                              "fixed point, so use 7 or less, or scatter='fixed'")
     while True:
         slots_p2 = 1 << (opts.group_channels // cfg.channels_per_item - 1).bit_length()
-        program = _program(rt, info, "backward", input.dtype, opts, cfg, slots_p2, scatter, gather_cpw)
+        program = _program(rt, info, "backward", input.dtype, opts, cfg, slots_p2, scatter, gather_cpw, weights)
         kernel = launch.kernel_for_plan(program, "dcnv4_backward")
         # 64 for the gather's first kernel on GPUs (H200: 1.87 against 2.00 ms at the paper's
         # shape in float32, 0.91 against 0.96 ms at N=64 28x28), 256 for the float atomics.
@@ -443,7 +450,7 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
             # and 8 bytes past the last that the gather's word loads may read (CODES_TAIL).
             temps.append(launch.Buffer("tap_codes", (pix_groups * opts.taps + 8,), np.uint8))
             # A near tap's four mask * weight products for the gather (the template's tap_weights).
-            temps.append(launch.Buffer("tap_weights", (pix_groups * opts.taps, 4), np.float32))
+            temps.append(launch.Buffer("tap_weights", (pix_groups * opts.taps if weights else 1, 4), np.float32))
             codes = (Tmp(len(temps) - 2), Tmp(len(temps) - 1))
             sums, side, bound, terms_log2 = acc
             acc = (marks,)
@@ -461,7 +468,7 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
                                       [OFFSET_MASK, codes[0], GRAD_OUT, sums, side, bound, terms_log2,
                                        np.int32(pix_groups), *geometry]),
                           launch.step(gather, (arrays.round_up(items, gwg),), (gwg,),
-                                      [codes[1], codes[0], GRAD_OUT, sums, side, bound, terms_log2, marks,
+                                      [OFFSET_MASK, codes[1], codes[0], GRAD_OUT, sums, side, bound, terms_log2, marks,
                                        Out(0), np.int32(items), *geometry])]
     else:
         # Float atomics in float32: in the output itself for float32, else in a temporary
