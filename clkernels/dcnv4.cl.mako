@@ -406,7 +406,9 @@ __kernel void dcnv4_backward(__global const ${T} *restrict input,
                              __global ${T} *restrict grad_offset_mask,
 %if scatter == 'gather':
                              __global uchar *restrict tap_codes,
+%if weights:
                              __global float4 *restrict tap_weights,
+%endif
 %endif
                              const int pix_groups,
                              ${kernel_args()}
@@ -601,7 +603,9 @@ ${tap_loop_close()}
 ## grad_side for non-finite terms, read where `far` marks the pixel): they join here, and the
 ## sum is stored in the gradient's storage.
 __kernel void dcnv4_gather_input(__global const ${T} *restrict offset_mask,
+%if weights:
                                  __global const float4 *restrict tap_weights,
+%endif
                                  __global const uchar *restrict tap_codes,
                                  __global const ${T} *restrict grad_out,
                                  __global const long *restrict grad_fixed,
@@ -617,7 +621,9 @@ __kernel void dcnv4_gather_input(__global const ${T} *restrict offset_mask,
     const int g = rest % ${G}, p = rest / ${G};         // p: input pixel of the whole batch
     const int image = p / (H * W), rem = p - image * (H * W);
     const int r = rem / W, col = rem - r * W;
+%if weights:
     const __global float *tap_weights_f = (const __global float *)tap_weights;
+%endif
     ${vec} acc[${NCB}];
     for (int c = 0; c < ${NCB}; ++c) acc[c] = (${vec})(0.0f);
 ${tap_loop_open()}

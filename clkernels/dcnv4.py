@@ -450,8 +450,10 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
             # and 8 bytes past the last that the gather's word loads may read (CODES_TAIL).
             temps.append(launch.Buffer("tap_codes", (pix_groups * opts.taps + 8,), np.uint8))
             # A near tap's four mask * weight products for the gather (the template's tap_weights).
-            temps.append(launch.Buffer("tap_weights", (pix_groups * opts.taps if weights else 1, 4), np.float32))
-            codes = (Tmp(len(temps) - 2), Tmp(len(temps) - 1))
+            codes = (Tmp(len(temps) - 1),)
+            if weights:
+                temps.append(launch.Buffer("tap_weights", (pix_groups * opts.taps, 4), np.float32))
+                codes += (Tmp(len(temps) - 1),)
             sums, side, bound, terms_log2 = acc
             acc = (marks,)
             geometry = _geometry_args(opts, h, w, ho, wo, p)
@@ -468,7 +470,7 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
                                       [OFFSET_MASK, codes[0], GRAD_OUT, sums, side, bound, terms_log2,
                                        np.int32(pix_groups), *geometry]),
                           launch.step(gather, (arrays.round_up(items, gwg),), (gwg,),
-                                      [OFFSET_MASK, codes[1], codes[0], GRAD_OUT, sums, side, bound, terms_log2, marks,
+                                      [OFFSET_MASK, *codes[1:], codes[0], GRAD_OUT, sums, side, bound, terms_log2, marks,
                                        Out(0), np.int32(items), *geometry])]
     else:
         # Float atomics in float32: in the output itself for float32, else in a temporary
