@@ -42,10 +42,10 @@ import pyopencl.array as cla
 from . import arrays, simulator
 from .launch import device_array, owned_kernel, pooled_array, runtime_for
 from .runtime import get_runtime
-from .templates import get_program
+from .templates import get_program, template_request
 
 __all__ = ["stable_order", "counts", "starts", "exclusive_scan", "inverse_permutation", "take", "stack_pairs",
-           "run_starts", "Config", "config_for"]
+           "run_starts", "Config", "config_for", "program_requests"]
 
 TEMPLATE = "clkernels/sort.cl.mako"
 
@@ -88,6 +88,25 @@ def config_for(runtime) -> Config:
     return c
 
 
+def _params(rt, config: Config, item: int, W: int) -> dict:
+    """The template's parameters: ``config``'s, and take's element size (bytes; 0 for the
+    program without take) and row width."""
+    # A row as one vector where OpenCL has its width; on CPUs only within the native width
+    # (wider vectors change the ABI of PoCL's builtins, see DeviceInfo.widest_vector).
+    widest = rt.info.widest_vector("float")
+    vector = W in (2, 3, 4, 8, 16) and (widest is None or W * item <= 4 * widest)
+    return dict(L=config.L, K=config.K, BITS=config.bits, SK=config.SK, item=item, W=W, vector=vector)
+
+
+def program_requests(runtime, takes=()) -> list:
+    """The programs of the calls on ``runtime`` with its default configuration, for
+    :func:`clkernels.templates.prefetch`: the one every function but :func:`take` builds, and
+    take's for each ``(itemsize, row width)`` in ``takes`` (a 1-D array's width is 1)."""
+    rt = get_runtime(runtime)
+    c = config_for(rt)
+    return [template_request(TEMPLATE, **_params(rt, c, item, W)) for item, W in ((0, 1), *takes)]
+
+
 class _Kernels:
     """One program's kernels (objects of this one's own) and a lock: a launch sets its kernel's
     arguments, so two threads must not interleave theirs.
@@ -102,12 +121,7 @@ class _Kernels:
 
     def __init__(self, rt, config: Config, item: int = 0, W: int = 1):
         self.rt, self.config = rt, config
-        # A row as one vector where OpenCL has its width; on CPUs only within the native width
-        # (wider vectors change the ABI of PoCL's builtins, see DeviceInfo.widest_vector).
-        widest = rt.info.widest_vector("float")
-        vector = W in (2, 3, 4, 8, 16) and (widest is None or W * item <= 4 * widest)
-        program = get_program(TEMPLATE, rt, L=config.L, K=config.K, BITS=config.bits,
-                              SK=config.SK, item=item, W=W, vector=vector)
+        program = get_program(TEMPLATE, rt, **_params(rt, config, item, W))
         names = program.get_info(cl.program_info.KERNEL_NAMES).split(";")
         self.k = {name: owned_kernel(program, name, self) for name in names if name}
         for name in ("radix_count", "radix_scatter", "block_sums", "scan_blocks"):

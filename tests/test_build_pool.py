@@ -222,3 +222,34 @@ def test_a_solve_names_every_program_it_builds(real_device, tmp_path):
     sources = sum(how == "source" for _, how, _ in r["made"])
     assert sources == r["taken_back"] and len(r["made"]) - sources == r["stats"]["binary_loads"], r
     assert len(_log_lines(tmp_path)) == len(r["made"])
+
+
+_SETUP = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import clkernels, solvers
+    from clkernels import build_pool, cache, templates
+    from solvers.ba import observations_device as dobs
+    from solvers.linalg import schur_pattern_device
+    rt = clkernels.get_runtime(sys.argv[1])
+    p = solvers.synthetic_problem(6, 200, 3, seed=3)
+    sent = templates.prefetch([*dobs.program_requests(rt, np.float64), schur_pattern_device.program_request()], rt)
+    d = dobs.DeviceObservations(rt, p.camera_index, p.point_index, p.observations, p.num_cameras, p.num_points,
+                                np.float64)
+    assert schur_pattern_device.pattern_on_device(rt, d, 4) is not None
+    print(json.dumps({"sent": sent, "made": cache.made(), "taken_back": build_pool.stats()["taken_back"]}))
+""")
+
+
+def test_the_device_setup_names_every_program_it_builds(real_device, tmp_path):
+    """The device setup's requests (observations_device.program_requests and the pattern's, which
+    every device solve prefetches for a later, larger problem) are the programs that ordering the
+    observations and making the pattern build: after the prefetch, each came from a worker's
+    binary or was one the caller took back from the queue; none was built unannounced."""
+    p = subprocess.run([sys.executable, "-c", _SETUP, _spec(real_device)], env=_env(tmp_path),
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert r["sent"] == 4 and len(r["made"]) == 4, r
+    sources = sum(how == "source" for _, how, _ in r["made"])
+    assert sources == r["taken_back"], r
