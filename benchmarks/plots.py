@@ -272,14 +272,21 @@ def colmap(plt):
 # ----------------------------------------------------------------------------- vision ops
 
 
-def vision(plt):
-    d_all = rows(LATEST["dcnv4"], section="as called")
-    table("dcnv4.md", ["shape (N, H, W, C), G=4", "pass", "dtype", "ours as called ms", "official as called ms",
-                       "ratio", "ours pipelined ms", "official pipelined ms", "our kernel ms", "official kernel ms"],
+def dcnv4_table(name, result):
+    """The as-called table of a DCNv4 run (ours and the official operator's) into ``name``."""
+    d_all = rows(result, section="as called")
+    table(name, ["shape (N, H, W, C), G=4", "pass", "dtype", "ours as called ms", "official as called ms",
+                 "ratio", "ours pipelined ms", "official pipelined ms", "our kernel ms", "official kernel ms"],
           [[r["case"], r["variant"], r["dtype"], r["ours_as_called_ms"], r.get("official_as_called_ms"),
             f"**{r['as_called_ratio']:.2f}x**" if r.get("as_called_ratio") else "no official op",
             r.get("ours_pipelined_ms"), r.get("official_pipelined_ms"), r["ours_kernel_ms"],
-            r.get("official_events_ms")] for r in d_all], [LATEST["dcnv4"]])
+            r.get("official_events_ms")] for r in d_all], [result])
+    return d_all
+
+
+def vision(plt):
+    d_all = dcnv4_table("dcnv4.md", LATEST["dcnv4"])
+    dcnv4_table("dcnv4-h100.md", LATEST["dcnv4_h100"])
     d = [r for r in d_all if r.get("as_called_ratio")]      # the rows with an official op to compare
     a = rows(LATEST["aggregation"], section="as called")
     table("aggregation.md", ["case", "pass", "ours as called ms", "CUDA op as called ms", "ratio",
