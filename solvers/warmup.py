@@ -42,6 +42,15 @@ def bal(rt):
         tasks.append(("sparse_schur float64 mixed-precision solves",
                       lambda: bundle_adjust(problem, linear_solver="sparse_schur", max_iterations=1,
                                             mixed_precision_solves=True, device=rt.device, handle_sigint=False)))
+    if not rt.info.is_cpu:
+        # The device setup's programs (the observations ordered on the device, the Schur pattern
+        # made there), which GPUs take from 100,000 observations on: forced on a tiny solve.
+        for dt in dtypes:
+            ls = "sparse_schur" if dt in linear_solver("sparse_schur").dtypes else "iterative_schur"
+            tasks.append((f"{ls} {np.dtype(dt).name} observations ordered on the device",
+                          lambda dt=dt, ls=ls: bundle_adjust(problem, linear_solver=ls, dtype=dt, max_iterations=1,
+                                                             device_setup=True, device=rt.device,
+                                                             handle_sigint=False)))
     return tasks, skipped
 
 
