@@ -200,7 +200,9 @@ int2 lower_tile(const int q)
 // block; group q = column * rows + offset, rows = np / NB - c0, past the last row it returns).
 // Deferring the trailing update over several block columns reads and writes the trailing
 // matrix once per ksub panels instead of once per panel: on GPUs that read-modify-write, not the
-// arithmetic, bounds the factorisation.
+// arithmetic, bounds the factorisation. (Measured on an H100 at 16,002 unknowns: tiles stored
+// transposed, so that each item reads its RT entries of a tile row as one vector, made the
+// float64 factorisation 1.48x slower, the float32 one with 64 x 64 blocks no faster.)
 __kernel __attribute__((reqd_work_group_size(${TT}, ${TT}, 1)))
 void update(__global real *restrict A, const int np, const int k, const int ksub, const int c0,
             const int ncols)
