@@ -21,7 +21,8 @@ batch size::
   device arrays out. The backward is deterministic by default, the same bits on every run: on
   GPUs each input pixel gathers the taps that land near it (taps far from their nominal place
   are summed in 64-bit fixed point; see the template), on CPUs one work-item owns each slice of
-  the input gradient. ``deterministic=False`` allows float atomics on GPUs instead.
+  the input gradient. ``deterministic=False`` allows float atomics on GPUs without 64-bit
+  atomics; where the gather runs it is the faster (H100 and H200) and serves both.
 
 The kernel's speed switches are those of the paper's ablation (its Table 10): channels per
 work-item, bilinear coefficients reused across them, vector width, storage type. They are
@@ -44,7 +45,7 @@ from .launch import In, Out, Tmp
 from .templates import BuildError, Storage
 
 __all__ = ["dcnv4", "dcnv4_backward", "DCNv4Options", "DCNv4Config", "LADDER", "offset_mask_channels",
-           "forward_config", "backward_config", "enqueue_forward", "enqueue_backward", "used_ptx",
+           "forward_config", "backward_config", "float_atomics_config", "enqueue_forward", "enqueue_backward", "used_ptx",
            "torch_dcnv4"]
 
 TEMPLATE = "clkernels/dcnv4.cl.mako"
@@ -206,14 +207,17 @@ def forward_config(info, group_channels: int, dtype, pixel_groups: int = 0, taps
 
 def backward_config(info, group_channels: int, dtype, batch: int = 1, group: int = 1,
                     deterministic: bool = True, taps: int = 9) -> DCNv4Config:
-    """GPUs, deterministic: the "gather" (input pixels gather the taps near them; far taps in
-    64-bit fixed point), which needs 64-bit atomics; a GPU without them gets the "owner"
-    scatter. GPUs otherwise: float atomics ("atomic") with the official 1 or 2 channels per
-    work-item, so a group's channels spread over lanes and the atomics run in parallel.
-    CPUs: the atomic-free "owner" scatter (deterministic as well) with channel runs as wide
+    """GPUs: the "gather" (input pixels gather the taps near them; far taps in 64-bit fixed
+    point), which needs 64-bit atomics, whether ``deterministic`` or not (the faster there); a
+    GPU without them gets the "owner" scatter, or with ``deterministic=False`` float atomics
+    (:func:`float_atomics_config`). CPUs: the atomic-free "owner" scatter (deterministic as well) with channel runs as wide
     as still gives every core two work-items. The gather prefetches in float32 with at most
     ``taps`` 9 (a 3x3 kernel, where it was measured)."""
-    if not info.is_cpu and info.int64_atomics and deterministic:
+    # deterministic=False takes the gather too where it runs: float atomics were slower at every
+    # as-called shape and storage type on the H100 and the H200 (H100, float32: 2.73 against
+    # 1.64 ms at the paper's shape, 1.35 against 0.85, 0.59 against 0.45 ms at N=1 200x320;
+    # benchmarks/results/bench_dcnv4-as-called-h100-far-marks.md).
+    if not info.is_cpu and info.int64_atomics:
         # The gather: its first kernel (offset and mask gradients) reads like the forward, so
         # vector loads pay. H200, kernel events at the three as-called shapes: at least 4
         # work-items share a group's channels in float32 (8 channels per work-item at 32 and
@@ -232,14 +236,20 @@ def backward_config(info, group_channels: int, dtype, batch: int = 1, group: int
         return DCNv4Config(cpw, vw, True, 0, "gather", gather_channels=_gather_channels(group_channels, vw, itemsize),
                            prefetch=prefetch)
     if not info.is_cpu and not deterministic:
-        # Float atomics: 2 channels per work-item, 1.5x faster than 1 on an H200 at the paper's shape.
-        cpw = 2 if group_channels % 2 == 0 else 1
-        return DCNv4Config(cpw, cpw, True, 0, "atomic")
+        return float_atomics_config(group_channels)
     vw = _largest_divisor(group_channels, (8, 4, 2, 1))
     runs = [d for d in range(group_channels, 0, -vw) if group_channels % d == 0]
     cpw = next((d for d in runs if batch * group * (group_channels // d) >= 2 * info.compute_units),
                runs[-1])
     return DCNv4Config(cpw, vw, True, 0, "owner")
+
+
+def float_atomics_config(group_channels: int) -> DCNv4Config:
+    """The float-atomics backward ("atomic") on GPUs: 2 channels per work-item, 1.5x faster than
+    1 on an H200 at the paper's shape. The default only with ``deterministic=False`` on GPUs
+    without 64-bit atomics; elsewhere for comparisons (benchmarks/bench_dcnv4.py)."""
+    cpw = 2 if group_channels % 2 == 0 else 1
+    return DCNv4Config(cpw, cpw, True, 0, "atomic")
 
 
 _ptx_refused: dict = {}  # device -> the build log, when its compiler refused inline PTX
@@ -689,9 +699,11 @@ def dcnv4_backward(grad_out, input, offset_mask, kernel_h=3, kernel_w=3, stride_
     ``deterministic`` (default True): the same bits on every run and for every launch
     configuration of a device. On GPUs each input pixel then gathers the taps that land within
     ``DCNv4Config.gather_margin`` pixels of their nominal place, summing in one order, and
-    farther taps are summed in 64-bit fixed point (integer sums, the same whatever the order);
-    ``False`` allows float atomics (``DCNv4Config(scatter="atomic")``), whose last bits vary
-    from run to run. CPUs are deterministic either way. The offset and mask gradients always
+    farther taps are summed in 64-bit fixed point (integer sums, the same whatever the order).
+    ``False`` allows float atomics (``DCNv4Config(scatter="atomic")``, whose last bits vary
+    from run to run) on GPUs without 64-bit atomics only: where the gather runs it was the
+    faster at every shape measured (H100, H200), so it serves both. CPUs are deterministic
+    either way. The offset and mask gradients always
     are.
 
     Args:
