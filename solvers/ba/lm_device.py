@@ -187,8 +187,10 @@ class DeviceState(LoopState):
                   *entry.device.program_requests(rt, C, P, R, nc, need, entry,
                                                  device_setup=ev.device_observations is not None,
                                                  mixed=options.mixed_precision_solves),
-                  *(self.fn.program_request(rt, jacobians) for jacobians in (True, False)),
-                  *larger_problem_requests(rt, options, self.dtype, entry, C, P, R)], rt)
+                  *(self.fn.program_request(rt, jacobians) for jacobians in (True, False))], rt)
+        # Then those of a larger problem (none on CPUs), queued behind this solve's own: the
+        # workers take them only once this solve's are taken.
+        prefetch(larger_problem_requests(rt, options, self.dtype, entry, C, P, R), rt)
         # The Evaluator's camera order: sorted once for everything that needs it.
         dev = ev.device_observations
         if dev is not None:     # ordered on the device (solvers.ba.observations_device)
