@@ -75,10 +75,11 @@ def larger_problem_requests(rt, options, dtype, entry, C, P, R) -> list:
     ``observations_device.MIN_OBSERVATIONS`` observations, and for sparse_schur the factorisation
     of a reduced camera matrix of ``MIXED_MIN_UNKNOWNS`` unknowns (mixed precision by default).
 
-    Named in every solve's prefetch, so that the build workers put them in the binary cache while
-    small problems are solved, and the first large problem of a warm process loads them instead
-    of compiling them: at venice size on the H100 that compile was 0.8 s of a 1.8 s first solve
-    (four programs, the sort's and the pattern's), against 0.99 s for the next solve."""
+    Prefetched behind a cold solve's own programs, so that the build workers put them in the
+    binary cache while small problems are solved, and the first large problem of the process (or
+    of a later one) loads them instead of compiling them: at venice size on the H100 that compile
+    was 0.8 s of a 1.8 s first solve (four programs, the sort's and the pattern's), against 0.99 s
+    for the next solve. ``python -m clkernels warmup`` builds them too."""
     from clkernels import simulator
     from ..linalg.mixed_cholesky_device import MIXED_MIN_UNKNOWNS
     from . import observations_device as dobs
@@ -183,14 +184,17 @@ class DeviceState(LoopState):
         # Every program of the solve named at once: those the binary cache lacks are built side by
         # side in worker processes while this one goes on (a cold start's cost is the compiler's).
         own = program_requests(rt, C, P, R, ev.loss.name, self.dtype, blocks, self.copies is not None)
-        prefetch([*own, schur_pcg_device.program_request(rt, C, P, R, self.dtype),
+        sent = prefetch([*own, schur_pcg_device.program_request(rt, C, P, R, self.dtype),
                   *entry.device.program_requests(rt, C, P, R, nc, need, entry,
                                                  device_setup=ev.device_observations is not None,
                                                  mixed=options.mixed_precision_solves),
                   *(self.fn.program_request(rt, jacobians) for jacobians in (True, False))], rt)
         # Then those of a larger problem (none on CPUs), queued behind this solve's own: the
-        # workers take them only once this solve's are taken.
-        prefetch(larger_problem_requests(rt, options, self.dtype, entry, C, P, R), rt)
+        # workers take them only once this solve's are taken. Only where this solve started
+        # workers (a cold cache): alone they would start workers in every short process (a warm
+        # CLI run), which ends before the workers are up (about a second) and builds nothing.
+        if sent:
+            prefetch(larger_problem_requests(rt, options, self.dtype, entry, C, P, R), rt)
         # The Evaluator's camera order: sorted once for everything that needs it.
         dev = ev.device_observations
         if dev is not None:     # ordered on the device (solvers.ba.observations_device)
