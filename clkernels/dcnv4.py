@@ -45,8 +45,8 @@ from .launch import In, Out, Tmp
 from .templates import BuildError, Storage
 
 __all__ = ["dcnv4", "dcnv4_backward", "DCNv4Options", "DCNv4Config", "LADDER", "offset_mask_channels",
-           "forward_config", "backward_config", "float_atomics_config", "enqueue_forward", "enqueue_backward", "used_ptx",
-           "torch_dcnv4"]
+           "forward_config", "backward_config", "float_atomics_config", "enqueue_forward", "enqueue_backward",
+           "used_ptx", "torch_dcnv4"]
 
 TEMPLATE = "clkernels/dcnv4.cl.mako"
 DTYPES = (np.float32, np.float16, dtypes.BFLOAT16)
@@ -210,8 +210,8 @@ def backward_config(info, group_channels: int, dtype, batch: int = 1, group: int
     """GPUs: the "gather" (input pixels gather the taps near them; far taps in 64-bit fixed
     point), which needs 64-bit atomics, whether ``deterministic`` or not (the faster there); a
     GPU without them gets the "owner" scatter, or with ``deterministic=False`` float atomics
-    (:func:`float_atomics_config`). CPUs: the atomic-free "owner" scatter (deterministic as well) with channel runs as wide
-    as still gives every core two work-items. The gather prefetches in float32 with at most
+    (:func:`float_atomics_config`). CPUs: the atomic-free "owner" scatter (deterministic as
+    well) with channel runs as wide as still gives every core two work-items. The gather prefetches in float32 with at most
     ``taps`` 9 (a 3x3 kernel, where it was measured)."""
     # deterministic=False takes the gather too where it runs: float atomics were slower at every
     # as-called shape and storage type on the H100 and the H200 (H100, float32: 2.73 against
@@ -703,8 +703,7 @@ def dcnv4_backward(grad_out, input, offset_mask, kernel_h=3, kernel_w=3, stride_
     ``False`` allows float atomics (``DCNv4Config(scatter="atomic")``, whose last bits vary
     from run to run) on GPUs without 64-bit atomics only: where the gather runs it was the
     faster at every shape measured (H100, H200), so it serves both. CPUs are deterministic
-    either way. The offset and mask gradients always
-    are.
+    either way. The offset and mask gradients always are.
 
     Args:
         grad_out: ``[N, H_out, W_out, group*group_channels]``, the gradient of the forward's

@@ -185,10 +185,10 @@ class DeviceState(LoopState):
         # side in worker processes while this one goes on (a cold start's cost is the compiler's).
         own = program_requests(rt, C, P, R, ev.loss.name, self.dtype, blocks, self.copies is not None)
         sent = prefetch([*own, schur_pcg_device.program_request(rt, C, P, R, self.dtype),
-                  *entry.device.program_requests(rt, C, P, R, nc, need, entry,
-                                                 device_setup=ev.device_observations is not None,
-                                                 mixed=options.mixed_precision_solves),
-                  *(self.fn.program_request(rt, jacobians) for jacobians in (True, False))], rt)
+                         *entry.device.program_requests(rt, C, P, R, nc, need, entry,
+                                                        device_setup=ev.device_observations is not None,
+                                                        mixed=options.mixed_precision_solves),
+                         *(self.fn.program_request(rt, jacobians) for jacobians in (True, False))], rt)
         # Then those of a larger problem (none on CPUs), queued behind this solve's own: the
         # workers take them only once this solve's are taken. Only where this solve started
         # workers (a cold cache): alone they would start workers in every short process (a warm
