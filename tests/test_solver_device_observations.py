@@ -78,3 +78,28 @@ def test_the_choice(device):
     assert not dobs.wanted(device, big - 1, None)
     with pytest.raises(ValueError, match="device_setup"):
         solvers.bundle_adjust(_problem(5, 30, 3, 1), device_setup="yes", max_iterations=1)
+
+
+def test_an_accelerator_solve_names_what_a_larger_problem_adds(device):
+    """lm_device.larger_problem_requests (prefetched behind a cold solve's own programs): on an
+    accelerator (this device's description with is_cpu and is_simulator off) the programs of the
+    device setup (the sort's and the pattern's) and of the mixed-precision factorisation; the
+    device setup's not where the options keep it on the host; nothing on a CPU or the simulator."""
+    import copy
+    import dataclasses
+    from solvers.ba.lm_device import larger_problem_requests
+    from solvers.linalg.linear_solver import linear_solver
+    from solvers.linalg.mixed_cholesky_device import MixedCholesky
+    from solvers.loop.lm import Options
+    acc = copy.copy(device)
+    acc.info = dataclasses.replace(device.info, is_cpu=False, is_simulator=False)
+    entry = linear_solver("sparse_schur")
+    setup = [*dobs.program_requests(acc, np.float64), schur_pattern_device.program_request()]
+    got = larger_problem_requests(acc, Options(), np.float64, entry, 9, 3, 2)
+    assert all(r in got for r in setup), got
+    if acc.info.global_mem_bytes >= 2 ** 31:        # room for 8,199 unknowns' matrices
+        assert all(r in got for r in MixedCholesky.program_requests(acc)), got
+    off = larger_problem_requests(acc, Options(device_setup=False), np.float64, entry, 9, 3, 2)
+    assert not any(r in off for r in setup)
+    if device.info.is_cpu or device.info.is_simulator:
+        assert larger_problem_requests(device, Options(), np.float64, entry, 9, 3, 2) == []
