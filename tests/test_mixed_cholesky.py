@@ -152,6 +152,16 @@ def test_mixed_sparse_schur_follows_the_float64_path_on_bal(device, name, monkey
     assert mixed.transfers["bytes_to_host"] > f64.transfers["bytes_to_host"]
 
 
+@pytest.mark.parametrize("n", [1, 37, 64])
+def test_the_memory_estimate_holds_both_factorisations(device, n):
+    """mixed_bytes, which decides whether the mixed solve fits, counts each matrix at its own
+    block padding (the float32 one's blocks may be larger): at most a vector's padding above
+    what the instance allocates, never below."""
+    from solvers.linalg.mixed_cholesky_device import mixed_bytes
+    mc = MixedCholesky(device, n, block=(8, 2), block32=(16, 4))
+    assert 0 <= mixed_bytes(n, 8, 16) - mc.nbytes <= 4 * 8
+
+
 def test_mixed_precision_solves_option_is_checked(device):
     p = solvers.synthetic_problem(4, 20, 2, seed=1)
     with pytest.raises(ValueError, match="mixed_precision_solves must be None, True or False"):

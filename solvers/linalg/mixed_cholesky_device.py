@@ -47,10 +47,12 @@ def residual_group(info) -> int:
     return 1 << (min(256, info.max_work_group_size).bit_length() - 1)
 
 
-def mixed_bytes(n: int, nb: int = 32) -> int:
-    """Device bytes of a :class:`MixedCholesky` for ``n`` unknowns: both matrices and the vectors."""
+def mixed_bytes(n: int, nb: int = 32, nb32: int = None) -> int:
+    """Device bytes of a :class:`MixedCholesky` for ``n`` unknowns: both matrices (the float64 one
+    padded to ``nb``, the float32 one to ``nb32``, default ``nb``) and the vectors."""
+    nb32 = nb if nb32 is None else nb32
     m = -(-max(1, int(n)) // nb) * nb
-    return dense_bytes(n, nb) + dense_bytes(n, nb, 4) + 8 * 2 * m + 4 * m
+    return dense_bytes(n, nb) + dense_bytes(n, nb32, 4) + 8 * 2 * m + 4 * m
 
 
 def float32_blocks(info, block64: tuple) -> tuple:
@@ -79,8 +81,8 @@ def choose_mixed(info, n_unknowns: int, other_bytes: int, mixed=None) -> bool:
     float64 matrix."""
     if mixed is False or (mixed is None and (info.is_cpu or n_unknowns < MIXED_MIN_UNKNOWNS)):
         return False
-    nb, _ = block_sizes(info)
-    need = mixed_bytes(n_unknowns, nb)
+    block = block_sizes(info)
+    need = mixed_bytes(n_unknowns, block[0], float32_blocks(info, block)[0])
     return bool(mixed) or need <= limits.DENSE_MEMORY_FRACTION * max(0, info.global_mem_bytes - other_bytes)
 
 
