@@ -83,7 +83,7 @@ def larger_problem_requests(rt, options, dtype, entry, C, P, R) -> list:
     from clkernels import simulator
     from ..linalg.mixed_cholesky_device import MIXED_MIN_UNKNOWNS
     from . import observations_device as dobs
-    if rt.info.is_cpu or simulator.cpu_like(rt.info):
+    if simulator.cpu_like(rt.info):
         return []
     setup = options.device_resident is not False and dobs.wanted(rt, dobs.MIN_OBSERVATIONS, options.device_setup)
     cameras = -(-MIXED_MIN_UNKNOWNS // C)

@@ -33,12 +33,11 @@ def wanted(runtime, n: int, option: Optional[bool]) -> bool:
     return runtime is not None and not simulator.cpu_like(runtime.info) and n >= MIN_OBSERVATIONS
 
 
-def program_requests(runtime, dtype=np.float64, observations: bool = True) -> list:
-    """The programs :class:`DeviceObservations` builds on ``runtime`` (``observations``: with the
-    (n, 2) observed data in ``dtype``), for :func:`clkernels.templates.prefetch`: the sort's, and
-    take's for int32 indices and for the data's rows."""
-    takes = ((4, 1),) + (((np.dtype(dtype).itemsize, 2),) if observations else ())
-    return sort.program_requests(runtime, takes)
+def program_requests(runtime, dtype=np.float64) -> list:
+    """The programs :class:`DeviceObservations` builds on ``runtime`` with (n, 2) observed data in
+    ``dtype``, for :func:`clkernels.templates.prefetch`: the sort's, and take's for int32 indices
+    and for the data's rows."""
+    return sort.program_requests(runtime, ((4, 1), (np.dtype(dtype).itemsize, 2)))
 
 
 class DeviceObservations:
