@@ -8,7 +8,7 @@ kernels' event span and each kernel's summed event time (``kernel_sums``), the f
 rate (n^3 / 3 multiply-adds, 2 flops each) and the relative residual ``|S x - b| / |b|`` checked
 on the host. ``--mixed``: also the mixed-precision solve (solvers.linalg.mixed_cholesky_device:
 the float32 factorisation, refined in float64; ``--rt32``: its update's RT values), with its
-refinement steps; ``--solve-blocks``: block rows per launch of the triangular solves;
+refinement steps; ``--super-rows``: rows of the triangular solves' super-blocks;
 ``--panel-width``: the panel's work-items per row; ``--small-solve-max``: the size up to which
 both solves run in one work-group; ``--nb32``: the float32 factorisation's
 block sizes. The matrix
@@ -25,8 +25,8 @@ import pyopencl.array as cla
 
 import harness
 
-from solvers.linalg.dense_cholesky_device import (SOLVE_BLOCKS, DenseCholesky, block_sizes, device_panel_width,
-                                                  local_bytes)
+from solvers.linalg.dense_cholesky_device import (DenseCholesky, block_sizes, device_panel_width, local_bytes,
+                                                  super_rows_for)
 from solvers.linalg.mixed_cholesky_device import MixedCholesky
 
 
@@ -48,8 +48,9 @@ def main():
                    "in one work-group, to compare (default: the module's)")
     p.add_argument("--panel-width", default="", help="comma-separated panel work-items per row to compare "
                    "(default: the module's)")
-    p.add_argument("--solve-blocks", default="", help="comma-separated block rows per solve launch to compare "
-                   "(default: the module's; the solves above the one-group size)")
+    p.add_argument("--super-rows", default="", help="comma-separated rows of the solves' super-blocks to "
+                   "compare (multiples of the block size; default: the module's; the solves above the "
+                   "one-group size)")
     p.add_argument("--rt32", default="", help="its float32 update's RT values (default: the device's)")
     p.add_argument("--nb32", default="", help="its float32 block sizes (default: the float64 one's)")
     p.set_defaults(repeat=5)
@@ -60,7 +61,7 @@ def main():
     nb, rt0 = block_sizes(rt.info)
     rts = [int(v) for v in args.rt.split(",") if v] or [rt0]
     defers = [int(v) for v in args.defer.split(",") if v]
-    sbs = [int(v) for v in args.solve_blocks.split(",") if v] or [SOLVE_BLOCKS]
+    sbs = [int(v) for v in args.super_rows.split(",") if v] or [super_rows_for(nb)]
     ssms = [int(v) for v in args.small_solve_max.split(",") if v] or [None]
     pws = [int(v) for v in args.panel_width.split(",") if v] or [device_panel_width(rt.info, nb)]
     for n in (int(v) for v in args.sizes.split(",") if v):
@@ -74,10 +75,10 @@ def main():
                 for sb in sbs:
                     for pw in pws:
                         for ssm in ssms:
-                            name = (f"defer {d}, RT {r}" + (f", SB {sb}" if args.solve_blocks else "")
+                            name = (f"defer {d}, RT {r}" + (f", super-blocks of {sb}" if args.super_rows else "")
                                     + (f", PW {pw}" if args.panel_width else "")
                                     + (f", one-group solves to {ssm}" if args.small_solve_max else ""))
-                            variants[name] = DenseCholesky(rt, n, block=(nb, r), defer=d, solve_blocks=sb,
+                            variants[name] = DenseCholesky(rt, n, block=(nb, r), defer=d, super_rows=sb,
                                                            panel_width=pw, **({} if ssm is None else
                                                                               dict(small_solve_max=ssm)))
         if args.mixed and not (args.nb32 or args.rt32):      # the module's float32 blocks

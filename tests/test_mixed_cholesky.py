@@ -157,8 +157,12 @@ def test_the_memory_estimate_holds_both_factorisations(device, n):
     """mixed_bytes, which decides whether the mixed solve fits, counts each matrix at its own
     block padding (the float32 one's blocks may be larger): at most a vector's padding above
     what the instance allocates, never below."""
+    from solvers.linalg.dense_cholesky_device import device_small_solve_max
     from solvers.linalg.mixed_cholesky_device import mixed_bytes
     mc = MixedCholesky(device, n, block=(8, 2), block32=(16, 4))
+    assert 0 <= mixed_bytes(n, 8, 16, device_small_solve_max(device.info)) - mc.nbytes <= 4 * 8
+    # Past the one-group solves, the super-blocks' inverses too.
+    mc = MixedCholesky(device, n, block=(8, 2), block32=(16, 4), small_solve_max=0)
     assert 0 <= mixed_bytes(n, 8, 16) - mc.nbytes <= 4 * 8
 
 

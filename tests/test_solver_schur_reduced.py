@@ -32,8 +32,8 @@ def needs_fp64(device):
 
 # -- the dense device Cholesky -------------------------------------------------------------------
 
-SOLVES = {"one-group": dict(small_solve_max=4096), "per-block": dict(small_solve_max=0, solve_blocks=1),
-          "super-blocks": dict(small_solve_max=0, solve_blocks=3)}
+SOLVES = {"one-group": dict(small_solve_max=4096), "per-block": dict(small_solve_max=0, super_rows=4),
+          "super-blocks": dict(small_solve_max=0, super_rows=12)}
 
 
 @pytest.mark.oclgrind
@@ -44,7 +44,8 @@ SOLVES = {"one-group": dict(small_solve_max=4096), "per-block": dict(small_solve
 def test_dense_cholesky_tiny(device, n, defer, solve, panel_width, keep_on_simulator):
     """4 x 4 blocks: several panels, updates and solve blocks even at n = 13 (Oclgrind's size);
     with the trailing update after every panel, and deferred over two (a panel then also
-    updates its deferred neighbour); the solves in one work-group, and a launch per block; the
+    updates its deferred neighbour); the solves in one work-group, and per super-block of one
+    block or of three (13 unknowns: a super-block of three blocks, then one of one); the
     panel's rows on one work-item each, and spread over three (a row's columns unevenly)."""
     needs_fp64(device)
     S, b = spd(n, n), np.random.default_rng(n).standard_normal(n)
@@ -69,9 +70,10 @@ def test_dense_cholesky_against_numpy(device, n, block, defer):
     chol = DenseCholesky(device, n, block=block, defer=defer, small_solve_max=4096)
     x, ok = chol.solve_host(S, b)
     assert ok and chol.small_solve
-    for sb in (1, 2, 4):      # block rows per solve launch: the last super-block short or whole
+    for sb in (1, 2, 4, 32):  # blocks per super-block of the solves: the last one short or whole
+        nb = (block or block_sizes(device.info))[0]
         x_blocks, ok = DenseCholesky(device, n, block=block, defer=defer, small_solve_max=0,
-                                     solve_blocks=sb).solve_host(S, b)
+                                     super_rows=sb * nb).solve_host(S, b)
         assert ok
         np.testing.assert_allclose(x, x_blocks, rtol=1e-12, atol=1e-14 * np.abs(x).max())
     # The panel's rows spread over 8 work-items each: the same factor to rounding.
@@ -111,10 +113,12 @@ def test_dense_cholesky_refuses_a_bad_defer(device):
     needs_fp64(device)
     with pytest.raises(ValueError, match="defer must be a positive number of block columns"):
         DenseCholesky(device, 8, block=(4, 2), defer=0)
-    with pytest.raises(ValueError, match="solve_blocks must be a positive number of block rows"):
-        DenseCholesky(device, 8, block=(4, 2), solve_blocks=0)
-    with pytest.raises(ValueError, match="solve_blocks=100000 needs .* bytes of local memory"):
-        DenseCholesky(device, 8, block=(4, 2), solve_blocks=100000)
+    with pytest.raises(ValueError, match="super_rows must be a positive multiple of the block size 4"):
+        DenseCholesky(device, 8, block=(4, 2), super_rows=0)
+    with pytest.raises(ValueError, match="super_rows must be a positive multiple of the block size 4"):
+        DenseCholesky(device, 8, block=(4, 2), super_rows=6)
+    with pytest.raises(ValueError, match="super_rows=400000 needs .* bytes of local memory"):
+        DenseCholesky(device, 8, block=(4, 2), super_rows=400000)
     with pytest.raises(ValueError, match="panel_width must be a positive number of work-items"):
         DenseCholesky(device, 8, block=(4, 2), panel_width=0)
 

@@ -16,14 +16,15 @@
 ##
 ## and per block row for the solves (b is overwritten):
 ##
-##   forward   L z = b: every group solves the diagonal super-block (up to SB block rows) for
-##             z_k; group 0 stores it, the others subtract A_ik z_k from their NB entries of b
-##   backward  L^T x = z: every group solves the super-block for x_k; its own group stores it,
-##             the others subtract A_kj^T x_k from their NB entries of z
+##   forward   L z = b: per super-block (SS rows of L's diagonal), its solution z_k through its
+##             inverse (forward_super), then the rows below subtract A_ik z_k (forward_update)
+##   backward  L^T x = z: likewise from the last super-block up (backward_super), the columns
+##             left of it subtracting A_kj^T x_k (backward_update)
 ##
-## The solves multiply by the inverted diagonal blocks instead of substituting through them: a
+## The solves multiply by inverted diagonal blocks instead of substituting through them: a
 ## substitution is NB dependent steps on one item, which set the time of each of the 2 np / NB
-## solve launches (about 15 us of 17 on an H200); the product is NB independent sums.
+## solve launches (about 15 us of 17 on an H200); the product is NB independent sums. The
+## super-blocks' inverses (super_inverse, after the factorisation) take that further: see there.
 ##
 ## The factored diagonal blocks go to diag[] instead of back into A: a group may not overwrite
 ## the diagonal block while the other groups of the same launch still read it. Each launch reads
@@ -32,15 +33,15 @@
 ## flag[0] (int): bit 1 (value 2) is set when a pivot is not positive and finite, as LAPACK's
 ## dpotrf fails; the factorisation then goes on with NaN, which the caller discards.
 ## Parameters: REAL (the storage and arithmetic type), NB (block size, a power of two), RT (update
-## entries per work-item and dimension, a divisor of NB), SB (block rows per solve launch at
-## most), LS (solve_small's work-group size), PW (the panel's work-items per row: 1, each row's
+## entries per work-item and dimension, a divisor of NB), SS (rows of a solve's super-block, a
+## multiple of NB; SBS = SS / NB its blocks), LS (solve_small's work-group size), PW (the panel's work-items per row: 1, each row's
 ## updates on one item; more, spread over them). The host may defer the trailing update over several block columns (see
 ## update): the panel then also updates the rest of its deferred block's columns.
 <%namespace name="common" file="/clkernels/common.cl.mako"/>
 %if REAL == "double":
 ${common.fp64_pragma()}
 %endif
-<% TT = NB // RT %>
+<% TT = NB // RT; SBS = SS // NB %>
 #define real ${REAL}
 #define NB ${NB}
 #define NOT_POSITIVE_DEFINITE 2
@@ -278,93 +279,167 @@ real inverse_times(__local const real (*Li)[NB + 1], __local const real *v, cons
     return s;
 }
 
-// The solves take up to SB block rows (a "super-block" of nsub <= SB blocks) per launch: each
-// launch's fixed cost (some microseconds between launches on a GPU) is paid a quarter as often
-// at SB = 4, for a few more sub-steps inside it. Every group solves the super-block's own
-// triangle redundantly (reading it from the cache), so no group waits on another.
+// The per-block solves go super-block by super-block: SS rows (SBS = SS / NB blocks) of L's
+// diagonal at a time, through the inverse of that diagonal super-block, which the
+// factorisation leaves in sinv[] (super_inverse). A super-block's solution is then a product,
+// SS independent sums, instead of SBS dependent sub-steps, and each solve takes two launches
+// per super-block, not per block: the launches' host cost, not the device's work, set the
+// solves' time on GPUs (H100, 16,002 unknowns, float32: 31-47 us of host time a launch
+// against 11-36 us of kernel).
 
-// v_s = b_s - sum over t < s of L_st w_t (forward) or z_s - sum over t > s of L_ts^T w_t
-// (backward): item r's entry of sub-block s, the super-block starting at row k.
-real super_rhs(__global const real *A, const int np, const int k, const int s, const int nsub,
-               const real own, __local const real *wl, const int transposed)
+// sinv[j] (SS x SS, row-major) = the inverse of super-block j's diagonal part of L, block row
+// by block row: X_ss = dinv_s, and for t < s X_st = -dinv_s sum_{u=t}^{s-1} L_su X_ut. Launch s
+// (s = 0 .. SBS - 1): group (t, j) for t <= s forms X_st; a super-block with s blocks or fewer
+// has nothing to do. Tiles and items as update's.
+__kernel __attribute__((reqd_work_group_size(${TT}, ${TT}, 1)))
+void super_inverse(__global const real *restrict A, const int np, __global const real *restrict dinv,
+                   __global real *restrict sinv, const int s)
 {
-    const int r = get_local_id(0);
-    real v = own;
-    if (!transposed) {
-        __global const real *row = A + (size_t)(k + s * NB + r) * np + k;
-        for (int c = 0; c < s * NB; ++c) v -= row[c] * wl[c];
-    } else {
-        for (int t = s + 1; t < nsub; ++t)
-            for (int m = 0; m < NB; ++m)
-                v -= A[(size_t)(k + t * NB + m) * np + k + s * NB + r] * wl[t * NB + m];
-    }
-    return v;
-}
-
-// wl (nsub NB entries) = the super-block's solution: sub-block by sub-block, each through its
-// inverted diagonal block. rhs: the super-block's right-hand side in global memory.
-void solve_super_block(__global const real *A, const int np, __global const real *dinv, const int k,
-                       const int nsub, __global const real *rhs, __local real (*Li)[NB + 1],
-                       __local real *v, __local real *wl, const int transposed)
-{
-    const int r = get_local_id(0);
-    for (int q = 0; q < nsub; ++q) {
-        const int s = transposed ? nsub - 1 - q : q;
-        load_inverse_block(dinv, k / NB + s, Li);
-        v[r] = super_rhs(A, np, k, s, nsub, rhs[k + s * NB + r], wl, transposed);
-        barrier(CLK_LOCAL_MEM_FENCE);
-        wl[s * NB + r] = inverse_times(Li, v, r, transposed);
-        barrier(CLK_LOCAL_MEM_FENCE);     // before Li and v are reloaded, and wl is read
-    }
-}
-
-__kernel __attribute__((reqd_work_group_size(NB, 1, 1)))
-void forward(__global const real *restrict A, const int np, const int k, const int nsub,
-             __global const real *restrict dinv,
-             __global real *restrict b,          // (np) right-hand side, updated below the super-block
-             __global real *restrict z)          // (np) the solution of L z = b
-{
-    __local real Li[NB][NB + 1];
-    __local real T[NB][NB + 1];
-    __local real v[NB], wl[${SB} * NB];
-    const int r = get_local_id(0), g = get_group_id(0);
-    solve_super_block(A, np, dinv, k, nsub, b, Li, v, wl, 0);
-    if (g == 0) {
-        for (int c = r; c < nsub * NB; c += NB) z[k + c] = wl[c];
+    __local real Pi[NB][NB + 1];
+    __local real Pj[NB][NB + 1];
+    const int t = get_group_id(0), j = get_group_id(1);
+    const int b0 = j * ${SBS};                          // super-block j's first block
+    if (t > s || (b0 + s) * NB >= np) return;           // the whole group
+    const int lx = get_local_id(0), ly = get_local_id(1), lid = ly * ${TT} + lx;
+    __global real *X = sinv + (size_t)j * ${SS * SS};
+    __global const real *ds = dinv + (size_t)(b0 + s) * NB * NB;
+    if (t == s) {
+        // dinv's block, its upper triangle zero (dinv's is, but nothing else here relies on it).
+        for (int e = lid; e < NB * NB; e += ${TT * TT}) {
+            const int i = e / NB, m = e - i * NB;
+            X[(size_t)(s * NB + i) * ${SS} + s * NB + m] = m <= i ? ds[e] : (real)0;
+        }
         return;
     }
-    // Group g: NB rows below the super-block; each tile of them staged (coalesced) in T.
-    const int row0 = k + nsub * NB + (g - 1) * NB;
+%for u in range(RT):
+%for v in range(RT):
+    real acc${u}_${v} = (real)0;
+%endfor
+%endfor
+    for (int u = t; u < s; ++u) {
+        // Pi = L_su (A's block (b0 + s, b0 + u)), Pj = X_ut (written by launch u or earlier).
+        for (int e = lid; e < NB * NB; e += ${TT * TT}) {
+            const int i = e / NB, m = e - i * NB;
+            Pi[i][m] = A[(size_t)((b0 + s) * NB + i) * np + (b0 + u) * NB + m];
+            Pj[i][m] = X[(size_t)(u * NB + i) * ${SS} + t * NB + m];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int m = 0; m < NB; ++m) {
+%for u in range(RT):
+            const real a${u} = Pi[ly + ${u * TT}][m];
+%endfor
+%for v in range(RT):
+            const real b${v} = Pj[m][lx + ${v * TT}];
+%endfor
+%for u in range(RT):
+%for v in range(RT):
+            acc${u}_${v} += a${u} * b${v};
+%endfor
+%endfor
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    // Then X_st = -dinv_s C, C the sum above (into Pj), dinv_s's lower triangle into Pi.
+%for u in range(RT):
+%for v in range(RT):
+    Pj[ly + ${u * TT}][lx + ${v * TT}] = acc${u}_${v};
+    acc${u}_${v} = (real)0;
+%endfor
+%endfor
+    for (int e = lid; e < NB * NB; e += ${TT * TT}) {
+        const int i = e / NB, m = e - i * NB;
+        Pi[i][m] = m <= i ? ds[e] : (real)0;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int m = 0; m < NB; ++m) {
+%for u in range(RT):
+        const real a${u} = Pi[ly + ${u * TT}][m];
+%endfor
+%for v in range(RT):
+        const real b${v} = Pj[m][lx + ${v * TT}];
+%endfor
+%for u in range(RT):
+%for v in range(RT):
+        acc${u}_${v} += a${u} * b${v};
+%endfor
+%endfor
+    }
+%for u in range(RT):
+%for v in range(RT):
+    X[(size_t)(s * NB + ly + ${u * TT}) * ${SS} + t * NB + lx + ${v * TT}] = -acc${u}_${v};
+%endfor
+%endfor
+}
+
+// The super-block at row k (nsub blocks, sinv[j]): group q forms its NB entries of the
+// solution, dst = X_j src (forward) or X_j^T src (backward), entries from `limit` on not stored.
+// Forward: row q NB + r of X_j, its tiles staged (coalesced) in T; backward: column q NB + r,
+// neighbouring items on neighbouring entries of each row.
+<%def name="super_solve(name, transposed)">
+__kernel __attribute__((reqd_work_group_size(NB, 1, 1)))
+void ${name}(__global const real *restrict sinv, const int j, const int k, const int nsub,
+             __global const real *restrict src, __global real *restrict dst, const int limit)
+{
+    __local real v[${SS}];
+%if not transposed:
+    __local real T[NB][NB + 1];
+%endif
+    const int r = get_local_id(0), q = get_group_id(0);
+    for (int c = r; c < nsub * NB; c += NB) v[c] = src[k + c];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    __global const real *X = sinv + (size_t)j * ${SS * SS};
+    real s = (real)0;
+%if not transposed:
+    for (int t = 0; t <= q; ++t) {
+        for (int i = 0; i < NB; ++i) T[i][r] = X[(size_t)(q * NB + i) * ${SS} + t * NB + r];
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int c = 0; c < NB; ++c) s += T[r][c] * v[t * NB + c];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+%else:
+    for (int c = q * NB; c < nsub * NB; ++c) s += X[(size_t)c * ${SS} + q * NB + r] * v[c];
+%endif
+    if (k + q * NB + r < limit) dst[k + q * NB + r] = s;
+}
+</%def>
+${super_solve("forward_super", False)}
+${super_solve("backward_super", True)}
+
+// L z = b below the super-block at row k (nsub blocks, its solution z_k): group g's NB rows
+// subtract A_ik z_k from b, each tile of them staged (coalesced) in T.
+__kernel __attribute__((reqd_work_group_size(NB, 1, 1)))
+void forward_update(__global const real *restrict A, const int np, const int k, const int nsub,
+                    __global const real *restrict z, __global real *restrict b)
+{
+    __local real T[NB][NB + 1];
+    __local real w[${SS}];
+    const int r = get_local_id(0), g = get_group_id(0);
+    for (int c = r; c < nsub * NB; c += NB) w[c] = z[k + c];
+    const int row0 = k + nsub * NB + g * NB;
     real s = (real)0;
     for (int t = 0; t < nsub; ++t) {
         for (int i = 0; i < NB; ++i) T[i][r] = A[(size_t)(row0 + i) * np + k + t * NB + r];
         barrier(CLK_LOCAL_MEM_FENCE);
-        for (int c = 0; c < NB; ++c) s += T[r][c] * wl[t * NB + c];
+        for (int c = 0; c < NB; ++c) s += T[r][c] * w[t * NB + c];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
     b[row0 + r] -= s;
 }
 
+// L^T x = z left of the super-block at row k (its solution x_k; entries from n on, the
+// padding's, are zero): column g NB + r subtracts A_kj^T x_k from z, neighbouring items on
+// neighbouring entries of each row.
 __kernel __attribute__((reqd_work_group_size(NB, 1, 1)))
-void backward(__global const real *restrict A, const int np, const int k, const int nsub,
-              __global const real *restrict dinv,
-              __global real *restrict z,         // (np) from forward, updated left of the super-block
-              __global real *restrict x,         // (n) the solution of L^T x = z
-              const int n)
+void backward_update(__global const real *restrict A, const int np, const int k, const int nsub,
+                     __global const real *restrict x, __global real *restrict z, const int n)
 {
-    __local real Li[NB][NB + 1];
-    __local real v[NB], wl[${SB} * NB];
+    __local real w[${SS}];
     const int r = get_local_id(0), g = get_group_id(0);
-    solve_super_block(A, np, dinv, k, nsub, z, Li, v, wl, 1);
-    if (g == k / NB) {
-        for (int c = r; c < nsub * NB; c += NB)
-            if (k + c < n) x[k + c] = wl[c];
-        return;
-    }
-    // Column g NB + r left of the super-block: neighbouring items read neighbouring entries.
+    for (int c = r; c < nsub * NB; c += NB) w[c] = k + c < n ? x[k + c] : (real)0;
+    barrier(CLK_LOCAL_MEM_FENCE);
     const int col = g * NB + r;
     real s = (real)0;
-    for (int m = 0; m < nsub * NB; ++m) s += A[(size_t)(k + m) * np + col] * wl[m];
+    for (int m = 0; m < nsub * NB; ++m) s += A[(size_t)(k + m) * np + col] * w[m];
     z[col] -= s;
 }
 

@@ -25,11 +25,22 @@ DEFER = 4
 # (solve_small) on CPUs: L is then at most 64 MiB, which one group reads faster than the launches
 # of the per-block solves cost (each some microseconds on the host and on the device). GPUs take
 # the per-block solves at every size: on the H200 they were faster from 2,000 unknowns (0.53 ms
-# against 1.35 ms) and at 4,096 (1.6 against 5.9 ms), four block rows a launch (SOLVE_BLOCKS).
+# against 1.35 ms) and at 4,096 (1.6 against 5.9 ms), then four block rows a launch.
 SMALL_SOLVE_MAX = 4096
-# Block rows per launch of the larger solves (the template's SB): every launch's fixed cost,
-# some microseconds between launches on a GPU, paid a quarter as often.
-SOLVE_BLOCKS = 4
+# Blocks of the larger solves' super-blocks (the template's SS = SUPER_BLOCKS NB rows): each solve
+# takes two launches per super-block, through its inverse, which the factorisation leaves. The
+# launches' host cost bounds the solves on GPUs. H100, 16,002 unknowns, float32 (64-row blocks): a
+# solve pair took 4.71 ms in 126 launches with four blocks solved by substitution a launch; through
+# inverses 4.15 ms at 512 rows, 2.73 ms at 1,024 and 2.06 ms at 2,048, whose inverses took
+# 0.40, 1.56 and 6.35 ms of the 80 ms factorisation. The mixed solve's refinement takes some six
+# pairs per factorisation, so 1,024 rows (16 blocks) paid most there; a float64 factorisation
+# (32-row blocks: 512) is solved about once, and its inverses must cost little.
+SUPER_BLOCKS = 16
+
+
+def super_rows_for(NB: int) -> int:
+    """The default rows of a super-block for ``NB``-row blocks (see :data:`SUPER_BLOCKS`)."""
+    return SUPER_BLOCKS * NB
 # The panel's work-items per row on GPUs (the template's PW): each step's updates spread over a
 # row's items. H200, 16,002 unknowns: the panels took 12.6 ms at 8 against 22.3 ms at 1 (one
 # item per row). CPUs keep 1: PoCL runs a group's items as loops, and 8 took 3.5x as long.
@@ -46,10 +57,12 @@ def device_panel_width(info, NB: int) -> int:
     return 1 if info.is_cpu else max(1, min(PANEL_WIDTH, info.max_work_group_size // NB))
 
 
-def local_bytes(NB: int, itemsize: int = 8, SB: int = SOLVE_BLOCKS) -> int:
-    """The local memory of the template's largest work-group (the forward solve: two NB x NB
-    tiles, a block and the super-block's solution), for a block size's fit on a device."""
-    return (2 * NB * (NB + 1) + (1 + SB) * NB) * itemsize
+def local_bytes(NB: int, itemsize: int = 8, SS: int = None) -> int:
+    """The local memory of the template's largest work-group (the panel, the update and the
+    super-blocks' inverses: two NB x NB tiles; the solves: one, and a super-block's vector), for
+    a block size's fit on a device (``SS``: the super-block's rows, default :func:`super_rows_for`)."""
+    SS = super_rows_for(NB) if SS is None else SS
+    return max(2 * NB * (NB + 1), NB * (NB + 1) + SS) * itemsize
 
 
 def block_sizes(info):
@@ -76,10 +89,20 @@ def padded_size(n: int, nb: int) -> int:
     return arrays.round_up(max(1, int(n)), nb)
 
 
-def dense_bytes(n: int, nb: int = 32, itemsize: int = 8) -> int:
-    """Device bytes of a :class:`DenseCholesky` for ``n`` unknowns (``itemsize``: 4 for float32)."""
+def super_count(m: int, SS: int) -> int:
+    """The solves' super-blocks of a padded size ``m``."""
+    return -(-int(m) // SS)
+
+
+def dense_bytes(n: int, nb: int = 32, itemsize: int = 8, small_solve_max: int = 0, SS: int = None) -> int:
+    """Device bytes of a :class:`DenseCholesky` for ``n`` unknowns (``itemsize``: 4 for float32),
+    with its super-blocks' inverses (``SS`` rows each, default :func:`super_rows_for`) where its
+    padded size exceeds ``small_solve_max`` (see :func:`device_small_solve_max`; 0, the default,
+    counts them always)."""
     m = padded_size(n, nb)
-    return itemsize * (m * m + 2 * m + 2 * m * nb) + 4
+    SS = super_rows_for(nb) if SS is None else SS
+    inverses = super_count(m, SS) * SS * SS if m > small_solve_max else 0
+    return itemsize * (m * m + 2 * m + 2 * m * nb + inverses) + 4
 
 
 def solve_group(info, NB: int) -> int:
@@ -91,11 +114,12 @@ class DenseCholesky:
     """The buffers and kernels of one ``n x n`` dense Cholesky on the device (see the module)."""
 
     def __init__(self, runtime, n: int, block: tuple = None, defer: int = DEFER,
-                 small_solve_max: int = None, dtype=np.float64, solve_blocks: int = SOLVE_BLOCKS,
+                 small_solve_max: int = None, dtype=np.float64, super_rows: int = None,
                  panel_width: int = None):
         """``dtype``: np.float64 (needs the device's fp64) or np.float32, the matrix's storage
-        and arithmetic. ``solve_blocks``: block rows per launch of the solves above
-        ``small_solve_max`` (None: :func:`device_small_solve_max`'s). ``panel_width``: the panel's
+        and arithmetic. ``super_rows``: rows of a super-block of the solves above
+        ``small_solve_max`` (None: :func:`device_small_solve_max`'s), a multiple of the block
+        size (None: :func:`super_rows_for`'s). ``panel_width``: the panel's
         work-items per row (at most the device's work-group size over the block size; None:
         :func:`device_panel_width`'s)."""
         self.rt = rt = runtime
@@ -113,12 +137,14 @@ class DenseCholesky:
         if int(defer) < 1:
             raise ValueError(f"defer must be a positive number of block columns, not {defer!r}")
         self.defer = int(defer)
-        if int(solve_blocks) < 1:
-            raise ValueError(f"solve_blocks must be a positive number of block rows, not {solve_blocks!r}")
-        self.SB = int(solve_blocks)
-        local = local_bytes(self.NB, self.dtype.itemsize, self.SB)
+        if super_rows is None:
+            super_rows = super_rows_for(self.NB)
+        if int(super_rows) < self.NB or int(super_rows) % self.NB:
+            raise ValueError(f"super_rows must be a positive multiple of the block size {self.NB}, not {super_rows!r}")
+        self.SS = int(super_rows)
+        local = local_bytes(self.NB, self.dtype.itemsize, self.SS)
         if local > rt.info.local_mem_bytes:
-            raise ValueError(f"solve_blocks={solve_blocks} needs {local} bytes of local memory with {self.NB} x "
+            raise ValueError(f"super_rows={super_rows} needs {local} bytes of local memory with {self.NB} x "
                              f"{self.NB} blocks; {rt.info.name!r} has {rt.info.local_mem_bytes}: take fewer")
         if panel_width is None:
             panel_width = device_panel_width(rt.info, self.NB)
@@ -132,17 +158,21 @@ class DenseCholesky:
         self.A = real(self.m * self.m)
         self.b, self.z = real(self.m), real(self.m)
         self.diag, self.dinv = real(self.m * self.NB), real(self.m * self.NB)
+        self.n_super = super_count(self.m, self.SS)
+        # The super-blocks' inverses (the template's super_inverse), for the per-block solves only.
+        self.sinv = None if self.small_solve else real(self.n_super * self.SS * self.SS)
         self.flag = arrays.scratch(rt, 1, np.int32)
         self.LS = solve_group(rt.info, self.NB)
-        prg = get_program(TEMPLATE, rt, **self._params(rt, self.NB, self.RT, self.dtype, self.SB, self.PW))
+        prg = get_program(TEMPLATE, rt, **self._params(rt, self.NB, self.RT, self.dtype, self.SS, self.PW))
         self.k = presets(prg, self)      # this instance's own kernels, arguments set when they change
         self._m = np.int32(self.m)
         self.events = None        # a list to keep (name, event) pairs for a profile, or None
 
     @staticmethod
-    def _params(runtime, NB, RT, dtype, SB=SOLVE_BLOCKS, PW=None):
+    def _params(runtime, NB, RT, dtype, SS=None, PW=None):
         PW = device_panel_width(runtime.info, NB) if PW is None else PW
-        return dict(NB=NB, RT=RT, LS=solve_group(runtime.info, NB), SB=SB, PW=PW,
+        SS = super_rows_for(NB) if SS is None else SS
+        return dict(NB=NB, RT=RT, LS=solve_group(runtime.info, NB), SS=SS, PW=PW,
                     REAL="double" if np.dtype(dtype) == np.float64 else "float")
 
     @staticmethod
@@ -154,7 +184,7 @@ class DenseCholesky:
     @property
     def nbytes(self) -> int:
         return (self.A.nbytes + self.b.nbytes + self.z.nbytes + self.diag.nbytes + self.dinv.nbytes
-                + self.flag.nbytes)
+                + (self.sinv.nbytes if self.sinv is not None else 0) + self.flag.nbytes)
 
     def release(self):
         """Its kernel objects back to their pools now (:func:`clkernels.launch.release_kernels`);
@@ -195,6 +225,11 @@ class DenseCholesky:
                 tiles = below * (below + 1) // 2
                 self._launch("update", (tiles * TT, TT), (TT, TT), self.A.data, self._m, i32(ko * NB),
                              i32(kend - ko), i32(kend), i32(0))
+        if self.sinv is not None:
+            # The super-blocks' inverses for the solves, a block row of all of them a launch.
+            for s in range(min(self.SS // NB, nb)):
+                self._launch("super_inverse", ((s + 1) * TT, self.n_super * TT), (TT, TT), self.A.data, self._m,
+                             self.dinv.data, self.sinv.data, i32(s))
 
     def solve(self, x):
         """Enqueue ``x = A^-1 b`` from the factor: ``x`` a device array of the matrix's type with at
@@ -206,15 +241,23 @@ class DenseCholesky:
             self._launch("solve_small", (self.LS,), (self.LS,), self.A.data, self._m, self.dinv.data,
                          self.b.data, self.z.data, x.data, np.int32(self.n))
             return
-        i32, SB = np.int32, self.SB
-        for kb in range(0, nbk, SB):                 # group 0 the super-block, one group per block below
-            nsub = min(SB, nbk - kb)
-            self._launch("forward", ((1 + nbk - kb - nsub) * NB,), (NB,), self.A.data, self._m, i32(kb * NB),
-                         i32(nsub), self.dinv.data, self.b.data, self.z.data)
-        for end in range(nbk, 0, -SB):               # one group per block left of it, then its own
-            kb = max(0, end - SB)
-            self._launch("backward", ((kb + 1) * NB,), (NB,), self.A.data, self._m, i32(kb * NB),
-                         i32(end - kb), self.dinv.data, self.z.data, x.data, i32(self.n))
+        i32, sbs = np.int32, self.SS // NB
+        for j in range(self.n_super):                # the super-block, then a group per block below it
+            kb = j * sbs
+            nsub = min(sbs, nbk - kb)
+            self._launch("forward_super", (nsub * NB,), (NB,), self.sinv.data, i32(j), i32(kb * NB), i32(nsub),
+                         self.b.data, self.z.data, self._m)
+            if nbk - kb - nsub:
+                self._launch("forward_update", ((nbk - kb - nsub) * NB,), (NB,), self.A.data, self._m,
+                             i32(kb * NB), i32(nsub), self.z.data, self.b.data)
+        for j in reversed(range(self.n_super)):      # the super-block, then a group per block left of it
+            kb = j * sbs
+            nsub = min(sbs, nbk - kb)
+            self._launch("backward_super", (nsub * NB,), (NB,), self.sinv.data, i32(j), i32(kb * NB), i32(nsub),
+                         self.z.data, x.data, i32(self.n))
+            if kb:
+                self._launch("backward_update", (kb * NB,), (NB,), self.A.data, self._m, i32(kb * NB), i32(nsub),
+                             x.data, self.z.data, i32(self.n))
 
     def failed(self) -> bool:
         """Whether the factorisation met a pivot that is not positive and finite (one read)."""

@@ -35,7 +35,8 @@ from clkernels.launch import presets, release_kernels
 from clkernels.templates import get_program, template_request
 
 from . import factorisation_limits as limits
-from .dense_cholesky_device import NOT_POSITIVE_DEFINITE, DenseCholesky, block_sizes, dense_bytes, local_bytes
+from .dense_cholesky_device import (NOT_POSITIVE_DEFINITE, DenseCholesky, block_sizes, dense_bytes,
+                                    device_small_solve_max, local_bytes)
 
 TEMPLATE = "solvers/linalg/mixed_refinement.cl.mako"
 MAX_STEPS = 30                     # dsposv's ITERMAX
@@ -47,12 +48,14 @@ def residual_group(info) -> int:
     return 1 << (min(256, info.max_work_group_size).bit_length() - 1)
 
 
-def mixed_bytes(n: int, nb: int = 32, nb32: int = None) -> int:
+def mixed_bytes(n: int, nb: int = 32, nb32: int = None, small_solve_max: int = 0) -> int:
     """Device bytes of a :class:`MixedCholesky` for ``n`` unknowns: both matrices (the float64 one
-    padded to ``nb``, the float32 one to ``nb32``, default ``nb``) and the vectors."""
+    padded to ``nb``, the float32 one to ``nb32``, default ``nb``, each with its solves'
+    super-block inverses as :func:`dense_bytes` counts them) and the vectors."""
     nb32 = nb if nb32 is None else nb32
     m = -(-max(1, int(n)) // nb) * nb
-    return dense_bytes(n, nb) + dense_bytes(n, nb32, 4) + 8 * 2 * m + 4 * m
+    return (dense_bytes(n, nb, small_solve_max=small_solve_max)
+            + dense_bytes(n, nb32, 4, small_solve_max=small_solve_max) + 8 * 2 * m + 4 * m)
 
 
 def float32_blocks(info, block64: tuple) -> tuple:
@@ -82,18 +85,20 @@ def choose_mixed(info, n_unknowns: int, other_bytes: int, mixed=None) -> bool:
     if mixed is False or (mixed is None and (info.is_cpu or n_unknowns < MIXED_MIN_UNKNOWNS)):
         return False
     block = block_sizes(info)
-    need = mixed_bytes(n_unknowns, block[0], float32_blocks(info, block)[0])
+    need = mixed_bytes(n_unknowns, block[0], float32_blocks(info, block)[0], device_small_solve_max(info))
     return bool(mixed) or need <= limits.DENSE_MEMORY_FRACTION * max(0, info.global_mem_bytes - other_bytes)
 
 
 class MixedCholesky:
     """See the module docstring. ``block``: the float64 factorisation's (NB, RT), ``block32``
-    the float32 one's (default :func:`float32_blocks`)."""
+    the float32 one's (default :func:`float32_blocks`); ``defer`` and ``small_solve_max`` as
+    :class:`~solvers.linalg.dense_cholesky_device.DenseCholesky` takes them, for both."""
 
     def __init__(self, runtime, n: int, block: tuple = None, block32: tuple = None, defer: int = None,
-                 max_steps: int = MAX_STEPS):
+                 max_steps: int = MAX_STEPS, small_solve_max: int = None):
         self.rt = rt = runtime
         kw = {} if defer is None else dict(defer=defer)
+        kw["small_solve_max"] = small_solve_max
         self.d64 = DenseCholesky(rt, n, block=block, **kw)
         block32 = block32 or float32_blocks(rt.info, (self.d64.NB, self.d64.RT))
         self.d32 = DenseCholesky(rt, n, block=block32, dtype=np.float32, **kw)

@@ -34,7 +34,7 @@ from clkernels import arrays
 from clkernels.launch import release_kernels
 
 from . import factorisation_limits as limits, host_cholesky
-from .dense_cholesky_device import DenseCholesky, block_sizes, dense_bytes, padded_size
+from .dense_cholesky_device import DenseCholesky, block_sizes, dense_bytes, device_small_solve_max, padded_size
 from .mixed_cholesky_device import MixedCholesky, choose_mixed
 from .schur_reduced_device import MAX_RUN_CPU, MAX_RUN_GPU, ReducedCameraSystem, ReducedPattern
 
@@ -53,7 +53,7 @@ def choose_factorisation(info, n_unknowns: int, other_bytes: int, fill: float = 
     LAPACK's)."""
     limit = limits.DEVICE_DENSE_MAX_CPU if info.is_cpu else limits.DEVICE_DENSE_MAX
     nb, _ = block_sizes(info)
-    need = dense_bytes(n_unknowns, nb)
+    need = dense_bytes(n_unknowns, nb, small_solve_max=device_small_solve_max(info))
     matrix = 8 * padded_size(n_unknowns, nb) ** 2
     fits = (matrix <= info.max_alloc_bytes
             and need <= limits.DENSE_MEMORY_FRACTION * max(0, info.global_mem_bytes - other_bytes))
