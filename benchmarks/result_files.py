@@ -35,9 +35,9 @@ LATEST = {
     "colmap_gpu_priors": "bench_colmap-nvidia-priors",
     "colmap_gpu_fisheye": "bench_colmap-nvidia-fisheye.log",
     "dcnv4": "bench_dcnv4-as-called-nvidia-tap-codes",
-    # the current backward (far marks, tap-code words, handed-over weights) with the official op
+    # the current backward (far marks, tap-code words, handed-over weights, hit masks) with the official op
     # in the same run, on the H100 lent for it (the H200 run above is of the earlier kernels)
-    "dcnv4_h100": "bench_dcnv4-as-called-h100-far-marks",
+    "dcnv4_h100": "bench_dcnv4-as-called-h100-hit-masks",
     "aggregation": "bench_deformable_aggregation-as-called-nvidia-full",
     "torch": "bench_torch_interop-nvidia-full",
     "warp_gpu": "bench_warpaffine-nvidia-full",
