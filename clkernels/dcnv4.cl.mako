@@ -549,18 +549,23 @@ ${tap_origin()}
 inline int floor_div(const int a, const int b) { return a >= 0 ? a / b : -((b - 1 - a) / b); }
 
 ## Far taps (the gather's rest): dcnv4_backward marked the (input pixel, group)s their corners
-## reach (`far`, a uint each). far_zero zeroes those pixels' fixed-point sums alone, and
-## dcnv4_far_input adds the far taps there, in 64-bit fixed point, so the order does not
+## reach (`far`, a uint each). far_zero zeroes those pixels' fixed-point sums alone (and their
+## side entries, where a non-finite term can exist: only far taps make such terms, so the
+## other pixels' side entries are never read), and dcnv4_far_input adds the far taps there, in
+## 64-bit fixed point, so the order does not
 ## matter: the same integer sums as if the first kernel had added them. Why not zero every
 ## sum and add them in the first kernel: the sums are 8 bytes per input channel, and with few
 ## far taps zeroing them all took 0.116 of the backward's 1.76 ms at the paper's shape on an
 ## H200 (float32), before the gather read them all again.
-__kernel void far_zero(__global const uint *restrict far, __global long *restrict sums, const int marks)
+__kernel void far_zero(__global const uint *restrict far, __global long *restrict sums,
+                       __global float *side, __global const uint *restrict bound, const int marks)
 {
     const int i = get_global_id(0);
     if (i >= marks || !far[i]) return;
     // Mark i is input pixel i / G, group i % G: its sums are channels [i * C, i * C + C).
     for (int c = 0; c < ${C}; ++c) sums[i * ${C} + c] = 0;
+    if (fixed_side_needed(bound))
+        for (int c = 0; c < ${C}; ++c) side[i * ${C} + c] = 0.0f;
 }
 
 ## Work-items as dcnv4_backward's, one per (output pixel, group, slot of CPW channels), without
@@ -733,13 +738,13 @@ ${tap_loop_close()}
     const int e = fixed_exponent(bound, terms_log2);
     const int side = fixed_side_needed(bound);
     const int at = p * ${GC} + g * ${C} + slot * ${NB};
-    // Unmarked: the sums were not zeroed (fixed_value would give 0.0f, plus the side part).
+    // Unmarked: no far tap reached the pixel, and its sums and side entries were not zeroed
+    // (far_zero): their part is 0.0f, as fixed_value gives for zeroed ones.
     const int marked = far[p * ${G} + g] != 0u;
     for (int c = 0; c < ${NCB}; ++c) {
         ${vec} v = acc[c];
 %for e_, comp in enumerate(comps):
-        v${comp} += marked ? fixed_value(grad_fixed, grad_side, at + c * ${VW} + ${e_}, e, side)
-                  : (side ? 0.0f + grad_side[at + c * ${VW} + ${e_}] : 0.0f);
+        v${comp} += marked ? fixed_value(grad_fixed, grad_side, at + c * ${VW} + ${e_}, e, side) : 0.0f;
 %endfor
         stv(v, grad_input + at + c * ${VW});
     }

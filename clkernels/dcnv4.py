@@ -475,7 +475,7 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
             gather = launch.kernel_for_plan(program, "dcnv4_gather_input")
             items = n * h * w * opts.group * (opts.group_channels // gather_cpw)
             gwg = arrays.work_group_size(rt, gather, 256)
-            to_storage = [launch.step(zero, (arrays.round_up(n_marks, zwg),), (zwg,), [marks, sums, np.int32(n_marks)]),
+            to_storage = [launch.step(zero, (arrays.round_up(n_marks, zwg),), (zwg,), [marks, sums, side, bound, np.int32(n_marks)]),
                           launch.step(far, (arrays.round_up(far_items, fwg),), (fwg,),
                                       [OFFSET_MASK, codes[0], GRAD_OUT, sums, side, bound, terms_log2,
                                        np.int32(pix_groups), *geometry]),
@@ -514,7 +514,8 @@ def _fixed_point_steps(rt, program, g_input: launch.Buffer, grad_out, pix_groups
     zeroed only when needed; the last step converts sums (and side) into the output (none with
     ``convert=False``: the gather converts them itself). ``marks``: the gather's far marks
     (``n_marks`` uints), which the bound kernel zeroes instead of the sums (the template's
-    far_zero then zeroes the marked pixels' sums alone)."""
+    far_zero then zeroes the marked pixels' sums and side entries alone, so no fill of the
+    side buffer)."""
     terms_log2 = (taps_per_image - 1).bit_length()   # 2^terms_log2 >= taps adding to one sum
     size = g_input.size
     temps += [launch.Buffer("g_input_fixed", g_input.shape, np.int64), launch.Buffer("bound", (4,), np.uint32)]
@@ -534,10 +535,11 @@ def _fixed_point_steps(rt, program, g_input: launch.Buffer, grad_out, pix_groups
                               np.int32(p), bound, *((sums, np.int32(size)) if marks is None
                                                     else (marks, np.int32(n_marks))),
                               cl.LocalMemory(3 * 4 * wg)]))
-    k_fill = launch.kernel_for_plan(program, "fixed_side_fill")
-    wg = arrays.work_group_size(rt, k_fill, 256)
-    steps.append(launch.step(k_fill, (arrays.round_up(min(size, rt.info.compute_units * 4 * wg), wg),), (wg,),
-                             [bound, side, np.int32(size)]))
+    if marks is None:
+        k_fill = launch.kernel_for_plan(program, "fixed_side_fill")
+        wg = arrays.work_group_size(rt, k_fill, 256)
+        steps.append(launch.step(k_fill, (arrays.round_up(min(size, rt.info.compute_units * 4 * wg), wg),),
+                                 (wg,), [bound, side, np.int32(size)]))
     acc = (sums, side, bound, np.int32(terms_log2))
     if not convert:
         return acc, []
