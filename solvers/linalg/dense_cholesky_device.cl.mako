@@ -34,9 +34,10 @@
 ## dpotrf fails; the factorisation then goes on with NaN, which the caller discards.
 ## Parameters: REAL (the storage and arithmetic type), NB (block size, a power of two), RT (update
 ## entries per work-item and dimension, a divisor of NB), SS (rows of a solve's super-block, a
-## multiple of NB; SBS = SS / NB its blocks), LS (solve_small's work-group size), PW (the panel's work-items per row: 1, each row's
-## updates on one item; more, spread over them). The host may defer the trailing update over several block columns (see
-## update): the panel then also updates the rest of its deferred block's columns.
+## multiple of NB; SBS = SS / NB its blocks), LS (solve_small's work-group size), PW (the
+## panel's work-items per row: 1, each row's updates on one item; more, spread over them). The
+## host may defer the trailing update over several block columns (see update): the panel then
+## also updates the rest of its deferred block's columns.
 <%namespace name="common" file="/clkernels/common.cl.mako"/>
 %if REAL == "double":
 ${common.fp64_pragma()}

@@ -25,7 +25,8 @@ DEFER = 4
 # (solve_small) on CPUs: L is then at most 64 MiB, which one group reads faster than the launches
 # of the per-block solves cost (each some microseconds on the host and on the device). GPUs take
 # the per-block solves at every size: on the H200 they were faster from 2,000 unknowns (0.53 ms
-# against 1.35 ms) and at 4,096 (1.6 against 5.9 ms), then four block rows a launch.
+# against 1.35 ms) and at 4,096 (1.6 against 5.9 ms), measured when they still solved four
+# blocks a launch by substitution (the super-blocks below are faster still).
 SMALL_SOLVE_MAX = 4096
 # Blocks of the larger solves' super-blocks (the template's SS = SUPER_BLOCKS NB rows): each solve
 # takes two launches per super-block, through its inverse, which the factorisation leaves. The
@@ -36,11 +37,6 @@ SMALL_SOLVE_MAX = 4096
 # pairs per factorisation, so 1,024 rows (16 blocks) paid most there; a float64 factorisation
 # (32-row blocks: 512) is solved about once, and its inverses must cost little.
 SUPER_BLOCKS = 16
-
-
-def super_rows_for(NB: int) -> int:
-    """The default rows of a super-block for ``NB``-row blocks (see :data:`SUPER_BLOCKS`)."""
-    return SUPER_BLOCKS * NB
 # The panel's work-items per row on GPUs (the template's PW): each step's updates spread over a
 # row's items. H200, 16,002 unknowns: the panels took 12.6 ms at 8 against 22.3 ms at 1 (one
 # item per row). CPUs keep 1: PoCL runs a group's items as loops, and 8 took 3.5x as long.
@@ -55,6 +51,11 @@ def device_small_solve_max(info) -> int:
 def device_panel_width(info, NB: int) -> int:
     """The panel's work-items per row on this device (see :data:`PANEL_WIDTH`)."""
     return 1 if info.is_cpu else max(1, min(PANEL_WIDTH, info.max_work_group_size // NB))
+
+
+def super_rows_for(NB: int) -> int:
+    """The default rows of a super-block for ``NB``-row blocks (see :data:`SUPER_BLOCKS`)."""
+    return SUPER_BLOCKS * NB
 
 
 def local_bytes(NB: int, itemsize: int = 8, SS: int = None) -> int:
