@@ -514,10 +514,15 @@ ${zero_tail()}
 %>
 ## gather_visit: one candidate (output pixel `pix` at row y, column x; its tap code `code`)
 ## of tap (i, j) k: the term grad_out * mask * weight added if the tap has a corner at (r, col).
+## code_place: the floor corner (h0, w0) of tap (i, j) of the output pixel at row `y`, column
+## `x`, from its code (tap_codes).
+<%def name="code_place(y, x)">
+                    const int h0 = (code & 15) - ${margin} + ((${y}) * stride_h - pad_h + j * dil_h);
+                    const int w0 = (code >> 4) - ${margin} + ((${x}) * stride_w - pad_w + i * dil_w);
+</%def>
 <%def name="gather_visit()">
                     if (code == FAR_TAP) continue;
-                    const int h0 = (code & 15) - ${margin} + (y * stride_h - pad_h + j * dil_h);
-                    const int w0 = (code >> 4) - ${margin} + (x * stride_w - pad_w + i * dil_w);
+${code_place('y', 'x')}
                     if ((r != h0 && r != h0 + 1) || (col != w0 && col != w0 + 1)) continue;
                     const int lower = r != h0, righter = col != w0;
 ${gather_body()}
@@ -552,8 +557,8 @@ inline int floor_div(const int a, const int b) { return a >= 0 ? a / b : -((b - 
 ## reach (`far`, a uint each). far_zero zeroes those pixels' fixed-point sums alone (and their
 ## side entries, where a non-finite term can exist: only far taps make such terms, so the
 ## other pixels' side entries are never read), and dcnv4_far_input adds the far taps there, in
-## 64-bit fixed point, so the order does not
-## matter: the same integer sums as if the first kernel had added them. Why not zero every
+## 64-bit fixed point, so the order does not matter: the same integer sums as if the first
+## kernel had added them. Why not zero every
 ## sum and add them in the first kernel: the sums are 8 bytes per input channel, and with few
 ## far taps zeroing them all took 0.116 of the backward's 1.76 ms at the paper's shape on an
 ## H200 (float32), before the gather read them all again.
@@ -694,8 +699,7 @@ ${tap_loop_open()}
                 #pragma unroll
                 for (int b = 0; b < ${MR}; ++b) {
                     const uchar code = codes[a * ${MR} + b];
-                    const int h0 = (code & 15) - ${margin} + ((oy0 + a) * stride_h - pad_h + j * dil_h);
-                    const int w0 = (code >> 4) - ${margin} + ((ox0 + b) * stride_w - pad_w + i * dil_w);
+${code_place('oy0 + a', 'ox0 + b')}
                     const uint bit = 1u << (a * ${MR} + b);
                     if (code != FAR_TAP && (r == h0 || r == h0 + 1) && (col == w0 || col == w0 + 1)) hits |= bit;
                     if (r != h0) below |= bit;

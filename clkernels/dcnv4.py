@@ -475,7 +475,8 @@ def _backward_plan(rt, args, options, config) -> launch.LaunchPlan:
             gather = launch.kernel_for_plan(program, "dcnv4_gather_input")
             items = n * h * w * opts.group * (opts.group_channels // gather_cpw)
             gwg = arrays.work_group_size(rt, gather, 256)
-            to_storage = [launch.step(zero, (arrays.round_up(n_marks, zwg),), (zwg,), [marks, sums, side, bound, np.int32(n_marks)]),
+            to_storage = [launch.step(zero, (arrays.round_up(n_marks, zwg),), (zwg,),
+                                      [marks, sums, side, bound, np.int32(n_marks)]),
                           launch.step(far, (arrays.round_up(far_items, fwg),), (fwg,),
                                       [OFFSET_MASK, codes[0], GRAD_OUT, sums, side, bound, terms_log2,
                                        np.int32(pix_groups), *geometry]),
