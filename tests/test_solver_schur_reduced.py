@@ -15,7 +15,7 @@ from solvers.linalg import factorisation_limits
 from clkernels import arrays
 from solvers.ba import ordering
 from solvers.linalg import host_cholesky
-from solvers.linalg.dense_cholesky_device import DenseCholesky, block_sizes
+from solvers.linalg.dense_cholesky_device import DenseCholesky, block_sizes, dense_bytes, local_bytes, super_rows_for
 from solvers.ba.schur import NormalEquations, Structure
 from solvers.linalg.schur_reduced_device import ReducedCameraSystem, ReducedPattern
 from solvers.linalg.sparse_schur_device import DeviceSparseSchur, choose_factorisation
@@ -126,7 +126,23 @@ def test_dense_cholesky_refuses_a_bad_defer(device):
 def test_dense_cholesky_block_sizes_respect_the_device(device):
     nb, rt = block_sizes(device.info)
     assert nb <= device.info.max_work_group_size and (nb // rt) ** 2 <= device.info.max_work_group_size
-    assert (2 * nb * (nb + 1) + nb) * 8 <= device.info.local_mem_bytes and nb % rt == 0
+    # Two tiles (panel, update, super-block inverses), or a tile and a super-block's vector (solves).
+    assert max(2 * nb * (nb + 1), nb * (nb + 1) + super_rows_for(nb)) * 8 <= device.info.local_mem_bytes
+    assert local_bytes(nb) <= device.info.local_mem_bytes and nb % rt == 0
+
+
+@pytest.mark.parametrize("n", [1, 37, 100])
+@pytest.mark.parametrize("solves", ["one-group", "per-block"])
+def test_dense_bytes_counts_what_an_instance_allocates(device, n, solves):
+    """dense_bytes, which decides whether the device factorises, counts the matrix, the vectors,
+    the diagonal blocks and their inverses, and the super-blocks' inverses where the solves use
+    them (per-block solves): never below what the instance allocates, at most the flag's
+    padding above."""
+    needs_fp64(device)
+    small = 4096 if solves == "one-group" else 0
+    chol = DenseCholesky(device, n, block=(8, 2), small_solve_max=small, super_rows=24)
+    assert chol.small_solve == (solves == "one-group")
+    assert 0 <= dense_bytes(n, 8, small_solve_max=small, SS=24) - chol.nbytes <= 8
 
 
 # -- the assembly --------------------------------------------------------------------------------
