@@ -211,8 +211,8 @@ def backward_config(info, group_channels: int, dtype, batch: int = 1, group: int
     point), which needs 64-bit atomics, whether ``deterministic`` or not (the faster there); a
     GPU without them gets the "owner" scatter, or with ``deterministic=False`` float atomics
     (:func:`float_atomics_config`). CPUs: the atomic-free "owner" scatter (deterministic as
-    well) with channel runs as wide as still gives every core two work-items. The gather prefetches in float32 with at most
-    ``taps`` 9 (a 3x3 kernel, where it was measured)."""
+    well) with channel runs as wide as still gives every core two work-items. The gather
+    prefetches in float32 with at most ``taps`` 9 (a 3x3 kernel, where it was measured)."""
     # deterministic=False takes the gather too where it runs: float atomics were slower at every
     # as-called shape and storage type on the H100 and the H200 (H100, float32: 2.73 against
     # 1.64 ms at the paper's shape, 1.35 against 0.85, 0.59 against 0.45 ms at N=1 200x320;

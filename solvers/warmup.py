@@ -25,6 +25,7 @@ def _dtypes(rt):
 def bal(rt):
     """BAL problems (the Snavely camera): each linear solver, dtype and loss."""
     from .bal.synthetic import synthetic_problem
+    from .ba import observations_device as dobs
     from . import bundle_adjust
     problem = synthetic_problem(8, 200, 3, seed=0)
     dtypes, skipped = _dtypes(rt)
@@ -42,9 +43,9 @@ def bal(rt):
         tasks.append(("sparse_schur float64 mixed-precision solves",
                       lambda: bundle_adjust(problem, linear_solver="sparse_schur", max_iterations=1,
                                             mixed_precision_solves=True, device=rt.device, handle_sigint=False)))
-    if not rt.info.is_cpu:
+    if dobs.wanted(rt, dobs.MIN_OBSERVATIONS, None):
         # The device setup's programs (the observations ordered on the device, the Schur pattern
-        # made there), which GPUs take from 100,000 observations on: forced on a tiny solve.
+        # made there), which a device like this one takes for large problems: forced on a tiny solve.
         for dt in dtypes:
             ls = "sparse_schur" if dt in linear_solver("sparse_schur").dtypes else "iterative_schur"
             tasks.append((f"{ls} {np.dtype(dt).name} observations ordered on the device",
