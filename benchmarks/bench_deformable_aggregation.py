@@ -135,16 +135,18 @@ def as_called(report, rt, args, label, host, dev, go_host, go, prob, calls, fail
     """Ours and the CUDA op, forward and backward, as called from Python (float32)."""
     feat, shape, start, loc, weights = host
     feat_d, shape_d, start_d, loc_d, w_d = dev
-    finish = rt.queue.finish
+    rt.queue.finish()           # the arrays were made on the profiling queue
+    user = rt.unprofiled()      # the library's default runtime: what a caller's call runs on
+    finish = user.queue.finish
     # as its docstring asks: tensors on the device, the two index tables as numpy
-    ours = {"forward": lambda: clkernels.deformable_aggregation(feat_d, shape, start, loc_d, w_d, device=rt),
+    ours = {"forward": lambda: clkernels.deformable_aggregation(feat_d, shape, start, loc_d, w_d, device=user),
             "backward": lambda: clkernels.deformable_aggregation_backward(go, feat_d, shape, start, loc_d, w_d,
-                                                                          device=rt)}
+                                                                          device=user)}
     # everything on the device, tables too (read back on every call)
     device_tables = {
-        "forward": lambda: clkernels.deformable_aggregation(feat_d, shape_d, start_d, loc_d, w_d, device=rt),
+        "forward": lambda: clkernels.deformable_aggregation(feat_d, shape_d, start_d, loc_d, w_d, device=user),
         "backward": lambda: clkernels.deformable_aggregation_backward(go, feat_d, shape_d, start_d, loc_d, w_d,
-                                                                      device=rt)}
+                                                                      device=user)}
     launch = {"forward": lambda: da.enqueue_forward(rt, *prob, "optimized")[1],
               "backward": lambda: da.enqueue_backward(rt, go, *prob, "optimized")[1]}
     for direction in ("forward", "backward"):

@@ -80,7 +80,7 @@ def main():
     device = sys.argv[1] if len(sys.argv) > 1 else "nvidia"
     n = int(sys.argv[2]) if len(sys.argv) > 2 else 16002
     dtype = np.dtype(sys.argv[3] if len(sys.argv) > 3 else "float32")
-    rt = clkernels.get_runtime(device)
+    rt = clkernels.get_runtime(device).profiled()   # kernel events
     rng = np.random.default_rng(0)
     R = rng.standard_normal((n, n)).astype(np.float32)
     S = R + R.T

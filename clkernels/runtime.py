@@ -391,21 +391,22 @@ def select_device(device: DeviceLike = None) -> Tuple[cl.Device, str]:
 class Runtime:
     """A device with its context, in-order queue, capabilities and memory pool.
 
-    The library's own runtimes (:func:`get_runtime`) make a context and a profiling queue;
-    :func:`runtime_for_queue` wraps a caller's queue (and context) instead, so arrays made on
-    a context the library did not create work as they are."""
+    The library's own runtimes (:func:`get_runtime`) make a context and an in-order queue that
+    records no timestamps (see :meth:`profiled`); :func:`runtime_for_queue` wraps a caller's
+    queue (and context) instead, so arrays made on a context the library did not create work as
+    they are."""
 
     def __init__(self, device: cl.Device, context: cl.Context = None, queue: cl.CommandQueue = None):
         self.device = device
         if context is None:             # one made without the GIL by start_in_background, if any
             context = _prepared_contexts.pop(device.int_ptr, None)
         self.context = context if context is not None else cl.Context([device])
-        # Profiling costs next to nothing and gives benchmarks exact kernel times.
-        self.queue = queue if queue is not None else cl.CommandQueue(
-            self.context, properties=cl.command_queue_properties.PROFILING_ENABLE)
+        # No profiling by default: on NVIDIA's driver it costs the host about 6 us a launch (see
+        # profiled), which a caller of a short op or a solver's thousands of launches would pay.
+        self.queue = queue if queue is not None else cl.CommandQueue(self.context, device)
         self.info = DeviceInfo.of(device)
         self._pool = None
-        self._unprofiled = None
+        self._companion = None      # the runtime of the other profiling mode, same context
         # Launch plans (clkernels.launch) keyed per op and call signature. They hold kernels
         # of this context, so they live with it.
         self.plans: dict = {}
@@ -429,17 +430,26 @@ class Runtime:
     def profiling(self) -> bool:
         return bool(self.queue.properties & cl.command_queue_properties.PROFILING_ENABLE)
 
+    def profiled(self) -> "Runtime":
+        """A Runtime on the same device and context whose in-order queue records timestamps
+        (``event.profile``), made once: for benchmarks and ``profile_kernels``. Each launch on it
+        costs the host more on NVIDIA's driver (H200 machine: 15 us against 8.7 us a preset
+        launch), which is why the library's own queues leave it off. Arrays of both share the
+        context; work on one queue is not ordered with the other's, so a caller finishes one
+        before the other reads."""
+        return self if self.profiling else self._other_mode()
+
     def unprofiled(self) -> "Runtime":
-        """A Runtime on the same device and context with an in-order queue that records no
-        timestamps, made once: each launch on a profiling queue costs the host about 6 us more
-        on NVIDIA's driver (H200 machine: 15 us against 8.7 us a preset launch), which a solver
-        making thousands of small launches feels. Arrays of both share the context; work on one
-        queue is not ordered with the other's, so a caller finishes one before the other reads."""
-        if not self.profiling:
-            return self
-        if self._unprofiled is None:
-            self._unprofiled = runtime_for_queue(cl.CommandQueue(self.context, self.device))
-        return self._unprofiled
+        """This runtime if its queue records no timestamps, else one on the same device and
+        context whose queue does not (made once; see :meth:`profiled`)."""
+        return self._other_mode() if self.profiling else self
+
+    def _other_mode(self) -> "Runtime":
+        if self._companion is None:
+            props = 0 if self.profiling else cl.command_queue_properties.PROFILING_ENABLE
+            other = runtime_for_queue(cl.CommandQueue(self.context, self.device, properties=props))
+            other._companion, self._companion = self, other
+        return self._companion
 
     def __repr__(self):
         return f"<Runtime {self.info.name!r} on {self.info.platform!r}>"
@@ -581,8 +591,7 @@ def runtime_for_context(context: cl.Context) -> Runtime:
     runtime when it is the library's context, else one with a new queue on it."""
     rt = _by_context.get(context.int_ptr)
     if rt is None:
-        queue = cl.CommandQueue(context, properties=cl.command_queue_properties.PROFILING_ENABLE)
-        rt = _by_context[context.int_ptr] = runtime_for_queue(queue)
+        rt = _by_context[context.int_ptr] = runtime_for_queue(cl.CommandQueue(context))
     return rt
 
 

@@ -145,9 +145,9 @@ class DeviceState(LoopState):
         from ..linalg.schur_pcg_device import DevicePCG, accumulator_dtype
         ev = evaluator
         # A queue without timestamps unless they are asked for: the iterations make thousands of
-        # small launches, each a few microseconds dearer on a profiling queue (Runtime.unprofiled).
+        # small launches, each a few microseconds dearer on a profiling queue (Runtime.profiled).
         # Everything of this solve, the model's evaluations included, goes through this one queue.
-        rt = runtime if profile else runtime.unprofiled()
+        rt = runtime.profiled() if profile else runtime.unprofiled()
         self.ev, self.o, self.rt = ev, options, rt
         self.fn = ev.model.function
         C, P = self.fn.group_sizes
