@@ -186,9 +186,26 @@ __kernel void dcnv4_forward(__global const ${T} *restrict input,
     const int gid = get_global_id(0);
     if (gid >= items) return;  // the NDRange is rounded up to whole work-groups
     const int slot = gid % ${SLOTS};
+%if tile_rows:
+    // Pixels in tiles of ${tile_rows} x ${tile_cols} (a work-group's pixels are neighbours in both
+    // directions, so more of their taps' corners are the same lines of the SM's cache); tiles
+    // along the row, then down, then the next image. Items past the output's edge stop here.
+    const int tg = gid / ${SLOTS};
+    const int g = tg % ${G}, t = tg / ${G};
+    const int within = t % ${tile_rows * tile_cols}, tile = t / ${tile_rows * tile_cols};
+    const int tiles_x = (W_out + ${tile_cols - 1}) / ${tile_cols};
+    const int tiles_y = (H_out + ${tile_rows - 1}) / ${tile_rows};
+    const int tx = tile % tiles_x, rest = tile / tiles_x;
+    const int ty = rest % tiles_y, n = rest / tiles_y;
+    const int y = ty * ${tile_rows} + within / ${tile_cols}, x = tx * ${tile_cols} + within % ${tile_cols};
+    if (y >= H_out || x >= W_out) return;
+    const int pix = (n * H_out + y) * W_out + x, pg = pix * ${G} + g;
+${tap_origin()}
+%else:
     const int pg = gid / ${SLOTS};
     const int g = pg % ${G}, pix = pg / ${G};
 ${position_setup()}
+%endif
     const __global ${T} *in = input + n * (H * W * ${GC}) + g * ${C} + slot * ${SO};
     ${vec} acc[${NCH}];
     for (int c = 0; c < ${NCH}; ++c) acc[c] = (${vec})(0.0f);

@@ -135,6 +135,8 @@ class DCNv4Config:
     gather_margin: int = 1
     interleave: bool = False
     prefetch: bool = False
+    tile_rows: int = 0
+    tile_cols: int = 0
 
     def __post_init__(self):
         # What depends on the call (channels dividing group_channels, the device's limits) is
@@ -151,6 +153,11 @@ class DCNv4Config:
         config_check.integer(name, "gather_margin", self.gather_margin, minimum=0)
         config_check.boolean(name, "interleave", self.interleave)
         config_check.boolean(name, "prefetch", self.prefetch)
+        config_check.integer(name, "tile_rows", self.tile_rows, minimum=0, meaning=" (0: rows of pixels)")
+        config_check.integer(name, "tile_cols", self.tile_cols, minimum=0, meaning=" (0: rows of pixels)")
+        if (self.tile_rows == 0) != (self.tile_cols == 0):
+            raise ValueError(f"DCNv4Config: tile_rows={self.tile_rows} and tile_cols={self.tile_cols} "
+                             "must both be 0 (pixels in rows) or both at least 1 (tiles of pixels)")
 
 
 # The paper's Table 10 rungs, in order (A100, N=64, 56x56, 128 channels, G=4: 1.45, 1.53,
@@ -265,7 +272,9 @@ def _program(rt, info, direction, dtype, opts: DCNv4Options, cfg: DCNv4Config, s
                   kernel_w=opts.kernel_w, remove_center=bool(opts.remove_center),
                   cpw=cfg.channels_per_item, vw=cfg.vector_width, reuse=bool(cfg.reuse),
                   interleave=direction != "backward_owner" and bool(cfg.interleave),
-                  prefetch=direction != "backward_owner" and bool(cfg.prefetch), slots_p2=slots_p2)
+                  prefetch=direction != "backward_owner" and bool(cfg.prefetch), slots_p2=slots_p2,
+                  tile_rows=cfg.tile_rows if direction == "forward" else 0,
+                  tile_cols=cfg.tile_cols if direction == "forward" else 0)
     key = rt.device.int_ptr
     if info.vendor == "nvidia" and key not in _ptx_refused:
         try:
@@ -370,7 +379,13 @@ def _forward_plan(rt, args, options, config) -> launch.LaunchPlan:
                                                   n * ho * wo * opts.group, opts.taps),
                         opts, input.dtype, rt)
     kernel = launch.kernel_for_plan(_program(rt, info, "forward", input.dtype, opts, cfg), "dcnv4_forward")
-    items = n * ho * wo * opts.group * (opts.group_channels // cfg.channels_per_item)
+    pixels = n * ho * wo
+    if cfg.tile_rows:   # whole tiles, the items past the output's edges idle
+        pixels = n * -(-ho // cfg.tile_rows) * cfg.tile_rows * -(-wo // cfg.tile_cols) * cfg.tile_cols
+    items = pixels * opts.group * (opts.group_channels // cfg.channels_per_item)
+    if items > _INT_LIMIT // 2:
+        raise ValueError(f"config.tile_rows={cfg.tile_rows}, tile_cols={cfg.tile_cols}: {items} work-items, "
+                         "more than the kernel indexes; use smaller tiles or split the batch")
     wg = _work_group(rt, kernel, cfg, 64 if info.is_cpu else 256)
     step = launch.step(kernel, (arrays.round_up(items, wg),), (wg,),
                        [In(0), In(1), Out(0), np.int32(items), *_geometry_args(opts, h, w, ho, wo, p)])

@@ -166,7 +166,8 @@ CONFIGS = [cfg for _, cfg in LADDER] + [
     DCNv4Config(16, 16), DCNv4Config(16, 4), DCNv4Config(4, 2, reuse=False), DCNv4Config(2, 1),
     DCNv4Config(16, 8, work_group_size=1), DCNv4Config(8, 8, work_group_size=64),
     DCNv4Config(8, 4, interleave=True), DCNv4Config(4, 2, interleave=True, prefetch=True),
-    DCNv4Config(16, 8, prefetch=True)]
+    DCNv4Config(16, 8, prefetch=True), DCNv4Config(8, 4, prefetch=True, tile_rows=2, tile_cols=4),
+    DCNv4Config(16, 8, tile_rows=3, tile_cols=2, work_group_size=32)]
 
 
 def test_cpu_vectors_wider_than_the_compiler_takes_are_refused(device):
@@ -459,6 +460,10 @@ def test_bad_input_names_the_argument():
         dcnv4_backward(x, x, om, **kw, config=DCNv4Config(4, 2, scatter="owner", interleave=True))
     with pytest.raises(TypeError, match="interleave"):
         DCNv4Config(4, 2, interleave=1)
+    with pytest.raises(ValueError, match="tile_rows=2 and tile_cols=0 must both be 0"):
+        DCNv4Config(4, 2, tile_rows=2)
+    with pytest.raises(ValueError, match="DCNv4Config.tile_cols must be an integer >= 0"):
+        DCNv4Config(4, 2, tile_rows=2, tile_cols=-1)
     with pytest.raises(ValueError, match="config.gather_margin=8: the gather takes margins up to 7"):
         dcnv4_backward(x, x, om, **kw, config=DCNv4Config(2, 2, scatter="gather", gather_margin=8))
 
@@ -474,7 +479,8 @@ def test_tiny_forward_variants(device, dtype):
     om[0, 0, 0, 3] = np.inf
     expected = reference(x, om, o)
     for cfg in [cfg for _, cfg in LADDER] + [None, DCNv4Config(8, 4), DCNv4Config(2, 2),
-                                             DCNv4Config(4, 2, interleave=True, prefetch=True)]:
+                                             DCNv4Config(4, 2, interleave=True, prefetch=True),
+                                             DCNv4Config(4, 2, prefetch=True, tile_rows=2, tile_cols=3)]:
         out = dcnv4(x, om, **call_opts(o), device=device, config=cfg)
         if dtype == BF16:
             assert_bf16_close(out, expected, what=str(cfg))
@@ -549,8 +555,13 @@ def test_interleaved_channels_give_the_same_bits(device, dtype):
     o = DCNv4Options(group=2, group_channels=16, offset_scale=1.25, stride_h=2, pad_w=2)
     x, om = make_inputs(o, 2, 6, 7, dtype=dtype, spread=2.0, seed=21)
     plain = dcnv4(x, om, **call_opts(o), device=device, config=DCNv4Config(8, 4))
+    # Tiles change which work-item takes which pixel: tiles that divide the output, that do not
+    # (edge tiles part empty), wider and taller than it, one pixel.
+    tiles = [dict(tile_rows=r, tile_cols=c) for r, c in ((1, 1), (2, 2), (2, 3), (4, 8), (5, 1))]
     for cfg in (DCNv4Config(8, 4, interleave=True), DCNv4Config(8, 2, interleave=True, prefetch=True),
-                DCNv4Config(4, 4, prefetch=True), DCNv4Config(16, 4, interleave=True)):
+                DCNv4Config(4, 4, prefetch=True), DCNv4Config(16, 4, interleave=True),
+                *(DCNv4Config(8, 4, prefetch=True, **t) for t in tiles),
+                DCNv4Config(16, 8, interleave=False, work_group_size=8, **tiles[2])):
         out = dcnv4(x, om, **call_opts(o), device=device, config=cfg)
         np.testing.assert_array_equal(out.view(np.uint8), plain.view(np.uint8), err_msg=str(cfg))
     if not device.info.int64_atomics:
