@@ -20,6 +20,12 @@
              (channels per work-item, vector width, work-group size) and deterministic
              backward (the default gather), kernel events; ``vs_plain``: the plain variant's
              time over this one's; the backward's ``steps_ms`` are its kernels' own times.
+   tiles:    (not in the default sections) the forward with its output pixels taken in tiles
+             (DCNv4Config.tile_rows x tile_cols) instead of rows, at the as-called shapes, for
+             the default channels per work-item (and, with 16-bit storage, 8 and 32 beside a
+             few tiles), work-groups of 128, 256 and 512, kernel events; ``vs_default``: the
+             default configuration's time over this one's; ``same_bits``: the output's bits
+             equal the default's (they must: a tile changes who computes a pixel, not how).
 5. as-called: the forward as a caller sees it, ours against the official operator, at
              (N, H, W, C per group) = (64, 56, 56, 32), (64, 28, 28, 64), (1, 200, 320, 16), G=4,
              float32 and float16: ours = ``clkernels.dcnv4`` on pyopencl arrays, the official
@@ -75,7 +81,9 @@ PAPER_HALF_MS = 0.404
 # --quick); the torch grid_sample peer in `shapes` runs at these too.
 AS_CALLED_SHAPES = ((64, 56, 56, 32), (64, 28, 28, 64), (1, 200, 320, 16))
 SECTIONS = ("check", "ladder", "shapes", "tuning", "as-called")
-EXTRA_SECTIONS = ("loads",)
+EXTRA_SECTIONS = ("loads", "tiles")
+# tiles: (rows, columns) of output pixels per tile; (0, 0) is the default, pixels in rows
+TILES = ((0, 0), (2, 8), (4, 4), (2, 16), (4, 8), (8, 4), (4, 16), (8, 8), (16, 8), (8, 16))
 try:                # bfloat16 rows where ml_dtypes is installed (the official forward takes it too)
     import ml_dtypes
     BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -323,6 +331,39 @@ def loads(report, rt, args, n):
                            bytes_moved=backward_bytes(x, om))
 
 
+def tiles(report, rt, args, n):
+    """The tiles section (see the docstring)."""
+    for n_, h, w, c in AS_CALLED_SHAPES:
+        n_ = n if n_ == 64 else n_
+        o = DCNv4Options(group=4, group_channels=c)
+        case = f"forward N={n_} {h}x{w} G=4 C={c}"
+        for dtype in DTYPES:
+            x, om = make_problem(rt, n_, h, w, 4, c, dtype)
+            default = dcnv4_module.forward_config(rt.info, c, dtype, n_ * h * w * 4, o.taps)
+            out = cla.empty(rt.queue, x.shape, x.dtype)
+            base = time_forward(rt, args, x, om, o, None)
+            reference = dcnv4_module.enqueue_forward(rt, x, om, o, default, out=out)[0].get()
+            widths = [default.channels_per_item]
+            if np.dtype(dtype).itemsize == 2:
+                widths += [v for v in (8, 32) if c % v == 0 and v != default.channels_per_item]
+            for cpw in widths:
+                start = default if cpw == default.channels_per_item else \
+                    dataclasses.replace(default, channels_per_item=cpw, vector_width=8, interleave=False)
+                for rows, cols in TILES if cpw == default.channels_per_item else ((0, 0), (4, 8), (8, 8)):
+                    for wg in (128, 256, 512):
+                        cfg = dataclasses.replace(start, tile_rows=rows, tile_cols=cols, work_group_size=wg)
+                        try:
+                            t = time_forward(rt, args, x, om, o, cfg)
+                        except ValueError as exc:   # more work-items than its registers allow
+                            print(f"  skipped {cfg}: {exc}", flush=True)
+                            continue
+                        got = dcnv4_module.enqueue_forward(rt, x, om, o, cfg, out=out)[0].get()
+                        report.add(section="tiles", case=case, dtype=np.dtype(dtype).name, timing=t,
+                                   variant=f"cpw={cpw} vw={cfg.vector_width} tile={rows}x{cols} wg={wg}",
+                                   vs_default=base.median / t.median, bytes_moved=forward_bytes(x, om),
+                                   same_bits=bool(np.array_equal(got.view(np.uint8), reference.view(np.uint8))))
+
+
 def _keep(steps, events):
     """Record each event's own time once the last has run (a list of seconds), pass them on."""
     events[-1].wait()
@@ -479,6 +520,8 @@ def main():
         tuning(report, rt, args, n)
     if "loads" in sections:
         loads(report, rt, args, n)
+    if "tiles" in sections:
+        tiles(report, rt, args, n)
     if "as-called" in sections:
         as_called(report, rt, args, official, failures)
     report.meta["inline_ptx"] = dcnv4_module.used_ptx(rt)  # after every build
@@ -490,7 +533,11 @@ def main():
                   "torch_peer_ms", "vs_torch", "rel_err"],
                  sections={"as called": AS_CALLED_COLUMNS,
                            "loads": ["case", "variant", "dtype", "median_s", "spread", "vs_plain", "GB_per_s",
-                                     "of_copy_ceiling", "steps_ms"]})
+                                     "of_copy_ceiling", "steps_ms"],
+                           "tiles": ["case", "variant", "dtype", "median_s", "spread", "vs_default", "same_bits",
+                                     "GB_per_s", "of_copy_ceiling"]})
+    if any(row.get("same_bits") is False for row in report.rows):
+        failures.append("tiles: a tiled forward's bits differ from the default's")
     if failures:
         print("CHECK FAILED:\n  " + "\n  ".join(failures))
         sys.exit(1)
