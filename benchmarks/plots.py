@@ -286,7 +286,6 @@ def dcnv4_table(name, result):
 
 def vision(plt):
     d_all = dcnv4_table("dcnv4.md", LATEST["dcnv4"])
-    dcnv4_table("dcnv4-h100.md", LATEST["dcnv4_h100"])
     d = [r for r in d_all if r.get("as_called_ratio")]      # the rows with an official op to compare
     a = rows(LATEST["aggregation"], section="as called")
     table("aggregation.md", ["case", "pass", "ours as called ms", "CUDA op as called ms", "ratio",
@@ -345,7 +344,10 @@ def vision(plt):
     ax.set_xlim(min(0.8, min(ratios) * 0.8), max(ratios) * 1.6)   # room for the slowest bar and the labels
     _plain_log_ticks(ax.xaxis)
     ax.axvline(1, color="k", lw=0.8)
-    ax.set_xlabel("CUDA original's time / pyclad's time (as called, H200; > 1: pyclad faster)")
+    machines = sorted({rf.gpu(n) for n in (LATEST["dcnv4"], LATEST["aggregation"], LATEST["torch"])})
+    where = machines[0] if len(machines) == 1 else \
+        f"DCNv4 on the {rf.gpu(LATEST['dcnv4'])}, the others on the {rf.gpu(LATEST['aggregation'])}"
+    ax.set_xlabel(f"CUDA original's time / pyclad's time (as called, {where}; > 1: pyclad faster)")
     ax.set_title("Vision ops against the CUDA originals")
     save(fig, "vision_vs_cuda.png")
 
@@ -433,6 +435,7 @@ def headline():
     best = lambda v, who: min(r["median_s"] for k, r in v.items() if k.startswith(who))
     bal = [best(v, "ceres") / best(v, "pyclad") for v in gpu.values()]
     venice = [best(v, "ceres") / best(v, "pyclad") for v in _ba_cases(LATEST["ba_gpu_venice_sparse"]).values()]
+    venice_now = [best(v, "ceres") / best(v, "pyclad") for v in _ba_cases(LATEST["ba_gpu_venice_h100"]).values()]
     cpu = _ba_cases(LATEST["ba_cpu"])
     cpu_ratio = {s: [v[f"pyclad-{s}"]["median_s"] / v[f"ceres-{s}"]["median_s"] for v in cpu.values()]
                  for s in ("sparse_schur", "iterative_schur")}
@@ -447,8 +450,10 @@ def headline():
     colmap200 = "COLMAP 200 images, camera per image, 96000 observations"
     body = [
         ["bundle adjustment, five BAL problems, H200", f"{_span(bal, 1)} faster than Ceres' faster solver on 16 "
-         f"cores; venice size (5.04M observations) {venice[0]:.1f}x", "[Bundle adjustment](bundle-adjustment.md)",
-         link(LATEST["ba_gpu_bal"]) + ", " + link(LATEST["ba_gpu_venice_sparse"])],
+         f"cores; venice size (5.04M observations) {venice[0]:.1f}x, and {venice_now[0]:.1f}x with the current "
+         f"dense solves on an {rf.gpu(LATEST['ba_gpu_venice_h100'])} (Ceres' time differs between the machines)",
+         "[Bundle adjustment](bundle-adjustment.md)",
+         ", ".join(link(LATEST[k]) for k in ("ba_gpu_bal", "ba_gpu_venice_sparse", "ba_gpu_venice_h100"))],
         ["bundle adjustment, 2-core CPU (PoCL)", f"{_span(cpu_ratio['iterative_schur'])} Ceres' time with "
          f"`iterative_schur`, {_span(cpu_ratio['sparse_schur'])} with `sparse_schur`, same final costs",
          "[Bundle adjustment](bundle-adjustment.md)", link(LATEST["ba_cpu"])],
@@ -457,7 +462,7 @@ def headline():
          link(LATEST["colmap_gpu"]) + ", " + link(LATEST["colmap_gpu_2000"])],
         ["COLMAP, 2-core CPU (PoCL)", f"{_span([r['time_ratio'] for r in colmap_cpu])} pycolmap's time, 30-2,000 "
          f"images", "[COLMAP](colmap.md)", link(LATEST["colmap_cpu"]) + ", " + link(LATEST["colmap_cpu_2000"])],
-        ["DCNv4, H200, as called", f"forward {_span(d['forward'])} the official CUDA operator's speed; "
+        [f"DCNv4, {rf.gpu(LATEST['dcnv4'])}, as called", f"forward {_span(d['forward'])} the official CUDA operator's speed; "
          f"backward {_span(d['backward, deterministic'])} (deterministic, the default), "
          f"{_span(d['backward, float atomics'])} with float atomics",
          "[Vision ops](vision-ops.md)", link(LATEST["dcnv4"])],

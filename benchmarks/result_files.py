@@ -24,6 +24,9 @@ LATEST = {
     # sparse_schur with the mixed-precision default, Ceres' SPARSE_SCHUR in the same run (the run
     # above's sparse_schur rows are superseded by it; its iterative_schur rows are not)
     "ba_gpu_venice_sparse": "bench_bundle_adjust-h200-venice-mixed",
+    # venice size with the current dense solves (super-block inverses), Ceres in the same run,
+    # on the H100 lent for it; the H200 run above is of the solves before them
+    "ba_gpu_venice_h100": "bench_bundle_adjust-h100-venice-super-inverse",
     "ba_gpu_final": "bench_bundle_adjust-nvidia-scale-wide-staging",
     "colmap_cpu": "bench_colmap-pocl-full",
     "colmap_cpu_2000": "bench_colmap-pocl-2000",
@@ -34,10 +37,9 @@ LATEST = {
     "colmap_gpu_rigs": "bench_colmap-nvidia-rigs",
     "colmap_gpu_priors": "bench_colmap-nvidia-priors",
     "colmap_gpu_fisheye": "bench_colmap-nvidia-fisheye.log",
-    "dcnv4": "bench_dcnv4-as-called-nvidia-tap-codes",
-    # the current backward (far marks, tap-code words, handed-over weights, hit masks) with the official op
-    # in the same run, on the H100 lent for it (the H200 run above is of the earlier kernels)
-    "dcnv4_h100": "bench_dcnv4-as-called-h100-hit-masks",
+    # the current kernels with the official op in the same run, on the H100 lent for it (the
+    # H200 runs are of earlier kernels, superseded)
+    "dcnv4": "bench_dcnv4-as-called-h100-hit-masks",
     "aggregation": "bench_deformable_aggregation-as-called-nvidia-full",
     "torch": "bench_torch_interop-nvidia-full",
     "warp_gpu": "bench_warpaffine-nvidia-full",
@@ -72,6 +74,12 @@ def link(name):
     if not os.path.exists(os.path.join(RESULTS, file)):
         file = name + ".json"
     return f"[{file}](../results/{file})"
+
+
+def gpu(name):
+    """The short name of the GPU a run had ("H100", "H200", ...), from its meta's device."""
+    device = load(name)["meta"].get("device", "?")
+    return next((w for w in device.split() if w[:1] in "HABL" and w[1:].isdigit()), device)
 
 
 def meta(name):

@@ -97,6 +97,12 @@ def solve(problem, linear_solver: str = "sparse_schur", eliminate="auto", max_it
     - ``linear_solver``: a name of :data:`solvers.LINEAR_SOLVERS` (each is described in
       :mod:`solvers.linalg.linear_solver`). The Schur methods eliminate a group; when nothing can
       be eliminated the step is solved by ``sparse_normal_cholesky`` (and the log says so).
+    - ``max_iterations``, ``function_tolerance``, ``gradient_tolerance``,
+      ``parameter_tolerance``: Ceres' stopping rules with Ceres' defaults: at most that many
+      iterations; stop when a step changes the cost by less than ``function_tolerance`` of
+      it, when the largest entry of the projected gradient is at most ``gradient_tolerance``,
+      or when a step is shorter than ``parameter_tolerance`` times (the parameters' norm +
+      ``parameter_tolerance``).
     - ``eliminate``: the group's name, ``"auto"`` (Ceres' choice: the largest group in which no
       residual block touches two rows) or None.
     - ``callback(iteration_summary)`` after every iteration (an exception it raises ends the
@@ -110,6 +116,12 @@ def solve(problem, linear_solver: str = "sparse_schur", eliminate="auto", max_it
       problem's checkpoint holds every group's table (:class:`solvers.loop.checkpoint.ProblemCheckpoint`)
       and resumes only a problem of the same structure.
     - Other keyword options: fields of :class:`solvers.Options`.
+
+    Returns a :class:`SolveResult` (the solved parameters per group, Ceres' summary fields,
+    ``times`` with ``setup`` apart from the iterations). Raises ``TypeError`` for a problem
+    that is not a :class:`solvers.Problem` or an unknown option, ``ValueError`` for an option
+    out of range or a problem that does not check (the message names the argument), and
+    :class:`solvers.CheckpointError` for a ``resume`` checkpoint of another problem.
     """
     from .general.problem import Problem
     if not isinstance(problem, Problem):

@@ -424,16 +424,47 @@ def deformable_aggregation(mc_ms_feat, spatial_shape, scale_start_index, samplin
                            config: Optional[AggregationConfig] = None, devices=None):
     """Sparse4D deformable aggregation: ``[bs, num_anchors, C]`` in the features' dtype.
 
-    ``mc_ms_feat`` [bs, num_feat, C] (float32/float16/bfloat16), ``spatial_shape`` [num_cams,
-    num_scale, 2] as (H, W), ``scale_start_index`` [num_cams, num_scale], ``sampling_location``
-    [bs, num_anchors, num_pts, num_cams, 2] (x, y) float32, ``weights`` [bs, num_anchors,
-    num_pts, num_cams, num_scale, num_groups]. numpy in, numpy out; device arrays in (any
-    context and queue), device array out. The two tables are read on the host: pass them as
-    numpy arrays (device ones are read back on every call). ``out``: an array of the result's
-    shape and dtype, in that form. ``variant="original"`` runs the original
-    one-work-item-per-(sample, channel) atomic design (a benchmark baseline). ``devices``:
-    several devices (or ``"all"``) that share the batch (bs), for host arrays
-    (:mod:`clkernels.multi_device`).
+    Each anchor sums, over its points, cameras and scales, the bilinear sample of that
+    camera's scale at the point's location, weighted per channel group. numpy in, numpy out;
+    device arrays in (any context and queue), device array out.
+
+    Args:
+        mc_ms_feat: ``[bs, num_feat, C]``, float32, float16 or bfloat16: every camera's scales,
+            flattened as :func:`feature_maps_format` makes them.
+        spatial_shape: ``[num_cams, num_scale, 2]`` integers, each scale's (H, W). Read on the
+            host: pass numpy (a device array is read back on every call).
+        scale_start_index: ``[num_cams, num_scale]`` integers, where each scale's rows start in
+            ``mc_ms_feat``; on the host, as ``spatial_shape``.
+        sampling_location: ``[bs, num_anchors, num_pts, num_cams, 2]`` float32, (x, y) in
+            [0, 1] across the image; samples outside (0, 1), NaN included, add nothing.
+        weights: ``[bs, num_anchors, num_pts, num_cams, num_scale, num_groups]`` in the
+            features' dtype; ``num_groups`` divides C.
+        out: an array of the result's shape and dtype to write into, in the result's form.
+        device: where to run (default: where device inputs live, else the selected device).
+        queue: a ``pyopencl.CommandQueue`` to run on, instead of ``device``.
+        variant: ``"optimized"`` (default) or ``"original"``, the one-work-item-per-(sample,
+            channel) atomic design, kept as a benchmark baseline.
+        config: the kernel's shape, an :class:`AggregationConfig` (default: from the device,
+            :func:`default_config`).
+        devices: several devices (or ``"all"``) that share the batch (bs), for host arrays
+            (:mod:`clkernels.multi_device`).
+
+    Returns:
+        ``[bs, num_anchors, C]`` in the features' dtype: numpy for numpy inputs, else a device
+        array on the inputs' context and queue.
+
+    Raises:
+        TypeError: an input of another dtype or form than above, or an ``out`` of the other
+            form.
+        ValueError: shapes that do not match each other (named in the message), an invalid
+            (H, W) or scale start, a group count that does not divide C, sizes beyond 32-bit
+            indexing, an unknown ``variant``, or a ``config`` the call cannot use.
+        DeviceMemoryError: the output and uploaded inputs do not fit the device.
+
+    Example::
+
+        feat, shape, start = clkernels.feature_maps_format([level0, level1])
+        out = clkernels.deformable_aggregation(feat, shape, start, locations, weights)
     """
     opts = (_tables(spatial_shape, scale_start_index), variant)
     if devices is not None:
@@ -450,11 +481,37 @@ def deformable_aggregation_backward(grad_out, mc_ms_feat, spatial_shape, scale_s
                                     variant: str = "optimized", config: Optional[AggregationConfig] = None,
                                     devices=None):
     """Gradients ``(g_feat, g_loc, g_w)`` of ``sum(grad_out * deformable_aggregation(...))``
-    with respect to ``mc_ms_feat``, ``sampling_location`` and ``weights``. ``grad_out`` has the
-    output's shape and dtype. Samples outside (0, 1), NaN included, get zero gradient; the
-    location gradient carries each scale's W (for x) and H (for y) factor. ``out``: a tuple of
-    three arrays (or None entries). ``devices``: as in :func:`deformable_aggregation` (the
-    scatter sums with atomics, so the bits may differ from one device's by rounding).
+    with respect to ``mc_ms_feat``, ``sampling_location`` and ``weights``.
+
+    Samples outside (0, 1), NaN included, get zero gradient; the location gradient carries
+    each scale's W (for x) and H (for y) factor. On GPUs the feature gradient is summed with
+    float atomics by default (its last bits may vary from run to run);
+    ``AggregationConfig(feature_grad="gather")`` sums it in one order instead, as CPUs do.
+
+    Args:
+        grad_out: ``[bs, num_anchors, C]``, the gradient of the forward's output, in its dtype.
+        mc_ms_feat: the forward's features.
+        spatial_shape: the forward's ``[num_cams, num_scale, 2]`` (H, W) table, numpy.
+        scale_start_index: the forward's ``[num_cams, num_scale]`` table, numpy.
+        sampling_location: the forward's locations.
+        weights: the forward's weights.
+        out: a tuple of three arrays (or None entries) to write ``g_feat``, ``g_loc`` and
+            ``g_w`` into, in the results' form; or None.
+        device: where to run, as in :func:`deformable_aggregation`.
+        queue: a ``pyopencl.CommandQueue`` to run on, instead of ``device``.
+        variant: as in :func:`deformable_aggregation`.
+        config: an :class:`AggregationConfig` (default: from the device, :func:`default_config`
+            with ``direction="backward"``).
+        devices: as in :func:`deformable_aggregation`; each device's part is summed apart, so
+            the bits may differ from one device's by rounding.
+
+    Returns:
+        ``(g_feat, g_loc, g_w)`` shaped and typed like ``mc_ms_feat``, ``sampling_location``
+        and ``weights``: numpy for numpy inputs, else device arrays.
+
+    Raises:
+        TypeError, ValueError, DeviceMemoryError: as :func:`deformable_aggregation`, and a
+            ``grad_out`` whose shape or dtype is not the forward output's.
     """
     opts = (_tables(spatial_shape, scale_start_index), variant)
     if devices is not None:

@@ -78,10 +78,28 @@ def _format_tables(shapes) -> tuple:
 
 
 def feature_maps_format(levels: Sequence, *, out=None, device=None, queue=None):
-    """Turn per-scale maps ``[bs, num_cams, C, H, W]`` into ``(mc_ms_feat [bs, num_feat, C],
-    spatial_shape [num_cams, num_scale, 2] int32, scale_start_index [num_cams, num_scale] int32)``
-    with rows ordered camera, then scale, then pixels row-major. Device arrays in, device
-    ``mc_ms_feat`` out (the tables are always numpy); ``out``: an array for ``mc_ms_feat``."""
+    """Turn per-scale maps ``[bs, num_cams, C, H, W]`` into the layout
+    :func:`deformable_aggregation` reads, rows ordered camera, then scale, then pixels
+    row-major.
+
+    Args:
+        levels: the scales' maps, each ``[bs, num_cams, C, H, W]`` with the same bs, num_cams,
+            C and dtype (float32, float16 or bfloat16); numpy arrays or device arrays.
+        out: an array for ``mc_ms_feat``, in its form; or None.
+        device: where to run (default: where device inputs live, else the selected device).
+        queue: a ``pyopencl.CommandQueue`` to run on, instead of ``device``.
+
+    Returns:
+        ``(mc_ms_feat [bs, num_feat, C], spatial_shape [num_cams, num_scale, 2] int32,
+        scale_start_index [num_cams, num_scale] int32)``: ``mc_ms_feat`` numpy for numpy
+        levels, else a device array; the two tables always numpy (the aggregation reads them
+        on the host).
+
+    Raises:
+        ValueError: no levels, a level without 5 dimensions, or levels whose leading shapes
+            or dtypes differ from the first's.
+        TypeError: a level that is no array (nor makes one), or of another dtype.
+    """
     if len(levels) == 0:
         raise ValueError("levels is empty: pass a list of [bs, num_cams, C, H, W] maps")
     on_device = any(is_device_array(l) for l in levels)

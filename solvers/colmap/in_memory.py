@@ -247,7 +247,7 @@ def _model_name(pycolmap, model_id):
 def bundle_adjust(reconstruction, **options):
     """Bundle-adjust a ``pycolmap.Reconstruction`` (updated in place: poses, rigs, intrinsics,
     points and their errors) or a model folder (read, solved and written back in the same
-    format); returns the :class:`solvers.SolveResult`. Each option goes to
+    format); returns the :class:`solvers.SolveResult`. Each of the keyword ``options`` goes to
     :func:`solvers.colmap.problem_from_reconstruction` where it takes it (``refine_*``, ``fix``,
     ``loss``, ``pose_priors``, ``device``, ...), else to :func:`solvers.solve`
     (``max_iterations``, ``linear_solver``, ``verbose``, ...). For a pycolmap reconstruction no

@@ -137,7 +137,7 @@ def check(priors: PosePriors) -> None:
 
 
 def read_pose_priors(path: str) -> PosePriors:
-    """Priors from a text file, one image per line (``#`` starts a comment)::
+    """Priors from the text file at ``path``, one image per line (``#`` starts a comment)::
 
         IMAGE_ID X Y Z                        # no covariance: the fallback standard deviation
         IMAGE_ID X Y Z SX SY SZ               # standard deviations along the axes

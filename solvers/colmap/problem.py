@@ -92,8 +92,11 @@ def problem_from_reconstruction(model, refine_focal_length: bool = True, refine_
     """The bundle adjustment of a COLMAP reconstruction (a :class:`solvers.colmap.Reconstruction`
     or a model folder) as a :class:`solvers.Problem` (module docstring).
 
-    - ``refine_*``: which intrinsics move (COLMAP's ``BundleAdjustmentOptions`` defaults); the
-      others are constant entries of every row.
+    - ``refine_focal_length``, ``refine_principal_point``, ``refine_extra_params``: which
+      intrinsics move (COLMAP's ``BundleAdjustmentOptions`` defaults); the others are constant
+      entries of every row.
+    - ``dtype``, ``device``, ``backend``: as :class:`solvers.Problem` takes them (the type the
+      residuals are evaluated in, the OpenCL device, pyclad's backend).
     - ``fix``: ``"gauge"`` removes the 7 gauge degrees of freedom as COLMAP's default
       ``TWO_CAMS_FROM_WORLD`` gauge does: the first image's pose (by id), and one coordinate of
       the translation of the next image whose centre differs: the one along which their
@@ -451,8 +454,8 @@ def point_error_requests(rec, backend: str = "auto", device=None) -> list:
 
 
 def update_reconstruction(rec, result, backend: str = "numpy", device=None):
-    """Write a :class:`solvers.SolveResult` of :func:`problem_from_reconstruction`'s problem back
-    into ``rec`` (poses, frames of one-camera rigs, intrinsics, points) and recompute every
+    """Write ``result``, a :class:`solvers.SolveResult` of :func:`problem_from_reconstruction`'s
+    problem, back into ``rec`` (poses, frames of one-camera rigs, intrinsics, points) and recompute every
     point's error (:func:`point_errors`, with ``backend`` and ``device``), so a written model says
     what the solve reached; returns ``rec``."""
     p = result.parameters
