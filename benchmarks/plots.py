@@ -345,9 +345,9 @@ def vision(plt):
     _plain_log_ticks(ax.xaxis)
     ax.axvline(1, color="k", lw=0.8)
     machines = sorted({rf.gpu(n) for n in (LATEST["dcnv4"], LATEST["aggregation"], LATEST["torch"])})
-    where = machines[0] if len(machines) == 1 else \
+    where = f"on the {machines[0]}" if len(machines) == 1 else \
         f"DCNv4 on the {rf.gpu(LATEST['dcnv4'])}, the others on the {rf.gpu(LATEST['aggregation'])}"
-    ax.set_xlabel(f"CUDA original's time / pyclad's time (as called, {where}; > 1: pyclad faster)")
+    ax.set_xlabel(f"CUDA original's time / pyclad's time, as called (> 1: pyclad faster)\n{where}")
     ax.set_title("Vision ops against the CUDA originals")
     save(fig, "vision_vs_cuda.png")
 
