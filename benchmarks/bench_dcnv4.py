@@ -287,81 +287,82 @@ def tuning(report, rt, args, n):
                        timing=t, bytes_moved=2 * forward_bytes(x, om) + x.nbytes)
 
 
-def loads(report, rt, args, n):
-    """The loads section (see the docstring)."""
+def as_called_problems(rt, n):
+    """(case, options, dtype, x, offset_mask) at each as-called shape (N=64 becomes ``n``) and dtype."""
     for n_, h, w, c in AS_CALLED_SHAPES:
         n_ = n if n_ == 64 else n_
         o = DCNv4Options(group=4, group_channels=c)
-        case = f"N={n_} {h}x{w} G=4 C={c}"
         for dtype in DTYPES:
-            x, om = make_problem(rt, n_, h, w, 4, c, dtype)
-            chunk = 16 // np.dtype(dtype).itemsize          # a 16-byte load
-            plain = {}
-            for cpw in (4, 8, 16):
-                for vw in sorted({min(chunk, cpw), min(2 * chunk, cpw)}):
-                    for il, pf, wg in ((0, 0, 128), (0, 0, 256), (0, 1, 128), (0, 1, 256), (1, 0, 256),
-                                       (1, 1, 128), (1, 1, 256)):
-                        if c % cpw or cpw % vw or (il and (vw != chunk or cpw == vw or cpw == c)):
-                            continue
-                        cfg = DCNv4Config(cpw, vw, True, wg, interleave=bool(il), prefetch=bool(pf))
-                        t = time_forward(rt, args, x, om, o, cfg)
-                        base = plain.setdefault((cpw, vw, wg), t.median)
-                        report.add(section="loads", case=f"forward {case}", dtype=np.dtype(dtype).name, timing=t,
-                                   variant=f"cpw={cpw} vw={vw} wg={wg} interleave={il} prefetch={pf}",
-                                   vs_plain=base / t.median, bytes_moved=forward_bytes(x, om))
-            dflt = dcnv4_module.backward_config(rt.info, c, dtype, n_, 4)
-            if dflt.scatter != "gather":
-                continue        # prefetch and interleave are the scattering backward's
-            chunk_cfg = dataclasses.replace(dflt, vector_width=chunk) if dflt.channels_per_item > chunk else None
-            base = None
-            for name, cfg in (("plain", dflt), ("prefetch", dataclasses.replace(dflt, prefetch=True)),
-                              ("interleave", chunk_cfg and dataclasses.replace(chunk_cfg, interleave=True)),
-                              ("interleave prefetch", chunk_cfg and dataclasses.replace(
-                                  chunk_cfg, interleave=True, prefetch=True))):
-                if cfg is None:
-                    continue
-                steps = []
-                t = harness.time_events(lambda: _keep(steps, dcnv4_module.enqueue_backward(rt, x, x, om, o, cfg)[1]),
-                                        warmup=args.warmup, repeat=args.repeat)
-                base = base or t.median
-                per_step = np.median(np.array(steps[-args.repeat:]), axis=0) * 1e3
-                report.add(section="loads", case=f"backward {case}", dtype=np.dtype(dtype).name, timing=t,
-                           variant=f"{name} cpw={cfg.channels_per_item} vw={cfg.vector_width}",
-                           vs_plain=base / t.median, steps_ms=" ".join(f"{v:.4f}" for v in per_step),
-                           bytes_moved=backward_bytes(x, om))
+            yield f"N={n_} {h}x{w} G=4 C={c}", o, dtype, *make_problem(rt, n_, h, w, 4, c, dtype)
+
+
+def loads(report, rt, args, n):
+    """The loads section (see the docstring)."""
+    for case, o, dtype, x, om in as_called_problems(rt, n):
+        n_, c = x.shape[0], o.group_channels
+        chunk = 16 // np.dtype(dtype).itemsize          # a 16-byte load
+        plain = {}
+        for cpw in (4, 8, 16):
+            for vw in sorted({min(chunk, cpw), min(2 * chunk, cpw)}):
+                for il, pf, wg in ((0, 0, 128), (0, 0, 256), (0, 1, 128), (0, 1, 256), (1, 0, 256),
+                                   (1, 1, 128), (1, 1, 256)):
+                    if c % cpw or cpw % vw or (il and (vw != chunk or cpw == vw or cpw == c)):
+                        continue
+                    cfg = DCNv4Config(cpw, vw, True, wg, interleave=bool(il), prefetch=bool(pf))
+                    t = time_forward(rt, args, x, om, o, cfg)
+                    base = plain.setdefault((cpw, vw, wg), t.median)
+                    report.add(section="loads", case=f"forward {case}", dtype=np.dtype(dtype).name, timing=t,
+                               variant=f"cpw={cpw} vw={vw} wg={wg} interleave={il} prefetch={pf}",
+                               vs_plain=base / t.median, bytes_moved=forward_bytes(x, om))
+        dflt = dcnv4_module.backward_config(rt.info, c, dtype, n_, 4)
+        if dflt.scatter != "gather":
+            continue        # prefetch and interleave are the scattering backward's
+        chunk_cfg = dataclasses.replace(dflt, vector_width=chunk) if dflt.channels_per_item > chunk else None
+        base = None
+        for name, cfg in (("plain", dflt), ("prefetch", dataclasses.replace(dflt, prefetch=True)),
+                          ("interleave", chunk_cfg and dataclasses.replace(chunk_cfg, interleave=True)),
+                          ("interleave prefetch", chunk_cfg and dataclasses.replace(
+                              chunk_cfg, interleave=True, prefetch=True))):
+            if cfg is None:
+                continue
+            steps = []
+            t = harness.time_events(lambda: _keep(steps, dcnv4_module.enqueue_backward(rt, x, x, om, o, cfg)[1]),
+                                    warmup=args.warmup, repeat=args.repeat)
+            base = base or t.median
+            per_step = np.median(np.array(steps[-args.repeat:]), axis=0) * 1e3
+            report.add(section="loads", case=f"backward {case}", dtype=np.dtype(dtype).name, timing=t,
+                       variant=f"{name} cpw={cfg.channels_per_item} vw={cfg.vector_width}",
+                       vs_plain=base / t.median, steps_ms=" ".join(f"{v:.4f}" for v in per_step),
+                       bytes_moved=backward_bytes(x, om))
 
 
 def tiles(report, rt, args, n):
     """The tiles section (see the docstring)."""
-    for n_, h, w, c in AS_CALLED_SHAPES:
-        n_ = n if n_ == 64 else n_
-        o = DCNv4Options(group=4, group_channels=c)
-        case = f"forward N={n_} {h}x{w} G=4 C={c}"
-        for dtype in DTYPES:
-            x, om = make_problem(rt, n_, h, w, 4, c, dtype)
-            default = dcnv4_module.forward_config(rt.info, c, dtype, n_ * h * w * 4, o.taps)
-            out = cla.empty(rt.queue, x.shape, x.dtype)
-            base = time_forward(rt, args, x, om, o, None)
-            reference = dcnv4_module.enqueue_forward(rt, x, om, o, default, out=out)[0].get()
-            widths = [default.channels_per_item]
-            if np.dtype(dtype).itemsize == 2:
-                widths += [v for v in (8, 32) if c % v == 0 and v != default.channels_per_item]
-            for cpw in widths:
-                start = default if cpw == default.channels_per_item else \
-                    dataclasses.replace(default, channels_per_item=cpw, vector_width=8, interleave=False)
-                for rows, cols in TILES if cpw == default.channels_per_item else ((0, 0), (4, 8), (8, 8)):
-                    for wg in (128, 256, 512):
-                        cfg = dataclasses.replace(start, tile_rows=rows, tile_cols=cols, work_group_size=wg)
-                        try:
-                            t = time_forward(rt, args, x, om, o, cfg)
-                        except ValueError as exc:   # more work-items than its registers allow
-                            print(f"  skipped {cfg}: {exc}", flush=True)
-                            continue
-                        got = dcnv4_module.enqueue_forward(rt, x, om, o, cfg, out=out)[0].get()
-                        report.add(section="tiles", case=case, dtype=np.dtype(dtype).name, timing=t,
-                                   variant=f"cpw={cpw} vw={cfg.vector_width} tile={rows}x{cols} wg={wg}",
-                                   vs_default=base.median / t.median, bytes_moved=forward_bytes(x, om),
-                                   same_bits=bool(np.array_equal(got.view(np.uint8), reference.view(np.uint8))))
+    for case, o, dtype, x, om in as_called_problems(rt, n):
+        c = o.group_channels
+        default = dcnv4_module.forward_config(rt.info, c, dtype, x.size // c, o.taps)
+        out = cla.empty(rt.queue, x.shape, x.dtype)
+        base = time_forward(rt, args, x, om, o, None)
+        reference = dcnv4_module.enqueue_forward(rt, x, om, o, default, out=out)[0].get()
+        widths = [default.channels_per_item]
+        if np.dtype(dtype).itemsize == 2:
+            widths += [v for v in (8, 32) if c % v == 0 and v != default.channels_per_item]
+        for cpw in widths:
+            start = default if cpw == default.channels_per_item else \
+                dataclasses.replace(default, channels_per_item=cpw, vector_width=8, interleave=False)
+            for rows, cols in TILES if cpw == default.channels_per_item else ((0, 0), (4, 8), (8, 8)):
+                for wg in (128, 256, 512):
+                    cfg = dataclasses.replace(start, tile_rows=rows, tile_cols=cols, work_group_size=wg)
+                    try:
+                        t = time_forward(rt, args, x, om, o, cfg)
+                    except ValueError as exc:   # more work-items than its registers allow
+                        print(f"  skipped {cfg}: {exc}", flush=True)
+                        continue
+                    got = dcnv4_module.enqueue_forward(rt, x, om, o, cfg, out=out)[0].get()
+                    report.add(section="tiles", case="forward " + case, dtype=np.dtype(dtype).name, timing=t,
+                               variant=f"cpw={cpw} vw={cfg.vector_width} tile={rows}x{cols} wg={wg}",
+                               vs_default=base.median / t.median, bytes_moved=forward_bytes(x, om),
+                               same_bits=bool(np.array_equal(got.view(np.uint8), reference.view(np.uint8))))
 
 
 def _keep(steps, events):

@@ -125,7 +125,12 @@ class DCNv4Config:
     reads one contiguous run of memory; the results are the same bits either way.
     ``prefetch``: loads issued ahead of their use, all in flight together: a (pixel, group)'s
     offsets and masks before the unrolled tap loop (forward and the scattering backward), and
-    the gather's tap codes of a tap's candidates before it visits them; the same bits."""
+    the gather's tap codes of a tap's candidates before it visits them; the same bits.
+    ``tile_rows`` x ``tile_cols`` (forward only; both 0, the default: pixels in rows): the
+    work-items take the output pixels in tiles of that many rows and columns, so that a
+    work-group's pixels are neighbours in both directions and more of their taps read the same
+    cache lines; the same bits. Not yet measured on a GPU (``benchmarks/bench_dcnv4.py
+    --sections tiles`` does), so no default uses it."""
     channels_per_item: int
     vector_width: int
     reuse: bool = True

@@ -95,11 +95,7 @@ def bundle_adjust(problem: BALProblem, linear_solver: str = "sparse_schur", loss
       ``"iterative_schur"``, ...; :mod:`solvers.linalg.linear_solver` describes each).
     - ``loss``: None/"trivial", "huber", "cauchy" or "soft_l1" (or a :class:`Loss`), with ``loss_scale``.
     - ``max_iterations``, ``function_tolerance``, ``gradient_tolerance``,
-      ``parameter_tolerance``: Ceres' stopping rules with Ceres' defaults: at most that many
-      iterations; stop when a step changes the cost by less than ``function_tolerance`` of
-      it, when the largest entry of the projected gradient is at most ``gradient_tolerance``,
-      or when a step is shorter than ``parameter_tolerance`` times (the parameters' norm +
-      ``parameter_tolerance``).
+      ``parameter_tolerance``: Ceres' stopping rules with Ceres' defaults, as in :func:`solvers.solve`.
     - ``model``: the camera model; a class taking ``(cam_idx, pt_idx, observations, dtype=, device=)``
       (default: ``solvers.models.snavely.SnavelyModel``, built on pyclad) or an instance for this problem's
       observations with ``residuals`` and ``residuals_and_jacobians``.
