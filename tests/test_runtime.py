@@ -178,3 +178,30 @@ def test_mako_work_is_one_thread_at_a_time(monkeypatch):
         t.join()
     assert len(out) == 8 and len(set(out)) == 1 and "radix_scatter" in out[0]
     assert most[0] == 1
+
+
+def test_library_queues_record_no_timestamps_and_profiled_ones_do(device):
+    """The library's own runtime leaves profiling off (it costs the host per launch); its
+    profiled companion, made once on the same context, gives events with device times, and
+    its unprofiled() leads back to the library's runtime."""
+    import numpy as np
+    import pyopencl.array as cla
+    rt = clkernels.get_runtime(device.device)
+    assert not rt.profiling and rt.unprofiled() is rt
+    prof = rt.profiled()
+    assert prof.profiling and prof is rt.profiled() and prof.unprofiled() is rt and prof.profiled() is prof
+    assert prof.context == rt.context and prof.queue != rt.queue and prof.device == rt.device
+    a = cla.to_device(rt.queue, np.arange(16, dtype=np.float32))     # made on the library's queue
+    rt.queue.finish()
+    out = clkernels.dcnv4(np.zeros((1, 3, 3, 8), np.float32), np.zeros((1, 3, 3, 32), np.float32),
+                          group=1, group_channels=8, device=prof)
+    assert out.shape == (1, 3, 3, 8)
+    knl = cl.Kernel(cl.Program(prof.context, "__kernel void twice(__global float *a)"
+                               " { a[get_global_id(0)] *= 2.0f; }").build(), "twice")
+    event = knl(prof.queue, (16,), None, a.data)
+    event.wait()
+    assert event.profile.end >= event.profile.start > 0
+    np.testing.assert_array_equal(a.get(), 2 * np.arange(16, dtype=np.float32))
+    with pytest.raises(cl.RuntimeError):          # no timestamps on the library's queue
+        knl(rt.queue, (16,), None, a.data).profile.start
+    rt.queue.finish()
