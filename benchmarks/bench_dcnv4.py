@@ -341,7 +341,7 @@ def tiles(report, rt, args, n):
     for case, o, dtype, x, om in as_called_problems(rt, n):
         c = o.group_channels
         default = dcnv4_module.forward_config(rt.info, c, dtype, x.size // c, o.taps)
-        out = cla.empty(rt.queue, x.shape, x.dtype)
+        out = cla.empty(rt.queue, (x.shape[0], *o.out_size(*x.shape[1:3]), x.shape[3]), x.dtype)
         base = time_forward(rt, args, x, om, o, None)
         reference = dcnv4_module.enqueue_forward(rt, x, om, o, default, out=out)[0].get()
         widths = [default.channels_per_item]
