@@ -45,6 +45,9 @@
              (float32, float16), timed alike. ``of_bound``: the bytes a call must move (forward:
              input, offset_mask, output; backward: input, offset_mask, grad_out, both
              gradients) over the 4.26 TB/s copy ceiling, divided by the as-called time.
+             With --autotune (as ``PYCLAD_AUTOTUNE=1``), each forward shape's first call (a
+             warm-up, untimed) measures its launch shapes (clkernels.autotune) and the timed
+             calls use the fastest; ``autotune`` says which, against the default's kernel time.
 
 Every section runs in float32 and float16, and in bfloat16 (``ml_dtypes.bfloat16``) where
 ml_dtypes is installed; the official forward takes bfloat16 as well (its backward does not).
@@ -73,6 +76,7 @@ import clkernels  # noqa: E402  (harness put the checkout on sys.path)
 import cuda_peers  # noqa: E402
 
 dcnv4_module = importlib.import_module("clkernels.dcnv4")
+from clkernels import autotune  # noqa: E402
 DCNv4Options, DCNv4Config, LADDER = dcnv4_module.DCNv4Options, dcnv4_module.DCNv4Config, dcnv4_module.LADDER
 
 PAPER_MS = [1.45, 1.53, 1.51, 0.606]  # A100, float32 rungs; float16 vectorised: 0.404
@@ -384,7 +388,8 @@ def as_called(report, rt, args, official, failures):
             x, om = make_problem(rt, n, h, w, 4, c, dtype)
             rt.queue.finish()   # x, om made on the profiling queue, called on the caller's
             call = lambda: clkernels.dcnv4(x, om, **opts, device=user)  # noqa: E731
-            ours = call().get()
+            tuned = len(autotune.measured())
+            ours = call().get()             # (with --autotune, this first call measures)
             mine = harness.Timing(cuda_peers.wall_as_called(call, user.queue.finish, args.warmup, args.calls))
             pipe = harness.Timing(cuda_peers.wall_pipelined(call, user.queue.finish, args.pipeline, args.warmup,
                                                             args.pipeline_repeat))
@@ -393,6 +398,8 @@ def as_called(report, rt, args, official, failures):
             row = dict(section="as called", case=f"N={n} {h}x{w} G=4 C={c}", variant="forward", dtype=name,
                        timing=mine, ours_as_called_ms=mine.median * 1e3, ours_pipelined_ms=pipe.median * 1e3,
                        ours_kernel_ms=kern.median * 1e3)
+            if len(autotune.measured()) > tuned:
+                row["autotune"] = tuned_choice(autotune.measured()[-1][2])
             if official is not None:
                 tx, tom = cuda_peers.to_cuda(x), cuda_peers.to_cuda(om)
                 official.check(tx, tom, o.kernel_h, o.kernel_w, o.remove_center)
@@ -415,6 +422,13 @@ def as_called(report, rt, args, official, failures):
             row["of_bound"] = forward_bytes(x, om) / COPY_CEILING / mine.median
             report.add(**row)
             as_called_backward(report, rt, args, official, failures, x, om, o, n, h, w, c)
+
+
+def tuned_choice(times) -> str:
+    """The choice autotune made, and its kernel time against the default's (the first measured)."""
+    default, best = next(iter(times)), min(times, key=times.get)
+    return (f"tile {best.tile_rows}x{best.tile_cols} wg {best.work_group_size or 'default'} "
+            f"cpw {best.channels_per_item}: {times[default] / times[best]:.2f}x the default")
 
 
 def backward_bytes(x, om):
@@ -469,7 +483,7 @@ def as_called_backward(report, rt, args, official, failures, x, om, o, n, h, w, 
 AS_CALLED_COLUMNS = ["case", "variant", "dtype", "ours_as_called_ms", "ours_pipelined_ms", "ours_kernel_ms",
                      "official_as_called_ms", "official_pipelined_ms", "official_events_ms", "as_called_ratio",
                      "kernel_ratio", "events_vs_ours_as_called", "pipelined_ratio", "of_bound", "max_rel_diff",
-                     "official_spec", "spread"]
+                     "official_spec", "autotune", "spread"]
 
 
 def main():
@@ -482,7 +496,11 @@ def main():
     parser.add_argument("--pipeline-repeat", type=int, default=5, help="as-called: pipelined samples")
     parser.add_argument("--peer-root", default=cuda_peers.DEFAULT_ROOT, help="staged official CUDA sources")
     parser.add_argument("--no-cuda-peer", action="store_true", help="do not build the official CUDA operator")
+    parser.add_argument("--autotune", action="store_true",
+                        help="as PYCLAD_AUTOTUNE=1: each forward shape's first call measures its launch shapes")
     args = parser.parse_args()
+    if args.autotune:
+        autotune.set_mode("tune")
     sections = ["as-called"] if args.as_called else [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = sorted(set(sections) - set(SECTIONS) - set(EXTRA_SECTIONS))
     if unknown:
@@ -492,7 +510,8 @@ def main():
         args.repeat, args.warmup = min(args.repeat, 3), 1
         args.calls, args.pipeline, args.pipeline_repeat = min(args.calls, 10), min(args.pipeline, 10), 3
     name = "bench_dcnv4" if set(sections) == set(SECTIONS) else "bench_dcnv4-" + "-".join(sections)
-    report = harness.Report(name, args, copy_ceiling_bytes_per_s=COPY_CEILING, sections=",".join(sections))
+    report = harness.Report(name, args, copy_ceiling_bytes_per_s=COPY_CEILING, sections=",".join(sections),
+                            autotune=autotune.mode())
     rt = report.runtime
     report.meta["inline_ptx"] = dcnv4_module.used_ptx(rt)
     try:

@@ -17,10 +17,12 @@ from .dcnv4 import dcnv4, dcnv4_backward  # noqa: E402
 from .deformable_aggregation import (deformable_aggregation,  # noqa: E402
                                      deformable_aggregation_backward, feature_maps_format)
 from .warp_affine import letterbox, scale_boxes, warp_affine  # noqa: E402
+from . import autotune  # noqa: E402  (launch shapes chosen by measuring; dcnv4 imports it anyway)
 
 _KERNELS = ["deformable_aggregation", "deformable_aggregation_backward", "feature_maps_format",
             "dcnv4", "dcnv4_backward", "letterbox", "warp_affine", "scale_boxes"]
 
 __all__ = ["DeviceInfo", "DeviceMemoryError", "DeviceNotFoundError", "NoPlatformError", "Runtime", "BuildError",
            "FP64Error", "describe_devices", "get_runtime", "list_devices", "match_devices",
-           "select_device", "unusable_devices", "use_device", "build", "get_program", "render", *_KERNELS]
+           "select_device", "unusable_devices", "use_device", "build", "get_program", "render", "autotune",
+           *_KERNELS]

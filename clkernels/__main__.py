@@ -1,7 +1,7 @@
 """``python -m clkernels [SPEC]``: list every OpenCL device and mark the one chosen.
 
-``python -m clkernels cache [--clear]``: where the program binary cache is, its size and entries
-(``--clear`` empties it). ``python -m clkernels warmup [--device SPEC] [--what bal,colmap,vision]``:
+``python -m clkernels cache [--clear]``: where the program binary cache is, its size and entries,
+and the launch shapes chosen by measuring (``--clear`` empties it). ``python -m clkernels warmup [--device SPEC] [--what bal,colmap,vision]``:
 build the standard kernels into that cache ahead of time (for images and containers), with the
 time per program.
 """
@@ -42,6 +42,15 @@ def _cache(argv) -> int:
         device = e["device"].split(" | ")
         print(f"  {e['bytes']:9d} B  {e['created']}  {e['name'] or '-':38s} {device[3]} ({device[0]}, driver "
               f"{device[-1]})  kernels: {e['kernels']}")
+    tuned = cache.tunings()
+    if tuned:
+        print(f"launch shapes chosen by measuring (clkernels.autotune): {len(tuned)}")
+        for t in tuned:
+            if "error" in t:
+                print(f"  unreadable: {t['error']} ({t['path']})")
+                continue
+            choice = ", ".join(f"{k}={v}" for k, v in t["choice"].items() if v not in (0, False, ""))
+            print(f"  {t.get('created', '?')}  {t.get('what', '?')} on {t['identity'].split(' | ')[3]}: {choice}")
     return 0
 
 

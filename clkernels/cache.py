@@ -14,6 +14,10 @@ Linux). Two kinds of entries, each one file:
   ``.cl.mako`` file of clkernels, pyclad and solvers, read once per process). With it, a warm
   process neither imports Mako nor renders: it goes from the parameters to the binary directly.
   Any change to the code changes the fingerprint, so an entry never outlives the code that made it.
+- ``tuning/<key>``: a launch shape chosen by measuring (:mod:`clkernels.autotune`), keyed like a
+  render (the code's fingerprint) and by the device's identity, the op and the call's shapes. A
+  JSON record: the choice, every candidate's time, the identity; one that does not parse or is for
+  another device is ignored, with a warning, and measured again where tuning is on.
 
 Writers write a temporary file in the same folder and rename it over the entry: readers see the
 old whole file or the new whole file, never a part, so MPI ranks, test workers and two users'
@@ -39,7 +43,8 @@ import warnings
 from typing import Dict, List, Optional
 
 __all__ = ["cache_dir", "device_identity", "program_key", "load_binary", "store_binary", "writable", "has_binary",
-           "render_key", "load_render", "store_render", "code_seen", "stats", "made", "entries", "clear", "CacheWarning"]
+           "render_key", "load_render", "store_render", "code_seen", "tuning_key", "load_tuning", "store_tuning", "tunings",
+           "stats", "made", "entries", "clear", "CacheWarning"]
 
 ENV = "PYCLAD_CACHE_DIR"
 BUILD_LOG_ENV = "PYCLAD_BUILD_LOG"
@@ -164,11 +169,10 @@ def _read(path: str) -> Optional[bytes]:
         return None
 
 
-def _reject(path: str, why: str) -> None:
+def _reject(path: str, why: str, then: str = "it is rebuilt from source and replaced") -> None:
     with _lock:
         _stats["rejected"] += 1
-    warnings.warn(f"pyclad's program cache entry {path} is {why}; it is rebuilt from source and "
-                  "replaced", CacheWarning, stacklevel=4)
+    warnings.warn(f"pyclad's program cache entry {path} is {why}; {then}", CacheWarning, stacklevel=4)
 
 
 # ---------------------------------------------------------------------------- binaries
@@ -345,6 +349,40 @@ def code_seen() -> bool:
     return os.path.exists(_path("renders", "code-" + code_fingerprint()))
 
 
+# ---------------------------------------------------------------------------- tunings
+
+def tuning_key(identity: str, what: str, shape_key) -> str:
+    """The key of a measured choice: the code (its fingerprint), the device, the op, the shapes."""
+    text = "\n".join([code_fingerprint(), identity, what, repr(shape_key)])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def load_tuning(key: str, identity: str) -> Optional[dict]:
+    """The record stored under ``key``, or None: none stored, or one that is not a whole record
+    of this device (a warning says which; the caller measures again where it tunes)."""
+    path = _path("tuning", key)
+    data = _read(path)
+    if data is None:
+        return None
+    try:
+        record = json.loads(data.decode())
+        ok = isinstance(record, dict) and record.get("identity") == identity and "choice" in record
+    except (UnicodeDecodeError, ValueError):
+        ok = False
+    if not ok:
+        _reject(path, "not a tuning record of this device",
+                "the default launch shape is used, and measured again where tuning is on")
+        return None
+    return record
+
+
+def store_tuning(key: str, identity: str, record: dict) -> bool:
+    """Store a measured choice (a JSON-able dict with ``choice``) atomically; False if the cache
+    cannot be written (a warning once per process)."""
+    return _write_atomic(_path("tuning", key), json.dumps(
+        {**record, "identity": identity, "created": time.strftime("%Y-%m-%d %H:%M:%S")}).encode())
+
+
 # ---------------------------------------------------------------------------- listing
 
 def entries() -> List[dict]:
@@ -371,6 +409,23 @@ def entries() -> List[dict]:
     return out
 
 
+def tunings() -> List[dict]:
+    """The stored launch choices (:mod:`clkernels.autotune`), each record with its ``path``;
+    one that does not parse as ``{"path", "error"}``."""
+    out = []
+    for folder, _, files in os.walk(os.path.join(cache_dir(), "tuning")):
+        for name in files:
+            path = os.path.join(folder, name)
+            try:
+                with open(path, "rb") as f:
+                    record = json.loads(f.read().decode())
+                out.append({**record, "path": path} if isinstance(record, dict) else
+                           {"path": path, "error": "not a record"})
+            except (OSError, UnicodeDecodeError, ValueError) as exc:
+                out.append({"path": path, "error": str(exc)})
+    return out
+
+
 def size_bytes() -> int:
     total = 0
     for folder, _, files in os.walk(cache_dir()):
@@ -385,7 +440,7 @@ def size_bytes() -> int:
 def clear() -> int:
     """Remove every entry (and nothing else of the folder); returns how many files went."""
     removed = 0
-    for kind in ("programs", "renders"):
+    for kind in ("programs", "renders", "tuning"):
         top = os.path.join(cache_dir(), kind)
         for folder, _, files in os.walk(top, topdown=False):
             for name in files:

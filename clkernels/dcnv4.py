@@ -39,8 +39,9 @@ from typing import Optional
 
 import numpy as np
 import pyopencl as cl
+import pyopencl.array as cla
 
-from . import arrays, config_check, dtypes, launch, multi_device, torch_autograd
+from . import arrays, autotune, config_check, dtypes, launch, multi_device, torch_autograd
 from .launch import In, Out, Tmp
 from .templates import BuildError, Storage
 
@@ -380,10 +381,22 @@ def _forward_plan(rt, args, options, config) -> launch.LaunchPlan:
     out = launch.Buffer("out", (n, ho, wo, input.shape[3]), input.dtype)
     if out.size == 0:
         return launch.LaunchPlan([out])
-    cfg = _check_config(config or forward_config(info, opts.group_channels, input.dtype,
-                                                  n * ho * wo * opts.group, opts.taps),
-                        opts, input.dtype, rt)
-    kernel = launch.kernel_for_plan(_program(rt, info, "forward", input.dtype, opts, cfg), "dcnv4_forward")
+    geometry = (n, h, w, ho, wo, p)
+    cfg = config
+    if cfg is None:
+        cfg = forward_config(info, opts.group_channels, input.dtype, n * ho * wo * opts.group, opts.taps)
+        if info is rt.info:     # (not where a test pretends another device)
+            cfg = autotune.choose(rt, "dcnv4_forward", (np.dtype(input.dtype).name, opts, geometry), cfg,
+                                  lambda: forward_candidates(info, opts.group_channels, input.dtype, cfg),
+                                  _forward_timer(rt, info, args, opts, geometry, out.nbytes))
+    cfg = _check_config(cfg, opts, input.dtype, rt)
+    return launch.LaunchPlan([out], [_forward_step(rt, info, input.dtype, opts, cfg, geometry)])
+
+
+def _forward_step(rt, info, dtype, opts: DCNv4Options, cfg: DCNv4Config, geometry) -> launch.Step:
+    """The forward's one launch with ``cfg`` (checked) at ``geometry`` (N, H, W, H_out, W_out, P)."""
+    n, h, w, ho, wo, p = geometry
+    kernel = launch.kernel_for_plan(_program(rt, info, "forward", dtype, opts, cfg), "dcnv4_forward")
     pixels = n * ho * wo
     if cfg.tile_rows:   # whole tiles, the items past the output's edges idle
         pixels = n * -(-ho // cfg.tile_rows) * cfg.tile_rows * -(-wo // cfg.tile_cols) * cfg.tile_cols
@@ -392,9 +405,50 @@ def _forward_plan(rt, args, options, config) -> launch.LaunchPlan:
         raise ValueError(f"config.tile_rows={cfg.tile_rows}, tile_cols={cfg.tile_cols}: {items} work-items, "
                          "more than the kernel indexes; use smaller tiles or split the batch")
     wg = _work_group(rt, kernel, cfg, 64 if info.is_cpu else 256)
-    step = launch.step(kernel, (arrays.round_up(items, wg),), (wg,),
+    return launch.step(kernel, (arrays.round_up(items, wg),), (wg,),
                        [In(0), In(1), Out(0), np.int32(items), *_geometry_args(opts, h, w, ho, wo, p)])
-    return launch.LaunchPlan([out], [step])
+
+
+def forward_candidates(info, group_channels: int, dtype, default: DCNv4Config) -> list:
+    """What :mod:`clkernels.autotune` measures beside ``default`` for the forward: pixels in rows
+    or in tiles of 2x8, 4x8 and 8x8, in work-groups of two sizes; with 16-bit storage on GPUs
+    also 8 and 32 channels per work-item (where they divide the group's), which the per-vendor
+    defaults trade against each other. Every candidate gives the default's bits."""
+    sizes = (32, 64) if info.is_cpu else (128, 256)
+    tiles = ((0, 0), (2, 8)) if info.is_cpu else ((0, 0), (2, 8), (4, 8), (8, 8))
+    out = [dataclasses.replace(default, tile_rows=r, tile_cols=c, work_group_size=wg)
+           for r, c in tiles for wg in sizes]
+    if not info.is_cpu and np.dtype(dtype).itemsize == 2:
+        for cpw in (8, 32):
+            if group_channels % cpw == 0 and cpw != default.channels_per_item:
+                other = dataclasses.replace(default, channels_per_item=cpw, vector_width=8, interleave=False)
+                out += [dataclasses.replace(other, tile_rows=r, tile_cols=c, work_group_size=256)
+                        for r, c in ((0, 0), (4, 8))]
+    return out
+
+
+def _forward_timer(rt, info, args, opts: DCNv4Options, geometry, out_bytes: int):
+    """``candidate -> seconds`` on the call's own values (they set where the taps land, hence the
+    speed): its device arrays, or copies of its host arrays made for the measuring; None where
+    a device array is of another context or not a whole contiguous buffer (the call refuses it)."""
+    if not all(not isinstance(a, cla.Array) or (a.context == rt.context and not a.offset and a.flags.c_contiguous)
+               for a in args):
+        return None
+    ins = []
+    scratch = []
+
+    def seconds(cfg: DCNv4Config) -> float:
+        cfg = _check_config(cfg, opts, args[0].dtype, rt)
+        step = _forward_step(rt, info, args[0].dtype, opts, cfg, geometry)
+        if not scratch:
+            rt.queue.finish()               # the inputs' writes, on the call's queue
+            flags = cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR
+            ins.extend(a.base_data if isinstance(a, cla.Array) else
+                       cl.Buffer(rt.context, flags, hostbuf=np.ascontiguousarray(a)) for a in args)
+            scratch.append(cl.Buffer(rt.context, cl.mem_flags.READ_WRITE, max(out_bytes, 1)))
+        queue = rt.profiled().queue
+        return autotune.event_seconds(lambda: step.launch(queue, ([*ins], [scratch[0]], ()), None), queue)
+    return seconds
 
 
 # The backward's inputs, in its Op's parameter order.
