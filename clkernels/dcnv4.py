@@ -130,8 +130,9 @@ class DCNv4Config:
     ``tile_rows`` x ``tile_cols`` (forward only; both 0, the default: pixels in rows): the
     work-items take the output pixels in tiles of that many rows and columns, so that a
     work-group's pixels are neighbours in both directions and more of their taps read the same
-    cache lines; the same bits. Not yet measured on a GPU (``benchmarks/bench_dcnv4.py
-    --sections tiles`` does), so no default uses it."""
+    cache lines; the same bits. No device default uses tiles (not yet measured on a GPU:
+    ``benchmarks/bench_dcnv4.py --sections tiles`` does); :mod:`clkernels.autotune` measures them
+    among its candidates."""
     channels_per_item: int
     vector_width: int
     reuse: bool = True
