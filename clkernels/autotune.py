@@ -72,8 +72,8 @@ def choose(runtime, what: str, shape_key, default, candidates: Callable[[], Sequ
     ``default`` (a dataclass instance) is the device's choice without measuring; ``candidates()``
     lists the configurations to measure (the same dataclass); ``measure(candidate)`` returns its
     seconds, or None where this call cannot measure (host arrays). A candidate that fails to
-    build or launch (a ``ValueError`` or ``RuntimeError``: too many registers for its work-group,
-    say) is left out."""
+    build or launch (too many registers for its work-group, say: a ``ValueError``, a build error
+    or the driver's own) is left out with a warning that names the error."""
     m = mode()
     if m == "off" or runtime.info.is_simulator:
         return default
@@ -89,17 +89,18 @@ def choose(runtime, what: str, shape_key, default, candidates: Callable[[], Sequ
     if m != "tune" or measure is None:
         return default
     times = {}
+    tried = list(dict.fromkeys([default, *candidates()]))      # in order, once each
     # Two rounds, each candidate's better one kept: the first runs of a process (clocks ramping
     # up, a driver's first-launch work) would otherwise count against whichever comes first.
     for _ in range(ROUNDS):
-        for candidate in dict.fromkeys([default, *candidates()]):   # in order, once each
+        for candidate in tried:
             if candidate in times and times[candidate] is None:
                 continue
             try:
                 t = measure(candidate)
-            except (ValueError, RuntimeError) as exc:
-                warnings.warn(f"autotune: {what} candidate {candidate} left out: {exc}", RuntimeWarning,
-                              stacklevel=3)
+            except Exception as exc:    # pyopencl's errors are not RuntimeErrors: any failure
+                warnings.warn(f"autotune: {what} candidate {candidate} left out: "
+                              f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=3)
                 t = None
             times[candidate] = t if t is None or candidate not in times else min(times[candidate], t)
     times = {c: t for c, t in times.items() if t is not None}

@@ -182,14 +182,22 @@ def test_choose_keeps_the_fastest_and_leaves_out_candidates_that_fail(device, tu
     autotune.set_mode("tune")
     speed = {dcn.DCNv4Config(8, 8): 3.0, dcn.DCNv4Config(4, 4): 1.0, dcn.DCNv4Config(2, 2): 2.0}
 
+    class DriverError(Exception):       # as pyopencl's, which are not RuntimeErrors
+        pass
+
     def measure(c):
         if c.channels_per_item == 1:
             raise ValueError("too many registers")
+        if c.channels_per_item == 16:
+            raise DriverError("CL_INVALID_WORK_GROUP_SIZE")
         return speed[c]
-    with pytest.warns(RuntimeWarning, match="left out: too many registers"):
+    with pytest.warns(RuntimeWarning) as seen:
         got = autotune.choose(device, "probe", ("shape", 1), dcn.DCNv4Config(8, 8),
-                              lambda: [dcn.DCNv4Config(4, 4), dcn.DCNv4Config(1, 1), dcn.DCNv4Config(2, 2)],
-                              measure)
+                              lambda: [dcn.DCNv4Config(4, 4), dcn.DCNv4Config(1, 1), dcn.DCNv4Config(16, 8),
+                                       dcn.DCNv4Config(2, 2)], measure)
+    said = [str(w.message) for w in seen]
+    assert any("left out: ValueError: too many registers" in m for m in said)
+    assert any("left out: DriverError: CL_INVALID_WORK_GROUP_SIZE" in m for m in said) and len(said) == 2
     assert got == dcn.DCNv4Config(4, 4)
     assert autotune.measured()[-1][2] == speed
     # Stored: the next choice reads it (in the default mode too) without measuring.
