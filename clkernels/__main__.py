@@ -1,9 +1,9 @@
 """``python -m clkernels [SPEC]``: list every OpenCL device and mark the one chosen.
 
 ``python -m clkernels cache [--clear]``: where the program binary cache is, its size and entries,
-and the launch shapes chosen by measuring (``--clear`` empties it). ``python -m clkernels warmup [--device SPEC] [--what bal,colmap,vision]``:
-build the standard kernels into that cache ahead of time (for images and containers), with the
-time per program.
+and the launch shapes chosen by measuring (``--clear`` empties it).
+``python -m clkernels warmup [--device SPEC] [--what bal,colmap,vision]``: build the standard
+kernels into that cache ahead of time (for images and containers), with the time per program.
 """
 import argparse
 import sys

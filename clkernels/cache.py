@@ -389,40 +389,42 @@ def entries() -> List[dict]:
     """The program entries' headers (with ``path`` and ``bytes``), newest first; unreadable
     entries as ``{"path", "bytes", "error"}``."""
     out = []
-    top = os.path.join(cache_dir(), "programs")
-    for folder, _, files in os.walk(top):
-        for name in files:
-            path = os.path.join(folder, name)
-            try:
-                with open(path, "rb") as f:
-                    head = f.read(len(MAGIC) + _HEADER.size)
-                    if not head.startswith(MAGIC):
-                        raise ValueError("not a pyclad cache entry")
-                    (n,) = _HEADER.unpack_from(head, len(MAGIC))
-                    info = json.loads(f.read(n).decode())
-                info.update(path=path, bytes=os.path.getsize(path))
-            except (OSError, ValueError, struct.error) as exc:
-                info = {"path": path, "bytes": os.path.getsize(path) if os.path.exists(path) else 0,
-                        "error": str(exc)}
-            out.append(info)
+    for path in _files("programs"):
+        try:
+            with open(path, "rb") as f:
+                head = f.read(len(MAGIC) + _HEADER.size)
+                if not head.startswith(MAGIC):
+                    raise ValueError("not a pyclad cache entry")
+                (n,) = _HEADER.unpack_from(head, len(MAGIC))
+                info = json.loads(f.read(n).decode())
+            info.update(path=path, bytes=os.path.getsize(path))
+        except (OSError, ValueError, struct.error) as exc:
+            info = {"path": path, "bytes": os.path.getsize(path) if os.path.exists(path) else 0,
+                    "error": str(exc)}
+        out.append(info)
     out.sort(key=lambda e: e.get("created", ""), reverse=True)
     return out
+
+
+def _files(kind: str):
+    """The paths of one kind's entries (``programs``, ``renders``, ``tuning``)."""
+    for folder, _, files in os.walk(os.path.join(cache_dir(), kind)):
+        for name in files:
+            yield os.path.join(folder, name)
 
 
 def tunings() -> List[dict]:
     """The stored launch choices (:mod:`clkernels.autotune`), each record with its ``path``;
     one that does not parse as ``{"path", "error"}``."""
     out = []
-    for folder, _, files in os.walk(os.path.join(cache_dir(), "tuning")):
-        for name in files:
-            path = os.path.join(folder, name)
-            try:
-                with open(path, "rb") as f:
-                    record = json.loads(f.read().decode())
-                out.append({**record, "path": path} if isinstance(record, dict) else
-                           {"path": path, "error": "not a record"})
-            except (OSError, UnicodeDecodeError, ValueError) as exc:
-                out.append({"path": path, "error": str(exc)})
+    for path in _files("tuning"):
+        try:
+            with open(path, "rb") as f:
+                record = json.loads(f.read().decode())
+            whole = isinstance(record, dict) and {"identity", "choice"} <= set(record)
+            out.append({**record, "path": path} if whole else {"path": path, "error": "not a tuning record"})
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            out.append({"path": path, "error": str(exc)})
     return out
 
 
